@@ -1,0 +1,59 @@
+"""Where kernels run: a CUDA GPU, or (no GPU) the Triton interpreter on the CPU."""
+import functools
+import os
+
+import torch
+
+
+def setup_interpreter() -> bool:
+    """Route Triton kernels through the interpreter when no CUDA device exists.
+
+    Must run before any ``@triton.jit`` function is defined, because Triton picks
+    the interpreter at decoration time. Returns True when the interpreter is on.
+    """
+    if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+        os.environ["TRITON_INTERPRET"] = "1"
+    if interpreting():
+        _fix_interpreter_index()
+    return interpreting()
+
+
+def _fix_interpreter_index() -> None:
+    """Let the interpreter use a loaded scalar as a loop bound under numpy >= 2.4.
+
+    The interpreter keeps scalars as 1-element arrays and converts them with int(array), which
+    numpy 2.4 turned from a deprecation into a TypeError; data-dependent loop bounds (per-sequence
+    lengths, top-k lengths) then fail on the CPU only.
+    """
+    from triton.runtime import interpreter
+
+    orig = interpreter._patch_lang_tensor
+    if getattr(orig, "_llmkernels_fix", False):
+        return
+
+    def patched(tensor, scope):
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._llmkernels_fix = True
+    interpreter._patch_lang_tensor = patched
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """Multiprocessor count (a small stand-in under the interpreter, to keep grids tiny)."""
+    if device.type != "cuda":
+        return 4
+    return sm_count(device.index if device.index is not None else torch.cuda.current_device())

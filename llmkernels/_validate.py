@@ -1,0 +1,63 @@
+"""Argument checks shared by every op: each raises a ValueError/TypeError naming the argument."""
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+
+def check_tensor(name: str, t, *, dtypes: Optional[Iterable[torch.dtype]] = None, ndim=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None:
+        dtypes = tuple(dtypes)
+        if t.dtype not in dtypes:
+            names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+            raise TypeError(f"{name} must have dtype in ({names}), got {str(t.dtype).replace('torch.', '')}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.dim() not in allowed:
+            raise ValueError(f"{name} must have {' or '.join(map(str, allowed))} dims, got shape {tuple(t.shape)}")
+
+
+def check_shape(name: str, t: torch.Tensor, expected: Sequence[int], what: str = "") -> None:
+    if tuple(t.shape) != tuple(expected):
+        extra = f" ({what})" if what else ""
+        raise ValueError(f"{name} must have shape {tuple(expected)}{extra}, got {tuple(t.shape)}")
+
+
+def check_same_device(**tensors) -> None:
+    items = [(n, t) for n, t in tensors.items() if t is not None]
+    if not items:
+        return
+    n0, t0 = items[0]
+    for n, t in items[1:]:
+        if t.device != t0.device:
+            raise ValueError(f"{n} is on {t.device} but {n0} is on {t0.device}; all tensors must be on one device")
+
+
+def check_unit_last_stride(name: str, t: torch.Tensor) -> None:
+    if t.numel() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a unit stride in its last dim, got strides {tuple(t.stride())}")
+
+
+def check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {sorted(choices)}, got {value}")
+
+
+def check_int(name: str, value, *, lo=None, hi=None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if lo is not None and value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {value}")
+    return value
+
+
+def check_scale(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    value = float(value)
+    if not (value == value) or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return value

@@ -1,0 +1,65 @@
+"""Log-sum-exp merge of split attention results; shared by every split-KV op."""
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _combine_kernel(
+    o_ptr, lse_ptr, out_ptr, lse_out_ptr,
+    S, D,
+    stride_os, stride_or, stride_ls, stride_lr, stride_out_r,
+    HAS_LSE_OUT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    # pass 1: running max and sum of exp over all splits (base 2)
+    m = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, S, BLOCK_S):
+        ls = tl.load(lse_ptr + row * stride_lr + (s0 + offs_s) * stride_ls, mask=s0 + offs_s < S, other=float("-inf"))
+        m = tl.maximum(m, ls * 1.4426950408889634)
+    m_all = tl.max(m, axis=0)
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    denom = tl.zeros([BLOCK_S], tl.float32)
+    for s0 in range(0, S, BLOCK_S):
+        ls = tl.load(lse_ptr + row * stride_lr + (s0 + offs_s) * stride_ls, mask=s0 + offs_s < S, other=float("-inf"))
+        denom += tl.exp2(ls * 1.4426950408889634 - m_safe)
+    total = tl.sum(denom, axis=0)
+    inv = tl.where(total > 0, 1.0 / total, 0.0)
+    for d0 in range(0, D, BLOCK_D):
+        dmask = d0 + offs_d < D
+        acc = tl.zeros([BLOCK_D], tl.float32)
+        for s0 in range(0, S, BLOCK_S):
+            smask = s0 + offs_s < S
+            ls = tl.load(lse_ptr + row * stride_lr + (s0 + offs_s) * stride_ls, mask=smask, other=float("-inf"))
+            w = tl.exp2(ls * 1.4426950408889634 - m_safe)
+            # skip loading parts with zero weight: an empty split may hold no finite partial output
+            o = tl.load(o_ptr + row * stride_or + (s0 + offs_s)[:, None] * stride_os + (d0 + offs_d)[None, :],
+                        mask=smask[:, None] & dmask[None, :] & (w > 0)[:, None], other=0.0)
+            acc += tl.sum(o.to(tl.float32) * w[:, None], axis=0)
+        tl.store(out_ptr + row * stride_out_r + d0 + offs_d, (acc * inv).to(out_ptr.dtype.element_ty), mask=dmask)
+    if HAS_LSE_OUT:
+        lse = tl.where(total > 0, (m_safe + tl.log2(total)) / 1.4426950408889634, float("-inf"))
+        tl.store(lse_out_ptr + row, lse)
+
+
+def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse_out) -> None:
+    """Merge S partial results per row.
+
+    o_part [R, S, D] or any 3-d view indexed (row, split, d) with unit last stride;
+    lse_part [R, S] natural log; out [R, D] with unit last stride; lse_out [R] fp32 contiguous or None.
+    """
+    R, S, D = o_part.shape
+    if R == 0:
+        return
+    BLOCK_S = min(triton.next_power_of_2(max(S, 1)), 16)
+    BLOCK_D = min(triton.next_power_of_2(D), 256)
+    _combine_kernel[(R,)](
+        o_part, lse_part, out, lse_out if lse_out is not None else lse_part,
+        S, D,
+        o_part.stride(1), o_part.stride(0), lse_part.stride(1), lse_part.stride(0), out.stride(0),
+        HAS_LSE_OUT=lse_out is not None, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D, num_warps=4,
+    )

@@ -1,0 +1,96 @@
+"""masked_decode: single-token GQA decode with a per-(batch, kv-head, token) drop mask."""
+from typing import Optional, Tuple, Union
+
+import torch
+
+from ..._validate import check_same_device, check_scale, check_shape, check_tensor, check_unit_last_stride
+from .kernel import masked_decode_fwd
+
+_DTYPES = (torch.float16, torch.bfloat16)
+_HEAD_DIMS = (64, 128, 256)
+
+
+@torch.library.custom_op("llmkernels::masked_decode", mutates_args=())
+def _masked_decode_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, drop_mask: Optional[torch.Tensor],
+    kv_lens: Optional[torch.Tensor], kv_len: int, sm_scale: float,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len, sm_scale, out, lse)
+    return out, lse
+
+
+@_masked_decode_op.register_fake
+def _(q, k, v, drop_mask, kv_lens, kv_len, sm_scale):
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+def masked_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    drop_mask: Optional[torch.Tensor] = None,
+    kv_len: Union[None, int, torch.Tensor] = None,
+    sm_scale: Optional[float] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Decode one new token per sequence against its KV cache, dropping masked cache tokens.
+
+    Args:
+        q: [B, Hq, D] or [B, Hq, 1, D], fp16 or bf16, unit last stride.
+        k, v: [B, Hkv, L, D], same dtype as q; any strides with a unit last stride (a view into a
+            larger preallocated cache works). Hq must be a multiple of Hkv; D in {64, 128, 256}.
+        drop_mask: optional bool [B, Hkv, L]. **True drops the token** (masked_fill convention): the
+            token gets no attention weight and its K/V rows are never read from memory.
+        kv_len: valid cache length. None (all L), an int in [0, L], or an int32/int64 tensor [B] of
+            per-sequence lengths (read on the device, no host sync; values are clamped to [0, L]).
+        sm_scale: logit scale, default D ** -0.5.
+    Returns:
+        (out, lse): out has q's shape and dtype; lse [B, Hq] fp32 is the natural-log log-sum-exp of the
+        scaled logits of the kept tokens. A row with no kept token gets out = 0 and lse = -inf.
+    """
+    check_tensor("q", q, dtypes=_DTYPES, ndim=(3, 4))
+    squeeze = q.dim() == 4
+    if squeeze:
+        if q.shape[2] != 1:
+            raise ValueError(f"q must be [B, Hq, D] or [B, Hq, 1, D] (one new token), got shape {tuple(q.shape)}")
+        q = q[:, :, 0]
+    check_tensor("k", k, ndim=4)
+    check_tensor("v", v, ndim=4)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    B, Hq, D = q.shape
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    Bk, Hkv, L, Dk = k.shape
+    if Bk != B:
+        raise ValueError(f"k has batch {Bk} but q has batch {B}")
+    if Dk != D:
+        raise ValueError(f"k has head dim {Dk} but q has head dim {D}")
+    if D not in _HEAD_DIMS:
+        raise ValueError(f"head dim D must be one of {_HEAD_DIMS}, got {D}")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise ValueError(f"q heads ({Hq}) must be a positive multiple of k/v heads ({Hkv})")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_unit_last_stride(name, t)
+    if drop_mask is not None:
+        check_tensor("drop_mask", drop_mask, dtypes=(torch.bool,))
+        check_shape("drop_mask", drop_mask, (B, Hkv, L), "[B, Hkv, L], True = drop")
+    kv_lens = None
+    if kv_len is None:
+        kv_len_int = L
+    elif isinstance(kv_len, torch.Tensor):
+        check_tensor("kv_len", kv_len, dtypes=(torch.int32, torch.int64))
+        check_shape("kv_len", kv_len, (B,), "one length per sequence")
+        kv_lens = kv_len.to(torch.int32).contiguous()
+        kv_len_int = L
+    elif isinstance(kv_len, int) and not isinstance(kv_len, bool):
+        if not 0 <= kv_len <= L:
+            raise ValueError(f"kv_len must be in [0, L={L}], got {kv_len}")
+        kv_len_int = kv_len
+    else:
+        raise TypeError(f"kv_len must be None, an int or an int tensor [B], got {type(kv_len).__name__}")
+    scale = D ** -0.5 if sm_scale is None else check_scale("sm_scale", sm_scale)
+    check_same_device(q=q, k=k, v=v, drop_mask=drop_mask, kv_len=kv_lens)
+    out, lse = _masked_decode_op(q, k, v, drop_mask, kv_lens, kv_len_int, scale)
+    return (out.unsqueeze(2) if squeeze else out), lse
