@@ -1,0 +1,176 @@
+"""Time our kernels and their peers on one device and turn the times into records."""
+import datetime
+import json
+import math
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional
+
+import torch
+import triton
+
+from .ceilings import ceilings
+
+
+@dataclass
+class Impl:
+    """One implementation of an op: ours ("llmkernels") or a peer.
+
+    build(inputs) returns a zero-argument callable that runs the op once on those inputs.
+    available() returns None when the implementation can run here, else the reason it is skipped.
+    """
+    name: str
+    build: Callable[[dict], Callable[[], object]]
+    available: Callable[[], Optional[str]] = lambda: None
+    max_bytes: Optional[int] = None  # skip cases larger than this (e.g. an eager peer that would run out of memory)
+
+
+@dataclass
+class Case:
+    """One benchmark shape. bytes/flops are the least traffic/arithmetic any implementation needs."""
+    shape: dict
+    make_inputs: Callable[[], dict]
+    bytes: int
+    flops: Optional[int] = None
+    bound: str = "memory"  # "memory": floor = bytes / copy rate; "compute": floor = flops / GEMM rate
+    timing: str = "do_bench"  # "do_bench" (L2 flushed by triton before each rep) or "graph" (rotated inputs)
+
+
+@dataclass
+class OpBench:
+    op: str
+    cases: Callable[[bool], List[Case]]  # cases(quick) -> the shapes; quick=True gives a short list
+    impls: List[Impl] = field(default_factory=list)
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+def _graph_time_ms(fns: List[Callable[[], object]], calls: int = 64, reps: int = 30) -> float:
+    """Median time per call of `calls` back-to-back launches replayed from one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up (compile, autotune) outside the capture
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for j in range(calls):
+            fns[j % len(fns)]()
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def time_impl(impl: Impl, case: Case) -> tuple:
+    """Returns (ms, timing mode actually used)."""
+    if case.timing == "graph":
+        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+        sets = min(max(1, math.ceil(3 * l2 / max(case.bytes, 1))), 64)  # rotate > 3x L2: every call is L2-cold
+        fns = [impl.build(case.make_inputs()) for _ in range(sets)]
+        try:
+            return _graph_time_ms(fns), "graph"
+        except Exception:  # some peers cannot be captured; fall back to flushed do_bench
+            torch.cuda.synchronize()
+            fns = fns[:1]
+    else:
+        fns = [impl.build(case.make_inputs())]
+    fn = fns[0]
+    fn()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"), "do_bench"
+
+
+class Progress:
+    def __init__(self, total: int, stream=sys.stderr):
+        self.total, self.done, self.stream = max(total, 1), 0, stream
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        width = 30
+        filled = int(width * self.done / self.total)
+        self.stream.write(f"\r[{'#' * filled}{'-' * (width - filled)}] {self.done}/{self.total} {label[:60]:<60}")
+        if self.done >= self.total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def run_op_bench(bench: OpBench, quick: bool = False, log=print, progress: Optional[Progress] = None) -> List[dict]:
+    ceil = ceilings()
+    device = torch.cuda.get_device_name()
+    date = datetime.date.today().isoformat()
+    commit = _git_commit()
+    records = []
+    impls = []
+    for impl in bench.impls:
+        reason = impl.available()
+        if reason:
+            log(f"[{bench.op}] skipping peer {impl.name}: {reason}")
+        else:
+            impls.append(impl)
+    for case in bench.cases(quick):
+        for impl in impls:
+            label = f"{bench.op} {impl.name} " + " ".join(f"{k}={v}" for k, v in case.shape.items())
+            if impl.max_bytes is not None and case.bytes > impl.max_bytes:
+                log(f"\n[{bench.op}] skipping {impl.name} at {case.shape}: input too large for this peer")
+                if progress:
+                    progress.step(label)
+                continue
+            try:
+                ms, mode = time_impl(impl, case)
+            except Exception as e:  # a peer failing must not stop the run
+                log(f"\n[{bench.op}] {impl.name} failed at {case.shape}: {type(e).__name__}: {str(e)[:200]}")
+                torch.cuda.synchronize()
+                if progress:
+                    progress.step(label)
+                continue
+            finally:
+                torch.cuda.empty_cache()
+            if case.bound == "compute":
+                floor_ms = case.flops / (ceil["gemm_tflops"] * 1e12) * 1e3
+            else:
+                floor_ms = case.bytes / (ceil["copy_tbps"] * 1e12) * 1e3
+            records.append({
+                "op": bench.op, "impl": impl.name, "shape": case.shape, "ms": ms, "floor_ms": floor_ms,
+                "pct_of_floor": 100.0 * floor_ms / ms,
+                "tflops": (case.flops / (ms * 1e-3) / 1e12) if case.flops else None,
+                "gbps": case.bytes / (ms * 1e-3) / 1e9, "bound": case.bound, "timing": mode,
+                "copy_tbps": ceil["copy_tbps"], "gemm_tflops": ceil["gemm_tflops"],
+                "device": device, "torch": torch.__version__, "triton": triton.__version__,
+                "date": date, "commit": commit,
+            })
+            if progress:
+                progress.step(label)
+    return records
+
+
+def merge_records(path, new: List[dict]) -> List[dict]:
+    """Replace records of the same (op, impl, shape) in the JSON file at path and write it back."""
+    key = lambda r: (r["op"], r["impl"], json.dumps(r["shape"], sort_keys=True))  # noqa: E731
+    try:
+        with open(path) as f:
+            old = json.load(f).get("records", [])
+    except FileNotFoundError:
+        old = []
+    fresh = {key(r) for r in new}
+    merged = [r for r in old if key(r) not in fresh] + new
+    with open(path, "w") as f:
+        json.dump({"records": merged}, f, indent=1)
+    return merged

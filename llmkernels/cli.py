@@ -1,0 +1,93 @@
+"""Command line: `llmkernels info | check [op ...] | bench [op ...]`."""
+import argparse
+import os
+import sys
+
+import torch
+
+
+def _info(args) -> int:
+    import triton
+
+    import llmkernels
+    print(f"llmkernels {llmkernels.__version__}, torch {torch.__version__}, triton {triton.__version__}")
+    if not torch.cuda.is_available():
+        print("device: CPU only (kernels run through the Triton interpreter; no ceilings to measure)")
+        return 0
+    from .bench.ceilings import ceilings
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    print(f"device: {p.name}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB, "
+          f"L2 {p.L2_cache_size / 2**20:.0f} MiB, capability {p.major}.{p.minor}")
+    c = ceilings()
+    print(f"copy bandwidth (read+write): {c['copy_tbps']:.2f} TB/s; bf16 GEMM: {c['gemm_tflops']:.0f} TFLOP/s")
+    return 0
+
+
+def _check(args) -> int:
+    import warnings
+
+    from ._runtime import default_device
+    from .registry import spec_modules
+    # the interpreter evaluates both sides of tl.where, so masked lanes divide by zero harmlessly
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
+    device = default_device()
+    print(f"checking on {device} ({'Triton interpreter' if device.type == 'cpu' else torch.cuda.get_device_name()})")
+    results = []
+    for mod in spec_modules(args.ops):
+        try:
+            results += mod.check(device)
+        except Exception as e:  # an op that raises fails its check, the others still run
+            from .checking import CheckResult
+            results.append(CheckResult(mod.__name__.split(".")[-2], "raised", False, float("inf"), 0,
+                                       f"{type(e).__name__}: {e}"))
+    w = max(len(r.case) for r in results)
+    for r in results:
+        print(f"{'PASS' if r.ok else 'FAIL'}  {r.op:<24} {r.case:<{w}}  err {r.err:.2e}  tol {r.tol:.1e}  {r.note}")
+    failed = sum(not r.ok for r in results)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def _bench(args) -> int:
+    if not torch.cuda.is_available():
+        print("llmkernels bench needs a CUDA GPU; none is present here", file=sys.stderr)
+        return 2
+    from .bench.harness import Progress, merge_records, run_op_bench
+    from .bench.report import device_slug, plot, table
+    from .registry import spec_modules
+    benches = [b for mod in spec_modules(args.ops) for b in mod.benches()]
+    if args.ops:
+        benches = [b for b in benches if b.op in args.ops]
+    total = sum(len(b.cases(args.quick)) * len(b.impls) for b in benches)
+    progress = Progress(total)
+    records = []
+    for b in benches:
+        records += run_op_bench(b, quick=args.quick, log=lambda m: print(m, file=sys.stderr), progress=progress)
+    print(table(records))
+    os.makedirs(args.out, exist_ok=True)
+    slug = device_slug(torch.cuda.get_device_name())
+    path = os.path.join(args.out, f"{slug}.json")
+    merged = merge_records(path, records)
+    print(f"records: {path} ({len(records)} new, {len(merged)} in file)")
+    png = os.path.join(args.out, f"{slug}.png")
+    if plot(merged, png):
+        print(f"plot: {png}")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="llmkernels", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="device, versions and the measured copy/GEMM ceilings")
+    c = sub.add_parser("check", help="every op vs its fp32 reference on the present device")
+    c.add_argument("ops", nargs="*")
+    b = sub.add_parser("bench", help="time ops and peers; print a table, write JSON records and a PNG plot")
+    b.add_argument("ops", nargs="*")
+    b.add_argument("--out", default="benchmarks/results", help="folder for <device>.json and <device>.png")
+    b.add_argument("--quick", action="store_true", help="a few shapes only")
+    args = ap.parse_args(argv)
+    return {"info": _info, "check": _check, "bench": _bench}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Checks and benchmark cases for masked_decode (used by the CLI and scripts/gpu.sh)."""
+import torch
+
+from ...bench import Case, Impl, OpBench
+from ...checking import result
+from ..combine.op import merge_attention_states
+from ..combine.reference import merge_attention_states_ref
+from .op import masked_decode
+from .reference import masked_decode_ref
+
+# Output is rounded to fp16 (2^-11) / bf16 (2^-8) and P is rounded to that dtype before the PV
+# product; the norm-wise relative error stays a few units of that rounding. lse is accumulated in fp32
+# from exact products of the same inputs, so it matches the fp32 reference to ~1e-6.
+OUT_TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
+LSE_TOL = 1e-4
+
+
+def make_inputs(B, Hkv, Hq, L, D, dtype, device, kept=1.0, cache_len=None, seed=None):
+    g = torch.Generator(device=device)
+    g.manual_seed(seed if seed is not None else torch.seed() % (2 ** 31))
+    cache_len = cache_len or L
+    q = torch.randn(B, Hq, D, dtype=dtype, device=device, generator=g)
+    k = torch.randn(B, Hkv, cache_len, D, dtype=dtype, device=device, generator=g)[:, :, :L]
+    v = torch.randn(B, Hkv, cache_len, D, dtype=dtype, device=device, generator=g)[:, :, :L]
+    drop = torch.rand(B, Hkv, L, device=device, generator=g) >= kept
+    return {"q": q, "k": k, "v": v, "drop": drop}
+
+
+def check(device):
+    out = []
+    dtypes = [torch.float16] if device.type == "cpu" else [torch.float16, torch.bfloat16]  # interpreter bf16 dot is wrong
+    for dtype in dtypes:
+        for (B, Hkv, G, L, D) in [(2, 2, 4, 157, 64), (1, 1, 16, 300, 128), (3, 2, 1, 77, 256)]:
+            x = make_inputs(B, Hkv, Hkv * G, L, D, dtype, device, kept=0.6)
+            if B * Hkv > 1:
+                x["drop"][-1, -1] = True  # one fully dropped (batch, kv head)
+            lens = torch.randint(L // 2, L + 1, (B,), device=device, dtype=torch.int32)
+            o, lse = masked_decode(x["q"], x["k"], x["v"], x["drop"], kv_len=lens)
+            ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"], lens)
+            case = f"B={B} Hkv={Hkv} G={G} L={L} D={D} {str(dtype)[6:]}"
+            out.append(result("masked_decode", case + " out", o, ro, OUT_TOL[dtype]))
+            out.append(result("masked_decode", case + " lse", lse, rl, LSE_TOL))
+    # merge: shard the cache in three, merge the shard results, compare with the unsharded reference
+    x = make_inputs(2, 2, 8, 190, 64, torch.float16, device, kept=0.7)
+    parts = [masked_decode(x["q"], x["k"][:, :, a:b], x["v"][:, :, a:b], x["drop"][:, :, a:b])
+             for a, b in [(0, 50), (50, 51), (51, 190)]]
+    mo, ml = merge_attention_states([p[0] for p in parts], [p[1] for p in parts])
+    ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"])
+    out.append(result("merge_attention_states", "3 shards vs unsharded", mo, ro, OUT_TOL[torch.float16]))
+    out.append(result("merge_attention_states", "3 shards lse", ml, rl, LSE_TOL))
+    return out
+
+
+# --- benchmarks -------------------------------------------------------------------------------
+
+HKV, HQ, D = 8, 32, 128
+SHAPES = [(1, 65536), (2, 65536), (4, 65536), (8, 65536), (32, 8192), (1, 1048576)]
+
+
+def _bytes(B, L, kept, esize=2):
+    kv = 2 * B * HKV * L * D * esize * kept
+    return int(kv + 2 * B * HQ * D * esize + B * HKV * L)  # + q + out + mask
+
+
+def _cases(quick):
+    shapes = SHAPES[:1] + SHAPES[-2:-1] if quick else SHAPES
+    cases = []
+    for B, L in shapes:
+        for kept in (1.0, 0.5):
+            mk = lambda B=B, L=L, kept=kept: make_inputs(B, HKV, HQ, L, D, torch.float16, torch.device("cuda"), kept=kept)
+            cases.append(Case(shape={"B": B, "Hkv": HKV, "Hq": HQ, "L": L, "D": D, "dtype": "fp16", "kept": kept},
+                              make_inputs=mk, bytes=_bytes(B, L, kept),
+                              flops=int(4 * B * HQ * L * D * kept)))
+    return cases
+
+
+def _ours(x):
+    return lambda: masked_decode(x["q"], x["k"], x["v"], x["drop"])
+
+
+def _eager(x):
+    return lambda: masked_decode_ref(x["q"], x["k"], x["v"], x["drop"])
+
+
+def _sdpa(x):
+    import torch.nn.functional as F
+    keep = (~x["drop"]).repeat_interleave(HQ // HKV, dim=1)[:, :, None, :]  # SDPA: True = attend
+    q = x["q"][:, :, None, :]
+    return lambda: F.scaled_dot_product_attention(q, x["k"], x["v"], attn_mask=keep, enable_gqa=True)
+
+
+def _flex_available():
+    try:
+        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
+    except ImportError as e:
+        return f"FlexAttention not in this torch ({e})"
+    return None
+
+
+_flex_compiled = None
+
+
+def _flex(x):
+    global _flex_compiled
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    if _flex_compiled is None:
+        _flex_compiled = torch.compile(flex_attention, dynamic=False)
+    drop = x["drop"]
+    G = HQ // HKV
+    B, _, L = drop.shape
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return ~drop[b, h // G, kv_idx]
+
+    bm = create_block_mask(mask_mod, B, HQ, 1, L, device="cuda")
+    q = x["q"][:, :, None, :]
+    return lambda: _flex_compiled(q, x["k"], x["v"], block_mask=bm, enable_gqa=True)
+
+
+def _flashinfer_available():
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:
+        return "flashinfer is not installed (pip install 'llmkernels[peers]')"
+    return None
+
+
+def _flashinfer(x):
+    import flashinfer
+    # FlashInfer's decode has no per-(batch, head, token) mask: it attends to every token (dense).
+    q = x["q"]
+    k, v = x["k"].transpose(1, 2).contiguous(), x["v"].transpose(1, 2).contiguous()  # [B, L, Hkv, D]
+    return lambda: [flashinfer.single_decode_with_kv_cache(q[b], k[b], v[b]) for b in range(q.shape[0])]
+
+
+def benches():
+    return [OpBench("masked_decode", _cases, [
+        Impl("llmkernels", _ours),
+        Impl("torch-eager", _eager, max_bytes=3 << 30),
+        Impl("sdpa-bool-mask", _sdpa),
+        Impl("flex-attention", _flex, _flex_available),
+        Impl("flashinfer-dense", _flashinfer, _flashinfer_available),
+    ])]

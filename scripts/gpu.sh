@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repo root: GPU tests, check, and benchmarks. Results land in $OUT.
+#   scripts/gpu.sh [--no-tests] [--no-bench] [--quick] [op ...]
+# Tests run for the named ops (tests/test_<op>.py, or all when none is named); benchmarks append to a
+# copy of the committed records, so $OUT/<device>.json is the full, merged file to commit.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+tests=1; bench=1; quick=""; ops=()
+for a in "$@"; do
+  case "$a" in
+    --no-tests) tests=0 ;; --no-bench) bench=0 ;; --quick) quick="--quick" ;; *) ops+=("$a") ;;
+  esac
+done
+rc=0
+python3 -m llmkernels.cli info 2>&1 | tee "$OUT/info.txt"
+if [ $tests = 1 ]; then
+  files=(); for o in "${ops[@]}"; do for f in tests/test_"$o"*.py; do [ -e "$f" ] && files+=("$f"); done; done
+  [ ${#ops[@]} = 0 ] && files=(tests)
+  python3 -m pytest -q -m gpu -p no:cacheprovider "${files[@]}" > "$OUT/gpu-tests.txt" 2>&1 || rc=1
+  tail -25 "$OUT/gpu-tests.txt"
+  python3 -m llmkernels.cli check "${ops[@]}" 2>&1 | tee "$OUT/check.txt" || rc=1
+fi
+if [ $bench = 1 ]; then
+  slug=$(python3 -c "import torch, re; print(re.sub(r'[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))")
+  [ -f "benchmarks/results/$slug.json" ] && cp "benchmarks/results/$slug.json" "$OUT/"
+  python3 -m llmkernels.cli bench $quick --out "$OUT" "${ops[@]}" 2>&1 | tee "$OUT/bench.txt" || rc=1
+fi
+exit $rc
