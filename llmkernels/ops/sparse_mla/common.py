@@ -1,0 +1,82 @@
+"""Argument checks and canonical form shared by the sparse MLA forward, attention distribution and backward."""
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from ..._validate import check_int, check_same_device, check_scale, check_tensor, check_unit_last_stride
+
+DTYPES = (torch.bfloat16, torch.float16)  # bf16 is the model's dtype; fp16 also runs (and is what CPU tests use)
+D_QK = (576, 512)
+D_V = 512
+
+
+@dataclass
+class SparseArgs:
+    q: torch.Tensor                 # [s_q, h_q, d_qk], unit last stride
+    kv: torch.Tensor                # [s_kv, d_qk], unit last stride (the single latent head squeezed)
+    indices: torch.Tensor           # [s_q, topk] int32, unit last stride
+    sm_scale: float
+    d_v: int
+    attn_sink: Optional[torch.Tensor]    # [h_q] fp32 contiguous
+    topk_length: Optional[torch.Tensor]  # [s_q] int32 contiguous
+    causal: bool
+    q_start_int: int                      # used when causal and q_start_t is None
+    q_start_t: Optional[torch.Tensor]     # int32 [1] on the device (no host sync), when given as a tensor
+    k_stride: int
+
+
+def prepare(q, kv, indices, sm_scale, d_v: int = D_V, attn_sink=None, topk_length=None,
+            q_start: Union[None, int, torch.Tensor] = None, k_stride: int = 1) -> SparseArgs:
+    check_tensor("q", q, dtypes=DTYPES, ndim=3)
+    check_tensor("kv", kv, ndim=(2, 3))
+    if kv.dtype != q.dtype:
+        raise TypeError(f"kv must have q's dtype {q.dtype}, got {kv.dtype}")
+    s_q, h_q, d_qk = q.shape
+    if d_qk not in D_QK:
+        raise ValueError(f"q's last dim d_qk must be one of {D_QK}, got {d_qk}")
+    if kv.dim() == 3:
+        if kv.shape[1] != 1:
+            raise ValueError(f"kv must be [s_kv, 1, d_qk] (one latent head), got shape {tuple(kv.shape)}")
+        kv = kv[:, 0]
+    if kv.shape[1] != d_qk:
+        raise ValueError(f"kv's last dim must equal q's d_qk={d_qk}, got {kv.shape[1]}")
+    if sm_scale is None:
+        raise TypeError("sm_scale is required (DeepSeek's scale is not d_qk ** -0.5)")
+    sm_scale = check_scale("sm_scale", sm_scale)
+    d_v = check_int("d_v", d_v)
+    if d_v != D_V:
+        raise ValueError(f"d_v must be {D_V} (V is the first 512 dims of kv), got {d_v}")
+    check_tensor("indices", indices, dtypes=(torch.int32,), ndim=(2, 3))
+    if indices.dim() == 3:
+        if indices.shape[1] != 1:
+            raise ValueError(f"indices must be [s_q, topk] or [s_q, 1, topk], got shape {tuple(indices.shape)}")
+        indices = indices[:, 0]
+    if indices.shape[0] != s_q:
+        raise ValueError(f"indices must have s_q={s_q} rows, got shape {tuple(indices.shape)}")
+    if indices.shape[1] < 1:
+        raise ValueError("indices must hold topk >= 1 entries per row")
+    for name, t in (("q", q), ("kv", kv), ("indices", indices)):
+        check_unit_last_stride(name, t)
+    if attn_sink is not None:
+        check_tensor("attn_sink", attn_sink, dtypes=(torch.float32,), ndim=1)
+        if attn_sink.shape[0] != h_q:
+            raise ValueError(f"attn_sink must be [h_q={h_q}], got shape {tuple(attn_sink.shape)}")
+        attn_sink = attn_sink.contiguous()
+    if topk_length is not None:
+        check_tensor("topk_length", topk_length, dtypes=(torch.int32,), ndim=1)
+        if topk_length.shape[0] != s_q:
+            raise ValueError(f"topk_length must be [s_q={s_q}], got shape {tuple(topk_length.shape)}")
+        topk_length = topk_length.contiguous()
+    k_stride = check_int("k_stride", k_stride, lo=1)
+    q_start_t, q_start_int = None, 0
+    if isinstance(q_start, torch.Tensor):
+        check_tensor("q_start", q_start, dtypes=(torch.int32,))
+        if q_start.numel() != 1:
+            raise ValueError(f"q_start must be an int or a one-element int32 tensor, got shape {tuple(q_start.shape)}")
+        q_start_t = q_start.reshape(1)
+    elif q_start is not None:
+        q_start_int = check_int("q_start", q_start, lo=0)
+    check_same_device(q=q, kv=kv, indices=indices, attn_sink=attn_sink, topk_length=topk_length, q_start=q_start_t)
+    return SparseArgs(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start is not None,
+                      q_start_int, q_start_t, k_stride)
