@@ -60,24 +60,29 @@ def _split_kernel(
     tl.store(lse_ptr + rows * s_lr + split, lse, mask=offs_g < G)
 
 
-def _plan(B: int, Hkv: int, L: int, device: torch.device, block_n: int):
-    """Pick the KV split: enough programs for ~4 waves even at B=1, chunks of >= 4 tiles."""
-    target = 4 * num_sms(device)
+# Launch configuration; scripts/tune_masked_decode.py sweeps these on the device.
+CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4}
+
+
+def _plan(B: int, Hkv: int, L: int, device: torch.device, block_n: int, waves: int):
+    """Pick the KV split: enough programs for `waves` waves even at B=1, chunks of >= 4 tiles."""
+    target = waves * num_sms(device)
     splits = max(1, min(triton.cdiv(target, max(B * Hkv, 1)), triton.cdiv(L, 4 * block_n)))
     chunk = triton.cdiv(triton.cdiv(max(L, 1), splits), block_n) * block_n
     return triton.cdiv(max(L, 1), chunk), chunk
 
 
-def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, out, lse):
+def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, out, lse, config=None):
     """q [B, Hq, D] (unit last stride); k, v [B, Hkv, L, D]; writes out [B, Hq, D] and lse [B, Hq]."""
+    cfg = CONFIG if config is None else {**CONFIG, **config}
     B, Hq, D = q.shape
     Hkv, L = k.shape[1], k.shape[2]
     G = Hq // Hkv
     if B == 0 or Hq == 0:
         return
-    block_n = 64 if D <= 128 else 32
+    block_n = cfg["block_n"] if D <= 128 else cfg["block_n"] // 2  # same tile bytes at D=256
     span = L if kv_lens is not None else kv_len
-    splits, chunk = _plan(B, Hkv, span, q.device, block_n)
+    splits, chunk = _plan(B, Hkv, span, q.device, block_n, cfg["waves"])
     o_part = torch.empty(B * Hq, splits, D, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(B * Hq, splits, dtype=torch.float32, device=q.device)
     drop = drop_mask.view(torch.uint8) if drop_mask is not None else q
@@ -89,6 +94,6 @@ def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float,
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
         G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n,
         HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None,
-        num_warps=4, num_stages=3,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     combine(o_part, lse_part, out.view(B * Hq, D), lse.view(B * Hq))

@@ -1,0 +1,237 @@
+import math
+
+import pytest
+import torch
+
+from llmkernels import masked_decode, merge_attention_states
+from llmkernels.checking import rel_err
+from llmkernels.ops.combine.reference import merge_attention_states_ref
+from llmkernels.ops.masked_decode.kernel import masked_decode_fwd
+from llmkernels.ops.masked_decode.reference import masked_decode_ref
+from llmkernels.ops.masked_decode.spec import LSE_TOL, OUT_TOL, make_inputs
+
+
+def _compare(x, kv_len=None, sm_scale=None, dtype=torch.float16):
+    o, lse = masked_decode(x["q"], x["k"], x["v"], x["drop"], kv_len=kv_len, sm_scale=sm_scale)
+    ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"], kv_len, sm_scale)
+    assert o.dtype == x["q"].dtype and lse.dtype == torch.float32
+    assert rel_err(o, ro) <= OUT_TOL[dtype], rel_err(o, ro)
+    assert rel_err(lse, rl) <= LSE_TOL, rel_err(lse, rl)
+    return o, lse
+
+
+# ---- CPU (interpreter) tests: fp16 only, the interpreter's bf16 tl.dot is wrong ----
+
+@pytest.mark.parametrize("B,Hkv,G,L,D", [(2, 2, 4, 157, 64), (1, 3, 1, 33, 128), (2, 1, 16, 70, 64),
+                                         (1, 2, 8, 129, 256), (3, 1, 5, 61, 64)])
+def test_matches_reference(device, B, Hkv, G, L, D):
+    x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device, kept=0.6)
+    _compare(x)
+
+
+def test_strided_cache_view_and_varlen(device):
+    # cache preallocated longer than L and laid out [B, L, Hkv, D]: k/v are non-contiguous views
+    B, Hkv, G, L, D = 3, 2, 4, 90, 64
+    cache = torch.randn(B, 128, Hkv, 2, D, dtype=torch.float16, device=device)
+    k, v = cache[:, :L, :, 0].transpose(1, 2), cache[:, :L, :, 1].transpose(1, 2)
+    assert not k.is_contiguous()
+    q = torch.randn(B, Hkv * G, 2 * D, dtype=torch.float16, device=device)[:, :, ::2].contiguous()
+    drop = torch.rand(B, Hkv, L, device=device) < 0.3
+    lens = torch.tensor([90, 1, 47], dtype=torch.int32, device=device)
+    _compare({"q": q, "k": k, "v": v, "drop": drop}, kv_len=lens)
+    _compare({"q": q, "k": k, "v": v, "drop": drop}, kv_len=55, sm_scale=0.3)
+
+
+def test_non_contiguous_q(device):
+    B, Hkv, G, L, D = 2, 2, 2, 40, 64
+    x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device)
+    x["q"] = torch.randn(Hkv * G, B, D, dtype=torch.float16, device=device).transpose(0, 1)
+    _compare(x)
+
+
+def test_all_dropped_and_empty_rows(device):
+    B, Hkv, G, L, D = 3, 2, 4, 50, 64
+    x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device, kept=0.5)
+    x["drop"][0] = True  # every token of sequence 0 dropped
+    x["drop"][1, 1] = True  # one kv head of sequence 1
+    lens = torch.tensor([50, 50, 0], dtype=torch.int32, device=device)  # sequence 2 is empty
+    o, lse = _compare(x, kv_len=lens)
+    assert torch.all(o[0] == 0) and torch.all(o[2] == 0) and torch.all(o[1, G:] == 0)
+    assert torch.all(lse[0] == -math.inf) and torch.all(lse[2] == -math.inf) and torch.all(lse[1, G:] == -math.inf)
+    assert torch.isfinite(lse[1, :G]).all() and not torch.isnan(o).any()
+
+
+def test_kv_len_tensor_is_clamped(device):
+    x = make_inputs(2, 1, 4, 30, 64, torch.float16, device)
+    lens = torch.tensor([-5, 1000], dtype=torch.int32, device=device)  # defined: clamped to [0, L]
+    o, lse = masked_decode(x["q"], x["k"], x["v"], x["drop"], kv_len=lens)
+    ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"], torch.tensor([0, 30]))
+    assert torch.all(lse[0] == -math.inf) and rel_err(o, ro) <= OUT_TOL[torch.float16]
+
+
+def test_4d_query_and_no_mask(device):
+    x = make_inputs(2, 2, 4, 45, 64, torch.float16, device)
+    o4, lse4 = masked_decode(x["q"][:, :, None], x["k"], x["v"])
+    o3, lse3 = masked_decode(x["q"], x["k"], x["v"])
+    assert o4.shape == (2, 4, 1, 64) and torch.equal(o4[:, :, 0], o3) and torch.equal(lse4, lse3)
+    ro, _ = masked_decode_ref(x["q"], x["k"], x["v"])
+    assert rel_err(o3, ro) <= OUT_TOL[torch.float16]
+
+
+def test_every_output_written(device):
+    # NaN-poisoned outputs: any element the kernels fail to write stays NaN and fails
+    B, Hkv, G, L, D = 2, 2, 3, 77, 64
+    x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device, kept=0.7)
+    out = torch.full((B, Hkv * G, D), float("nan"), dtype=torch.float16, device=device)
+    lse = torch.full((B, Hkv * G), float("nan"), dtype=torch.float32, device=device)
+    masked_decode_fwd(x["q"], x["k"], x["v"], x["drop"], None, L, D ** -0.5, out, lse)
+    ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"])
+    assert rel_err(out, ro) <= OUT_TOL[torch.float16] and rel_err(lse, rl) <= LSE_TOL
+
+
+def test_empty_batch(device):
+    q = torch.randn(0, 4, 64, dtype=torch.float16, device=device)
+    k = torch.randn(0, 2, 10, 64, dtype=torch.float16, device=device)
+    o, lse = masked_decode(q, k, k)
+    assert o.shape == (0, 4, 64) and lse.shape == (0, 4)
+
+
+def test_merge_matches_unsharded(device):
+    x = make_inputs(2, 2, 8, 150, 64, torch.float16, device, kept=0.8)
+    bounds = [(0, 37), (37, 38), (38, 150)]
+    parts = [masked_decode(x["q"], x["k"][:, :, a:b], x["v"][:, :, a:b], x["drop"][:, :, a:b]) for a, b in bounds]
+    mo, ml = merge_attention_states([p[0] for p in parts], [p[1] for p in parts])
+    ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"])
+    assert mo.dtype == torch.float16 and rel_err(mo, ro) <= OUT_TOL[torch.float16] and rel_err(ml, rl) <= LSE_TOL
+
+
+def test_merge_with_empty_parts(device):
+    outs = torch.randn(4, 5, 3, 64, device=device)
+    lses = torch.randn(4, 5, 3, device=device)
+    lses[1] = -math.inf  # a shard that saw no key
+    lses[:, 0, 0] = -math.inf  # a row no shard saw
+    mo, ml = merge_attention_states(outs, lses)
+    ro, rl = merge_attention_states_ref(outs, lses)
+    assert torch.all(mo[0, 0] == 0) and ml[0, 0] == -math.inf
+    assert rel_err(mo, ro) <= 1e-5 and rel_err(ml, rl) <= 1e-6  # fp32 in and out: rounding only
+
+
+def test_torch_compile_fullgraph(device):
+    x = make_inputs(2, 2, 4, 40, 64, torch.float16, device, kept=0.5)
+    lens = torch.tensor([40, 17], dtype=torch.int32, device=device)
+
+    def f(q, k, v, m, n):
+        o, lse = masked_decode(q, k, v, m, kv_len=n)
+        return o.float() * 2, lse
+
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    co, cl = torch.compile(f, fullgraph=True, backend=backend)(x["q"], x["k"], x["v"], x["drop"], lens)
+    eo, el = f(x["q"], x["k"], x["v"], x["drop"], lens)
+    assert torch.equal(co, eo) and torch.equal(cl, el)
+
+
+def test_opcheck(device):
+    x = make_inputs(1, 2, 4, 20, 64, torch.float16, device, kept=0.5)
+    torch.library.opcheck(torch.ops.llmkernels.masked_decode.default,
+                          (x["q"], x["k"], x["v"], x["drop"], None, 20, 0.125),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+# ---- bad inputs: each must raise a clear error naming the argument ----
+
+def _ok(device):
+    return make_inputs(2, 2, 8, 16, 64, torch.float16, device)
+
+
+BAD = [
+    ("q dtype", lambda x: dict(q=x["q"].float()), TypeError, "q must have dtype"),
+    ("q/k dtype mismatch", lambda x: dict(k=x["k"].to(torch.bfloat16)), TypeError, "share one dtype"),
+    ("Hq % Hkv", lambda x: dict(q=x["q"][:, :7]), ValueError, "multiple of k/v heads"),
+    ("head dim", lambda x: dict(q=x["q"][..., :32], k=x["k"][..., :32], v=x["v"][..., :32]), ValueError, "head dim D"),
+    ("mask shape", lambda x: dict(drop_mask=x["drop"][:, :, :5]), ValueError, "drop_mask must have shape"),
+    ("mask dtype", lambda x: dict(drop_mask=x["drop"].to(torch.uint8)), TypeError, "drop_mask must have dtype"),
+    ("kv_len > L", lambda x: dict(kv_len=17), ValueError, "kv_len must be in"),
+    ("kv_len < 0", lambda x: dict(kv_len=-1), ValueError, "kv_len must be in"),
+    ("kv_len tensor shape", lambda x: dict(kv_len=torch.tensor([3], dtype=torch.int32)), ValueError, "kv_len must have shape"),
+    ("kv_len float", lambda x: dict(kv_len=3.0), TypeError, "kv_len must be None"),
+    ("non-unit stride", lambda x: dict(k=x["k"].transpose(2, 3).contiguous().transpose(2, 3)), ValueError, "unit stride"),
+    ("k/v shape", lambda x: dict(v=x["v"][:, :, :10]), ValueError, "same shape"),
+    ("batch mismatch", lambda x: dict(q=x["q"][:1]), ValueError, "batch"),
+    ("q rank", lambda x: dict(q=x["q"][0]), ValueError, "q must have 3 or 4 dims"),
+    ("q 4-d with 2 tokens", lambda x: dict(q=x["q"][:, :, None].expand(-1, -1, 2, -1)), ValueError, "one new token"),
+    ("device", lambda x: dict(drop_mask=x["drop"].to("meta")), ValueError, "device"),
+    ("sm_scale nan", lambda x: dict(sm_scale=float("nan")), ValueError, "sm_scale must be finite"),
+    ("k not a tensor", lambda x: dict(k=x["k"].tolist()), TypeError, "k must be a torch.Tensor"),
+]
+
+
+@pytest.mark.parametrize("name,change,exc,msg", BAD, ids=[b[0] for b in BAD])
+def test_bad_inputs(device, name, change, exc, msg):
+    x = _ok(device)
+    args = dict(q=x["q"], k=x["k"], v=x["v"], drop_mask=x["drop"])
+    args.update(change(x))
+    with pytest.raises(exc, match=msg):
+        masked_decode(**args)
+
+
+def test_merge_bad_inputs(device):
+    with pytest.raises(ValueError, match="lses must have shape"):
+        merge_attention_states(torch.randn(2, 3, 8), torch.randn(2, 4))
+    with pytest.raises(TypeError, match="outs must have dtype"):
+        merge_attention_states(torch.randn(2, 3, 8).to(torch.int32), torch.randn(2, 3))
+    with pytest.raises(ValueError, match="at least one"):
+        merge_attention_states([], [])
+
+
+# ---- GPU tests ----
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("G", [1, 4, 8, 16])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_gpu_matrix(dtype, G, D):
+    B, Hkv, L = 3, 2, 3001  # odd length, several splits
+    x = make_inputs(B, Hkv, Hkv * G, L, D, dtype, torch.device("cuda"), kept=0.6, cache_len=4096)
+    x["drop"][1, 0] = True  # an all-dropped (sequence, kv head)
+    lens = torch.tensor([3001, 1234, 0], dtype=torch.int32, device="cuda")
+    _compare(x, kv_len=lens, dtype=dtype)
+    _compare(x, dtype=dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_poisoned_long():
+    B, Hkv, G, L, D = 1, 8, 4, 70001, 128
+    x = make_inputs(B, Hkv, Hkv * G, L, D, torch.bfloat16, torch.device("cuda"), kept=0.5)
+    out = torch.full((B, Hkv * G, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((B, Hkv * G), float("nan"), device="cuda")
+    masked_decode_fwd(x["q"], x["k"], x["v"], x["drop"], None, L, D ** -0.5, out, lse)
+    ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"])
+    assert rel_err(out, ro) <= OUT_TOL[torch.bfloat16] and rel_err(lse, rl) <= LSE_TOL
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph():
+    x = make_inputs(4, 8, 32, 5000, 128, torch.float16, torch.device("cuda"), kept=0.5)
+    lens = torch.tensor([5000, 3, 2500, 0], dtype=torch.int32, device="cuda")
+    masked_decode(x["q"], x["k"], x["v"], x["drop"], kv_len=lens)  # compile before capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o, lse = masked_decode(x["q"], x["k"], x["v"], x["drop"], kv_len=lens)
+    for _ in range(2):  # new data in the same buffers, replayed
+        x["q"].copy_(torch.randn_like(x["q"]))
+        x["drop"].copy_(torch.rand(x["drop"].shape, device="cuda") < 0.4)
+        lens.copy_(torch.randint(0, 5001, (4,), dtype=torch.int32, device="cuda"))
+        g.replay()
+        ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"], lens)
+        assert rel_err(o, ro) <= OUT_TOL[torch.float16] and rel_err(lse, rl) <= LSE_TOL
+
+
+@pytest.mark.gpu
+def test_gpu_merge_context_parallel():
+    x = make_inputs(2, 8, 32, 20000, 128, torch.bfloat16, torch.device("cuda"), kept=0.5)
+    cuts = [0, 6000, 6001, 13000, 20000]
+    parts = [masked_decode(x["q"], x["k"][:, :, a:b], x["v"][:, :, a:b], x["drop"][:, :, a:b]) for a, b in zip(cuts, cuts[1:])]
+    mo, ml = merge_attention_states(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]))
+    ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"])
+    assert rel_err(mo, ro) <= OUT_TOL[torch.bfloat16] and rel_err(ml, rl) <= LSE_TOL
