@@ -52,8 +52,11 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def _graph_time_ms(fns: List[Callable[[], object]], calls: int = 64, reps: int = 30) -> float:
-    """Median time per call of `calls` back-to-back launches replayed from one CUDA graph."""
+def _graph_time_ms(fns: List[Callable[[], object]], calls: Optional[int] = None, reps: int = 20) -> float:
+    """Median time per call of `calls` back-to-back launches replayed from one CUDA graph.
+
+    calls defaults to enough launches for ~2 ms a replay (at most 64), so slow peers stay affordable.
+    """
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up (compile, autotune) outside the capture
@@ -61,6 +64,13 @@ def _graph_time_ms(fns: List[Callable[[], object]], calls: int = 64, reps: int =
             f()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
+    if calls is None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fns[0]()
+        end.record()
+        end.synchronize()
+        calls = max(len(fns), min(64, int(2.0 / max(start.elapsed_time(end), 1e-3))))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for j in range(calls):
@@ -147,7 +157,7 @@ def run_op_bench(bench: OpBench, quick: bool = False, log=print, progress: Optio
                 floor_ms = case.flops / (ceil["gemm_tflops"] * 1e12) * 1e3
             else:
                 floor_ms = case.bytes / (ceil["copy_tbps"] * 1e12) * 1e3
-            records.append({
+            rec = {
                 "op": bench.op, "impl": impl.name, "shape": case.shape, "ms": ms, "floor_ms": floor_ms,
                 "pct_of_floor": 100.0 * floor_ms / ms,
                 "tflops": (case.flops / (ms * 1e-3) / 1e12) if case.flops else None,
@@ -155,7 +165,9 @@ def run_op_bench(bench: OpBench, quick: bool = False, log=print, progress: Optio
                 "copy_tbps": ceil["copy_tbps"], "gemm_tflops": ceil["gemm_tflops"],
                 "device": device, "torch": torch.__version__, "triton": triton.__version__,
                 "date": date, "commit": commit,
-            })
+            }
+            records.append(rec)
+            log(f"\n[{bench.op}] {impl.name} {case.shape}: {ms:.4f} ms, {rec['pct_of_floor']:.1f}% of floor")
             if progress:
                 progress.step(label)
     return records

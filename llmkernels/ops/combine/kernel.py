@@ -3,20 +3,16 @@ import torch
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
-
-
 @triton.jit
-def _combine_kernel(
-    o_ptr, lse_ptr, out_ptr, lse_out_ptr,
-    S, D,
+def merge_row(
+    o_ptr, lse_ptr, out_ptr, lse_out_ptr, row, S, D,
     stride_os, stride_or, stride_ls, stride_lr, stride_out_r,
     HAS_LSE_OUT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
+    """Merge the S partial (out, lse) of one row; rows whose parts are all -inf get out 0, lse -inf."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    # pass 1: running max and sum of exp over all splits (base 2)
+    # pass 1: max and sum of exp over all splits (base 2)
     m = tl.full([BLOCK_S], float("-inf"), tl.float32)
     for s0 in range(0, S, BLOCK_S):
         ls = tl.load(lse_ptr + row * stride_lr + (s0 + offs_s) * stride_ls, mask=s0 + offs_s < S, other=float("-inf"))
@@ -46,6 +42,22 @@ def _combine_kernel(
         tl.store(lse_out_ptr + row, lse)
 
 
+@triton.jit
+def _combine_kernel(
+    o_ptr, lse_ptr, out_ptr, lse_out_ptr,
+    S, D,
+    stride_os, stride_or, stride_ls, stride_lr, stride_out_r,
+    HAS_LSE_OUT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    merge_row(o_ptr, lse_ptr, out_ptr, lse_out_ptr, tl.program_id(0).to(tl.int64), S, D,
+              stride_os, stride_or, stride_ls, stride_lr, stride_out_r, HAS_LSE_OUT, BLOCK_S, BLOCK_D)
+
+
+def combine_blocks(S: int, D: int):
+    """(BLOCK_S, BLOCK_D) for merging S parts of width D."""
+    return min(triton.next_power_of_2(max(S, 1)), 16), min(triton.next_power_of_2(D), 256)
+
+
 def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse_out) -> None:
     """Merge S partial results per row.
 
@@ -55,8 +67,7 @@ def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse
     R, S, D = o_part.shape
     if R == 0:
         return
-    BLOCK_S = min(triton.next_power_of_2(max(S, 1)), 16)
-    BLOCK_D = min(triton.next_power_of_2(D), 256)
+    BLOCK_S, BLOCK_D = combine_blocks(S, D)
     _combine_kernel[(R,)](
         o_part, lse_part, out, lse_out if lse_out is not None else lse_part,
         S, D,

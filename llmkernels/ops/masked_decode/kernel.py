@@ -4,16 +4,16 @@ import triton
 import triton.language as tl
 
 from ..._runtime import num_sms
-from ..combine.kernel import combine
+from ..combine.kernel import combine_blocks, merge_row
 
 
 @triton.jit
 def _split_kernel(
-    q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr,
-    Hkv, L, kv_len, chunk, qk_scale,
+    q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr, count_ptr, out_ptr, lse_out_ptr,
+    Hkv, L, kv_len, chunk, qk_scale, S,
     s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr,
+    HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     split = tl.program_id(0)
     bh = tl.program_id(1)
@@ -58,10 +58,17 @@ def _split_kernel(
     rows = (b * Hkv + h) * G + offs_g
     tl.store(o_ptr + rows[:, None] * s_or + split * s_os + offs_d[None, :], o, mask=(offs_g < G)[:, None])
     tl.store(lse_ptr + rows * s_lr + split, lse, mask=offs_g < G)
+    # The last split to finish for this (batch, kv head) merges all splits: no second launch.
+    tl.debug_barrier()  # every thread's partial stores precede the release below
+    ticket = tl.atomic_add(count_ptr + bh, 1, sem="acq_rel")
+    if ticket == S - 1:
+        for g in range(G):
+            merge_row(o_ptr, lse_ptr, out_ptr, lse_out_ptr, (b * Hkv + h) * G + g, S, D,
+                      s_os, s_or, 1, s_lr, D, True, BLOCK_S, D)
 
 
 # Launch configuration; scripts/tune_masked_decode.py sweeps these on the device.
-CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4}
+CONFIG = {"block_n": 128, "num_warps": 4, "num_stages": 2, "waves": 3}
 
 
 def _plan(B: int, Hkv: int, L: int, device: torch.device, block_n: int, waves: int):
@@ -73,7 +80,8 @@ def _plan(B: int, Hkv: int, L: int, device: torch.device, block_n: int, waves: i
 
 
 def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, out, lse, config=None):
-    """q [B, Hq, D] (unit last stride); k, v [B, Hkv, L, D]; writes out [B, Hq, D] and lse [B, Hq]."""
+    """q [B, Hq, D] (unit last stride); k, v [B, Hkv, L, D]; writes out [B, Hq, D] and lse [B, Hq] (contiguous)."""
+    assert out.is_contiguous() and lse.is_contiguous()
     cfg = CONFIG if config is None else {**CONFIG, **config}
     B, Hq, D = q.shape
     Hkv, L = k.shape[1], k.shape[2]
@@ -85,15 +93,15 @@ def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float,
     splits, chunk = _plan(B, Hkv, span, q.device, block_n, cfg["waves"])
     o_part = torch.empty(B * Hq, splits, D, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(B * Hq, splits, dtype=torch.float32, device=q.device)
+    counts = torch.zeros(B * Hkv, dtype=torch.int32, device=q.device)
     drop = drop_mask.view(torch.uint8) if drop_mask is not None else q
     ms = drop_mask.stride() if drop_mask is not None else (0, 0, 0)
     _split_kernel[(splits, B * Hkv)](
-        q, k, v, drop, kv_lens if kv_lens is not None else q, o_part, lse_part,
-        Hkv, L, kv_len, chunk, sm_scale * 1.4426950408889634,
+        q, k, v, drop, kv_lens if kv_lens is not None else q, o_part, lse_part, counts, out, lse,
+        Hkv, L, kv_len, chunk, sm_scale * 1.4426950408889634, splits,
         q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], *ms,
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
         G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n,
-        HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None,
+        HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, BLOCK_S=combine_blocks(splits, D)[0],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    combine(o_part, lse_part, out.view(B * Hq, D), lse.view(B * Hq))
