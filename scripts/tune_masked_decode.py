@@ -16,8 +16,8 @@ rows = []
 shapes = [(1, 65536), (2, 65536), (8, 65536), (32, 8192), (1, 1048576)]
 grid = list(itertools.product([64, 128], [4, 8], [2, 3], [1, 2, 3, 4, 6, 8]))
 if len(sys.argv) > 1 and sys.argv[1] == "--small":
-    grid = list(itertools.product([128], [4], [2], [2, 3, 4, 6]))
-    shapes = [(1, 65536), (8, 65536)]
+    grid = list(itertools.product([128], [4], [2], [1, 2, 3, 4, 6, 8]))
+    shapes = [(1, 65536), (4, 65536), (8, 65536)]
 for B, L in shapes:
     for kept in (1.0, 0.5):
         x = make_inputs(B, HKV, HQ, L, D, torch.float16, torch.device("cuda"), kept=kept)

@@ -4,16 +4,16 @@ import triton
 import triton.language as tl
 
 from ..._runtime import num_sms
-from ..combine.kernel import combine_blocks, merge_row
+from ..combine.kernel import combine
 
 
 @triton.jit
 def _split_kernel(
-    q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr, count_ptr, out_ptr, lse_out_ptr,
-    Hkv, L, kv_len, chunk, qk_scale, S,
+    q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr,
+    Hkv, L, kv_len, chunk, qk_scale,
     s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr,
 ):
     split = tl.program_id(0)
     bh = tl.program_id(1)
@@ -58,29 +58,42 @@ def _split_kernel(
     rows = (b * Hkv + h) * G + offs_g
     tl.store(o_ptr + rows[:, None] * s_or + split * s_os + offs_d[None, :], o, mask=(offs_g < G)[:, None])
     tl.store(lse_ptr + rows * s_lr + split, lse, mask=offs_g < G)
-    # The last split to finish for this (batch, kv head) merges all splits: no second launch.
-    tl.debug_barrier()  # every thread's partial stores precede the release below
-    ticket = tl.atomic_add(count_ptr + bh, 1, sem="acq_rel")
-    if ticket == S - 1:
-        for g in range(G):
-            merge_row(o_ptr, lse_ptr, out_ptr, lse_out_ptr, (b * Hkv + h) * G + g, S, D,
-                      s_os, s_or, 1, s_lr, D, True, BLOCK_S, D)
 
 
-# Launch configuration; scripts/tune_masked_decode.py sweeps these on the device.
-CONFIG = {"block_n": 128, "num_warps": 4, "num_stages": 2, "waves": 3}
+
+# Launch configuration. The split count is tuned on the first call for each shape class (see _splits):
+# how many programs per SM balance the ramp/tail of one wave against per-split overhead depends on
+# B * Hkv, L and the kept fraction, so it is measured rather than guessed (scripts/tune_masked_decode.py).
+CONFIG = {"block_n": 128, "num_warps": 4, "num_stages": 2, "waves": 2}
+WAVE_CHOICES = (1, 2, 3, 4, 6, 8)
+_TUNED = {}
 
 
-def _plan(B: int, Hkv: int, L: int, device: torch.device, block_n: int, waves: int):
-    """Pick the KV split: enough programs for `waves` waves even at B=1, chunks of >= 4 tiles."""
-    target = waves * num_sms(device)
-    splits = max(1, min(triton.cdiv(target, max(B * Hkv, 1)), triton.cdiv(L, 4 * block_n)))
-    chunk = triton.cdiv(triton.cdiv(max(L, 1), splits), block_n) * block_n
+def _plan(B: int, Hkv: int, L: int, device: torch.device, waves: int):
+    """Split L so that B * Hkv * splits ~ waves * SMs, with chunks of >= 512 tokens (multiples of 16)."""
+    splits = max(1, min(round(waves * num_sms(device) / max(B * Hkv, 1)), triton.cdiv(L, 512)))
+    chunk = triton.cdiv(triton.cdiv(max(L, 1), splits), 16) * 16
     return triton.cdiv(max(L, 1), chunk), chunk
 
 
+def _splits(key, B, Hkv, span, device, launch, waves):
+    """(splits, chunk): the config's, or on first sight of a shape class on a GPU, the fastest candidate."""
+    if waves is not None or device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return _plan(B, Hkv, span, device, waves or _TUNED.get(key, CONFIG["waves"]))
+    if key not in _TUNED:
+        plans = {_plan(B, Hkv, span, device, w): w for w in WAVE_CHOICES}
+        times = {}
+        for plan in plans:
+            times[plan] = triton.testing.do_bench(lambda: launch(*plan), warmup=3, rep=15, return_mode="median")
+        _TUNED[key] = plans[min(times, key=times.get)]
+    return _plan(B, Hkv, span, device, _TUNED[key])
+
+
 def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, out, lse, config=None):
-    """q [B, Hq, D] (unit last stride); k, v [B, Hkv, L, D]; writes out [B, Hq, D] and lse [B, Hq] (contiguous)."""
+    """q [B, Hq, D] (unit last stride); k, v [B, Hkv, L, D]; writes out [B, Hq, D] and lse [B, Hq] (contiguous).
+
+    config may override CONFIG's keys; giving "waves" skips the first-call tuning of the split count.
+    """
     assert out.is_contiguous() and lse.is_contiguous()
     cfg = CONFIG if config is None else {**CONFIG, **config}
     B, Hq, D = q.shape
@@ -90,18 +103,22 @@ def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float,
         return
     block_n = cfg["block_n"] if D <= 128 else cfg["block_n"] // 2  # same tile bytes at D=256
     span = L if kv_lens is not None else kv_len
-    splits, chunk = _plan(B, Hkv, span, q.device, block_n, cfg["waves"])
-    o_part = torch.empty(B * Hq, splits, D, dtype=torch.float32, device=q.device)
-    lse_part = torch.empty(B * Hq, splits, dtype=torch.float32, device=q.device)
-    counts = torch.zeros(B * Hkv, dtype=torch.int32, device=q.device)
     drop = drop_mask.view(torch.uint8) if drop_mask is not None else q
     ms = drop_mask.stride() if drop_mask is not None else (0, 0, 0)
-    _split_kernel[(splits, B * Hkv)](
-        q, k, v, drop, kv_lens if kv_lens is not None else q, o_part, lse_part, counts, out, lse,
-        Hkv, L, kv_len, chunk, sm_scale * 1.4426950408889634, splits,
-        q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], *ms,
-        o_part.stride(0), o_part.stride(1), lse_part.stride(0),
-        G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n,
-        HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, BLOCK_S=combine_blocks(splits, D)[0],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
+
+    def launch(splits, chunk):
+        o_part = torch.empty(B * Hq, splits, D, dtype=torch.float32, device=q.device)
+        lse_part = torch.empty(B * Hq, splits, dtype=torch.float32, device=q.device)
+        _split_kernel[(splits, B * Hkv)](
+            q, k, v, drop, kv_lens if kv_lens is not None else q, o_part, lse_part,
+            Hkv, L, kv_len, chunk, sm_scale * 1.4426950408889634,
+            q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], *ms,
+            o_part.stride(0), o_part.stride(1), lse_part.stride(0),
+            G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n,
+            HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )
+        combine(o_part, lse_part, out.view(B * Hq, D), lse.view(B * Hq))
+
+    key = (q.device.index, q.dtype, B * Hkv, G, D, triton.next_power_of_2(max(span, 1)), drop_mask is not None)
+    launch(*_splits(key, B, Hkv, span, q.device, launch, config.get("waves") if config else None))
