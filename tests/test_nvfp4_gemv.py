@@ -171,7 +171,8 @@ def test_gemv_views_out_and_uint8(device):
 
 
 @pytest.mark.parametrize("cfg", [dict(BM=8, BB=16, num_warps=4, split=3), dict(BM=4, BB=32, num_warps=2, split=2),
-                                 dict(BM=16, BB=64, num_warps=4, split=1)])
+                                 dict(BM=16, BB=64, num_warps=4, split=1), dict(BM=2, BB=16, num_warps=1, prefetch=True,
+                                                                               split=1)])
 def test_gemv_launch_configs_poisoned(device, cfg):
     # fixed tile configs, including split K (fp32 partials + ordered reduction), into NaN-poisoned outputs
     M, K, L = 29, 288, 2
@@ -347,13 +348,14 @@ def test_gpu_contest_shapes(M, K, L):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("BB,R,nw,split", [(256, 8, 4, 1), (128, 4, 4, 2), (64, 8, 4, 3), (32, 2, 2, 1),
-                                           (256, 2, 8, 4), (16, 4, 4, 1)])
-def test_gpu_configs_poisoned(BB, R, nw, split):
+@pytest.mark.parametrize("BB,R,nw,split,pf", [(256, 8, 4, 1, 0), (128, 4, 4, 2, 0), (64, 8, 4, 3, 0),
+                                              (32, 2, 2, 1, 0), (256, 2, 8, 4, 0), (16, 4, 4, 1, 0), (256, 2, 4, 1, 1),
+                                              (128, 4, 2, 2, 1), (1024, 1, 4, 1, 0)])
+def test_gpu_configs_poisoned(BB, R, nw, split, pf):
     M, K, L = 1000, 2048 + 16, 3  # odd M and a K tail
     x = make_inputs(M, K, L, torch.device("cuda"))
     out = torch.full((M, 1, L), float("nan"), dtype=torch.float16, device="cuda")
-    cfg = dict(BM=gemv_tile(BB, R, nw), BB=BB, num_warps=nw, split=split)
+    cfg = dict(BM=gemv_tile(BB, R, nw), BB=BB, num_warps=nw, split=split, prefetch=bool(pf))
     gemv_launch(x["a"].view(torch.uint8), x["b"].view(torch.uint8), x["sfa"].view(torch.uint8),
                 x["sfb"].view(torch.uint8), out, 1.0, cfg=cfg)
     assert rel_err(out, _ref(x)) <= GEMV_TOL

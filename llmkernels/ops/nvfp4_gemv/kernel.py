@@ -72,7 +72,7 @@ def _e2m1_x2(c):
 
 @triton.jit
 def _block_dot(a, b, USE_ASM: tl.constexpr):
-    """a [BM, BB] int64 blocks, b [BB] int64 blocks -> int32 [BM, BB] = sum over each block of (2a)(2b)."""
+    """a [BM, BB] int64 blocks, b [1, BB] int64 blocks -> int32 [BM, BB] = sum over each block of (2a)(2b)."""
     if USE_ASM:
         b0, b1, b2, b3, n0, n1, n2, n3 = tl.inline_asm_elementwise(
             ASM_B, "=r,=r,=r,=r,=r,=r,=r,=r,l", [b],
@@ -80,22 +80,43 @@ def _block_dot(a, b, USE_ASM: tl.constexpr):
             is_pure=True, pack=1)
         acc = tl.inline_asm_elementwise(
             ASM_A, "=r,l,r,r,r,r,r,r,r,r",
-            [a, b0[None, :], b1[None, :], b2[None, :], b3[None, :], n0[None, :], n1[None, :], n2[None, :],
-             n3[None, :]], dtype=tl.int32, is_pure=True, pack=1)
+            [a, b0, b1, b2, b3, n0, n1, n2, n3], dtype=tl.int32, is_pure=True, pack=1)
     else:
         acc = tl.zeros(a.shape, tl.int32)
         for j in tl.static_range(16):
             ca = ((a >> (4 * j)) & 15).to(tl.int32)
             cb = ((b >> (4 * j)) & 15).to(tl.int32)
-            acc += _e2m1_x2(ca) * _e2m1_x2(cb)[None, :]
+            acc += _e2m1_x2(ca) * _e2m1_x2(cb)
     return acc
+
+
+@triton.jit
+def _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0, k_hi, s_sak, s_sbk, BB: tl.constexpr):
+    kk = k0 + tl.arange(0, BB)
+    k_ok = kk < k_hi
+    m2 = row_ok[:, None] & k_ok[None, :]
+    a = tl.load(a_rows + kk[None, :], mask=m2, other=0)
+    # scales: claim only 2-wide contiguity so they take the layout of a (2 blocks = 16 bytes per thread)
+    ks = tl.max_contiguous(kk, 2)
+    sa = tl.load(sa_rows + ks[None, :] * s_sak, mask=m2, other=0)
+    # b row loaded as [1, BB] in the layout of a (1-D loads get their own layout: smem shuffles)
+    b = tl.load(b_row + kk[None, :], mask=k_ok[None, :], other=0)
+    sb = tl.load(sb_row + ks[None, :] * s_sbk, mask=k_ok[None, :], other=0)
+    return a, sa, b, sb
+
+
+@triton.jit
+def _tile_term(a, sa, b, sb, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr):
+    dot = _block_dot(a, b, USE_ASM)
+    scale = _e4m3_f32(sa, FIX_NAN) * (_e4m3_f32(sb, FIX_NAN) * 0.25)
+    return dot.to(tl.float32) * scale
 
 
 @triton.jit
 def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
                  M, L, KB, per_split,
                  s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
-                 BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr,
+                 BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
                  USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr):
     pid_m = tl.program_id(0)
     l = tl.program_id(1).to(tl.int64)
@@ -106,20 +127,19 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
     k_hi = tl.minimum(k_lo + per_split, KB)
     a_rows = a_ptr + l * s_al + rows[:, None].to(tl.int64) * s_am
     sa_rows = sa_ptr + l * s_sal + rows[:, None].to(tl.int64) * s_sam
+    b_row = b_ptr + l * s_bl
+    sb_row = sb_ptr + l * s_sbl
     acc = tl.zeros([BM, BB], tl.float32)  # per-thread partials; one cross-thread reduction at the end
-    for k0 in range(k_lo, k_hi, BB):
-        kk = k0 + tl.arange(0, BB)
-        k_ok = kk < k_hi
-        m2 = row_ok[:, None] & k_ok[None, :]
-        a = tl.load(a_rows + kk[None, :], mask=m2, other=0)
-        # scales: claim only 2-wide contiguity so they take the layout of a (2 blocks = 16 bytes per thread)
-        ks = tl.max_contiguous(kk, 2)
-        sa = tl.load(sa_rows + ks[None, :] * s_sak, mask=m2, other=0)
-        b = tl.load(b_ptr + l * s_bl + kk, mask=k_ok, other=0)
-        sb = tl.load(sb_ptr + l * s_sbl + ks * s_sbk, mask=k_ok, other=0)
-        dot = _block_dot(a, b, USE_ASM)
-        scale = _e4m3_f32(sa, FIX_NAN) * (_e4m3_f32(sb, FIX_NAN) * 0.25)[None, :]
-        acc += dot.to(tl.float32) * scale
+    if PREFETCH:  # issue tile i+1's loads before decoding tile i (masked past the end: no traffic)
+        a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k_lo, k_hi, s_sak, s_sbk, BB)
+        for k0 in range(k_lo, k_hi, BB):
+            a2, sa2, b2, sb2 = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0 + BB, k_hi, s_sak, s_sbk, BB)
+            acc += _tile_term(a, sa, b, sb, USE_ASM, FIX_NAN)
+            a, sa, b, sb = a2, sa2, b2, sb2
+    else:
+        for k0 in range(k_lo, k_hi, BB):
+            a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0, k_hi, s_sak, s_sbk, BB)
+            acc += _tile_term(a, sa, b, sb, USE_ASM, FIX_NAN)
     total = tl.sum(acc, axis=1)
     if PARTIAL:  # split K: fp32 partial sums, reduced in a fixed order by _reduce_kernel
         tl.store(part_ptr + (split * L + l) * M + rows, total, mask=row_ok)
@@ -227,7 +247,7 @@ def _blocks(t8: torch.Tensor) -> torch.Tensor:
 def gemv_tile(BB: int, R: int, nw: int) -> int:
     """Rows per program when each thread holds R rows x 2 blocks (16 bytes) and a warp spans 64 blocks."""
     warps_k = min(nw, max(1, BB // 64))
-    return R * (nw // warps_k) * max(1, 64 // BB)
+    return max(1, R * (nw // warps_k) * max(1, 64 // BB))
 
 
 def gemv_plan(M: int, KB: int, L: int, device: torch.device) -> dict:
@@ -265,7 +285,8 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None):
         a64, sa8, b64, sb8, out, part, alpha if split == 1 else 1.0,
         M, L, KB, per,
         a64.stride(0), a64.stride(1), *sa8.stride(), *b64.stride()[:1], *sb8.stride(), out.stride(0), out.stride(2),
-        BM=BM, BB=BB, PARTIAL=split > 1, USE_ASM=use_asm, FIX_NAN=interpreting(),
+        BM=BM, BB=BB, PARTIAL=split > 1, PREFETCH=cfg.get("prefetch", False), USE_ASM=use_asm,
+        FIX_NAN=interpreting(),
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1))
     if split > 1:
         blk = 256
