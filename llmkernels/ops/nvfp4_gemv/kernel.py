@@ -251,15 +251,23 @@ def gemv_tile(BB: int, R: int, nw: int) -> int:
 
 
 def gemv_plan(M: int, KB: int, L: int, device: torch.device) -> dict:
-    """~8 rows per thread (8 independent 16-byte loads in flight); fewer rows, then a K split, on small grids."""
-    BB = min((256, 128, 64, 32, 16), key=lambda b: (-(-KB // b) * b, -b))  # least padding, then widest
-    nw, R = 4, 8
-    target = 2 * num_sms(device)
-    while R > 2 and -(-M // gemv_tile(BB, R, nw)) * L < target:
-        R //= 2
+    """4 rows per thread (4 independent 16-byte loads in flight), warps side by side along K.
+
+    Measured on H100 (benchmarks/notes/nvfp4_gemv.md): 2-warp programs over 128 blocks win when there are few
+    row tiles per SM, 4-warp programs over 256 blocks when there are many (>= 16 per SM); K is split only
+    when the row tiles cannot fill the GPU.
+    """
+    sms = num_sms(device)
+    R = 4
+    if KB >= 256 and -(-M // R) * L >= 16 * sms:
+        BB, nw = 256, 4
+    elif KB >= 128:
+        BB, nw = 128, 2
+    else:  # short rows: one warp per program, rows spread over the warp's threads
+        BB, nw = max(16, min(64, triton.next_power_of_2(KB))), 1
     BM = gemv_tile(BB, R, nw)
     tiles = -(-M // BM) * L
-    split = 1 if tiles >= target else min(-(-target // tiles), -(-KB // BB))
+    split = 1 if tiles >= sms else min(-(-2 * sms // tiles), -(-KB // BB))
     return dict(BM=BM, BB=BB, num_warps=nw, split=split, num_stages=1)
 
 
@@ -299,11 +307,12 @@ MAX_FUSED_T = 16  # tokens handled by the fused kernel (weights read once); abov
 
 
 def linear_plan(T: int, N: int, KH: int, device: torch.device) -> dict:
-    BN, BKH = 64, 128
+    """Measured on H100: 128-row tiles with 8 warps for <= 4 tokens, 64-row tiles with 4 warps above."""
+    BN, BKH, nw = (128, 64, 8) if T <= 4 else (64, 128, 4)
     tiles = triton.cdiv(N, BN)
     target = 2 * num_sms(device)
     split = 1 if tiles >= target else min(-(-target // tiles), triton.cdiv(KH, BKH))
-    return dict(BN=BN, BKH=BKH, num_warps=4, split=split, num_stages=2)
+    return dict(BN=BN, BKH=BKH, num_warps=nw, split=split, num_stages=2)
 
 
 def linear_launch(x, w8, s8, gs, bias, y, cfg=None):
