@@ -57,7 +57,9 @@ def make_linear_inputs(T, N, K, dtype, device, bias=True, seed=None):
 def check(device):
     out = []
     gpu = device.type == "cuda"
-    shapes = [(37, 160, 3), (64, 512, 1), (5, 32, 2)] + ([(2432, 4608, 2), (7168, 2048, 4), (128, 256, 1)] if gpu else [])
+    shapes = [(37, 160, 3), (64, 512, 1), (5, 32, 2)]
+    if gpu:
+        shapes += [(2432, 4608, 2), (7168, 2048, 4), (128, 256, 1)]
     for M, K, L in shapes:
         x = make_inputs(M, K, L, device, n_pad=3 if not gpu else 128)
         c = nvfp4_gemv(x["a"], x["b"], x["sfa"], x["sfb"], out=x["c"])
