@@ -9,6 +9,9 @@ setup_interpreter()
 
 from .ops.combine.op import merge_attention_states  # noqa: E402
 from .ops.masked_decode.op import masked_decode  # noqa: E402
+from .ops.nvfp4_gemv.format import from_blocked, nvfp4_dequantize, nvfp4_quantize, to_blocked  # noqa: E402
+from .ops.nvfp4_gemv.op import NVFP4Linear, nvfp4_gemv, nvfp4_linear  # noqa: E402
 
-__all__ = ["masked_decode", "merge_attention_states"]
+__all__ = ["masked_decode", "merge_attention_states", "nvfp4_quantize", "nvfp4_dequantize", "to_blocked",
+           "from_blocked", "nvfp4_gemv", "nvfp4_linear", "NVFP4Linear"]
 __version__ = "0.1.0"

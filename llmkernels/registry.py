@@ -4,6 +4,7 @@ import importlib
 # op name -> module with check(device) -> [CheckResult] and benches() -> [OpBench]
 SPECS = {
     "masked_decode": "llmkernels.ops.masked_decode.spec",
+    "nvfp4_gemv": "llmkernels.ops.nvfp4_gemv.spec", "nvfp4_linear": "llmkernels.ops.nvfp4_gemv.spec",
 }
 
 

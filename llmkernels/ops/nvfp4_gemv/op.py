@@ -1,0 +1,210 @@
+"""nvfp4_gemv (GPU MODE layout), nvfp4_linear (weight-only NVFP4 linear) and the NVFP4Linear module."""
+from typing import Optional, Union
+
+import torch
+
+from ..._runtime import interpreting
+from ..._validate import check_same_device, check_scale, check_shape, check_tensor
+from .format import BLOCK, SCALE_DTYPES, as_bytes, nvfp4_quantize
+from .kernel import MAX_FUSED_T, dequant_launch, gemv_launch, linear_launch
+
+_X_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _check_device(**tensors) -> None:
+    check_same_device(**tensors)
+    t = next(v for v in tensors.values() if v is not None)
+    if t.device.type != "cuda" and not interpreting():
+        raise ValueError(f"tensors must be on a CUDA device (the CPU runs only under the Triton interpreter), "
+                         f"got {t.device}")
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
+def _new_out(a: torch.Tensor) -> torch.Tensor:
+    M, _, L = a.shape  # [M, 1, L] with L outermost in memory, like the contest's c
+    return torch.empty(L, M, 1, dtype=torch.float16, device=a.device).permute(1, 2, 0)
+
+
+@torch.library.custom_op("llmkernels::nvfp4_gemv", mutates_args=())
+def _gemv_op(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.Tensor, alpha: float) -> torch.Tensor:
+    out = _new_out(a)
+    gemv_launch(_u8(a), _u8(b), _u8(sfa), _u8(sfb), out, alpha)
+    return out
+
+
+@_gemv_op.register_fake
+def _(a, b, sfa, sfb, alpha):
+    M, _, L = a.shape
+    return a.new_empty((L, M, 1), dtype=torch.float16).permute(1, 2, 0)
+
+
+@torch.library.custom_op("llmkernels::nvfp4_gemv_out", mutates_args=("out",))
+def _gemv_out_op(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.Tensor, alpha: float,
+                 out: torch.Tensor) -> None:
+    gemv_launch(_u8(a), _u8(b), _u8(sfa), _u8(sfb), out, alpha)
+
+
+@_gemv_out_op.register_fake
+def _(a, b, sfa, sfb, alpha, out):
+    return None
+
+
+def _check_gemv(a, b, sfa, sfb, out):
+    as_bytes("a", a)
+    as_bytes("b", b)
+    check_tensor("a", a, ndim=3)
+    check_tensor("b", b, ndim=3)
+    check_tensor("sfa", sfa, dtypes=SCALE_DTYPES, ndim=3)
+    check_tensor("sfb", sfb, dtypes=SCALE_DTYPES, ndim=3)
+    M, KH, L = a.shape
+    K = 2 * KH
+    if K % BLOCK != 0 or K == 0:
+        raise ValueError(f"K (= 2 * a.shape[1] = {K}) must be a positive multiple of {BLOCK} (one scale per {BLOCK})")
+    if b.shape[0] < 1 or tuple(b.shape[1:]) != (KH, L):
+        raise ValueError(f"b must be [N >= 1, K/2={KH}, L={L}] (row 0 is the vector), got {tuple(b.shape)}")
+    check_shape("sfa", sfa, (M, K // BLOCK, L), f"[M, K/16, L] with K={K}")
+    if sfb.shape[0] < 1 or tuple(sfb.shape[1:]) != (K // BLOCK, L):
+        raise ValueError(f"sfb must be [N >= 1, K/16={K // BLOCK}, L={L}], got {tuple(sfb.shape)}")
+    if out is not None:
+        check_tensor("out", out, dtypes=(torch.float16,), ndim=3)
+        check_shape("out", out, (M, 1, L), "[M, 1, L]")
+    _check_device(a=a, b=b, sfa=sfa, sfb=sfb, out=out)
+
+
+def nvfp4_gemv(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.Tensor,
+               out: Optional[torch.Tensor] = None, alpha: Optional[float] = None) -> torch.Tensor:
+    """Batched NVFP4 matrix-vector product in the GPU MODE `nvfp4_gemv` layout.
+
+    c[m, 0, l] = alpha * sum_k a[m, k, l] * sfa[m, k // 16, l] * b[0, k, l] * sfb[0, k // 16, l]
+
+    Args:
+        a: [M, K/2, L] float4_e2m1fn_x2 or uint8, two E2M1 values per byte (value 2i in the low nibble).
+            Fast path: unit stride along dim 1 and 8-byte aligned rows (the contest layout); other strides are
+            copied once.
+        b: [N, K/2, L], same format; N >= 1 and only row 0 is read (the contest pads N to 128).
+        sfa: [M, K/16, L] float8_e4m3fn, plain (not swizzled) layout, any strides. sfb: [N', K/16, L], row 0 read.
+        out: optional fp16 [M, 1, L] (any strides) written in place and returned.
+        alpha: optional float multiplier applied in fp32 before the fp16 rounding.
+    K must be a multiple of 16 (any M and L). Products and block sums are exact; blocks are accumulated in fp32;
+    the result is rounded once to fp16 (overflow gives +-inf; a NaN scale (0x7f/0xff) makes its output NaN).
+    """
+    _check_gemv(a, b, sfa, sfb, out)
+    al = 1.0 if alpha is None else check_scale("alpha", alpha)
+    if out is None:
+        return _gemv_op(a, b, sfa, sfb, al)
+    _gemv_out_op(a, b, sfa, sfb, al, out)
+    return out
+
+
+def custom_kernel(data):
+    """GPU MODE `nvfp4_gemv` entry: data = (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c); fills and returns c.
+
+    The permuted (128x4-swizzled) scales are not needed: the plain sfa/sfb are read directly.
+    """
+    a, b, sfa, sfb, _, _, c = data
+    return nvfp4_gemv(a, b, sfa, sfb, out=c)
+
+
+# ---- weight-only linear -----------------------------------------------------------------------------
+
+@torch.library.custom_op("llmkernels::nvfp4_linear", mutates_args=())
+def _linear_op(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
+               bias: Optional[torch.Tensor]) -> torch.Tensor:
+    T, N = x.shape[0], packed.shape[0]
+    w8, s8 = _u8(packed), _u8(scales)
+    if T <= MAX_FUSED_T:
+        y = torch.empty(T, N, dtype=x.dtype, device=x.device)
+        return linear_launch(x, w8, s8, global_scale, bias, y)
+    w = torch.empty(N, x.shape[1], dtype=x.dtype, device=x.device)
+    dequant_launch(w8, s8, global_scale, w)
+    return torch.nn.functional.linear(x, w, bias.to(x.dtype) if bias is not None else None)
+
+
+@_linear_op.register_fake
+def _(x, packed, scales, global_scale, bias):
+    return x.new_empty((x.shape[0], packed.shape[0]))
+
+
+def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                 global_scale: Union[float, torch.Tensor, None] = None,
+                 bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y = x @ W^T (+ bias) with W = e2m1(packed) * scales * global_scale, the NVFP4 weight of nvfp4_quantize.
+
+    Args:
+        x: [..., K] fp16 or bf16 activations (the leading dims are flattened into T tokens).
+        packed: [N, K/2] uint8 or float4_e2m1fn_x2; scales: [N, K/16] float8_e4m3fn (plain layout).
+        global_scale: fp32 tensor with one element (read on the device, no host sync) or a float; None = 1.
+        bias: optional [N] (any float dtype; added in fp32).
+    Returns [..., N] in x's dtype. T <= 16 runs one fused kernel that reads the weights once for all tokens
+    (decode in registers, tensor-core dot, fp32 accumulation); larger T dequantizes W * global_scale to x's
+    dtype (one rounding; the bias is rounded to x's dtype too) and calls cuBLAS.
+    """
+    check_tensor("x", x, dtypes=_X_DTYPES)
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dim [..., K]")
+    p = as_bytes("packed", packed)
+    check_tensor("packed", p, ndim=2)
+    check_tensor("scales", scales, dtypes=SCALE_DTYPES, ndim=2)
+    N, KH = p.shape
+    K = x.shape[-1]
+    if K != 2 * KH:
+        raise ValueError(f"x's last dim ({K}) must equal 2 * packed.shape[1] ({2 * KH})")
+    if K % BLOCK != 0:
+        raise ValueError(f"K (={K}) must be a multiple of {BLOCK} (one scale per {BLOCK} values)")
+    check_shape("scales", scales, (N, K // BLOCK), "[N, K/16]")
+    if global_scale is None or not isinstance(global_scale, torch.Tensor):
+        gs_val = 1.0 if global_scale is None else check_scale("global_scale", global_scale)
+        gs = torch.full((1,), gs_val, dtype=torch.float32, device=x.device)
+    else:
+        check_tensor("global_scale", global_scale, dtypes=(torch.float32,))
+        if global_scale.numel() != 1:
+            raise ValueError(f"global_scale must hold one value, got shape {tuple(global_scale.shape)}")
+        gs = global_scale.reshape(1)
+    if bias is not None:
+        check_tensor("bias", bias, dtypes=(torch.float32, torch.float16, torch.bfloat16))
+        check_shape("bias", bias, (N,), "[N]")
+    _check_device(x=x, packed=p, scales=scales, global_scale=gs, bias=bias)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = _linear_op(x2, packed, scales, gs, bias.contiguous() if bias is not None else None)
+    return y.reshape(*lead, N)
+
+
+class NVFP4Linear(torch.nn.Module):
+    """Inference-only nn.Linear replacement holding an NVFP4 weight (4.5 bits per weight)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None):
+        super().__init__()
+        if in_features % BLOCK != 0:
+            raise ValueError(f"in_features (={in_features}) must be a multiple of {BLOCK}")
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("packed", torch.zeros(out_features, in_features // 2, dtype=torch.uint8, device=device))
+        self.register_buffer("scales", torch.zeros(out_features, in_features // BLOCK, dtype=torch.float8_e4m3fn,
+                                                   device=device))
+        self.register_buffer("global_scale", torch.ones(1, dtype=torch.float32, device=device))
+        self.register_buffer("bias", torch.zeros(out_features, device=device) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, global_scale: Optional[float] = None) -> "NVFP4Linear":
+        if not isinstance(linear, torch.nn.Linear):
+            raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
+        w = linear.weight.detach()
+        m = cls(linear.in_features, linear.out_features, linear.bias is not None, device=w.device)
+        packed, scales, gs = nvfp4_quantize(w, global_scale)
+        m.packed.copy_(packed)
+        m.scales.copy_(scales)
+        m.global_scale.copy_(gs.reshape(1))
+        if linear.bias is not None:
+            m.bias = linear.bias.detach().float().clone()
+        return m
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nvfp4_linear(x, self.packed, self.scales, self.global_scale, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
