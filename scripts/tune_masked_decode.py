@@ -15,6 +15,9 @@ print(f"copy {bw / 1e12:.3f} TB/s")
 rows = []
 shapes = [(1, 65536), (2, 65536), (8, 65536), (32, 8192), (1, 1048576)]
 grid = list(itertools.product([64, 128], [4, 8], [2, 3], [1, 2, 3, 4, 6, 8]))
+if len(sys.argv) > 1 and sys.argv[1] == "--small-batch":
+    grid = list(itertools.product([32, 64, 128], [4, 8], [2, 3, 4], [1, 2, 3, 4, 6, 8]))
+    shapes = [(1, 65536), (2, 65536)]
 if len(sys.argv) > 1 and sys.argv[1] == "--small":
     grid = list(itertools.product([128], [4], [2], [1, 2, 3, 4, 6, 8]))
     shapes = [(1, 65536), (4, 65536), (8, 65536)]
