@@ -3,6 +3,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._runtime import interpreting
+
 @triton.jit
 def merge_row(
     o_ptr, lse_ptr, out_ptr, lse_out_ptr, row, S, D,
@@ -47,8 +49,10 @@ def _combine_kernel(
     o_ptr, lse_ptr, out_ptr, lse_out_ptr,
     S, D,
     stride_os, stride_or, stride_ls, stride_lr, stride_out_r,
-    HAS_LSE_OUT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_LSE_OUT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_GDC: tl.constexpr,
 ):
+    if USE_GDC:  # launched early (programmatic dependent launch): wait until the split kernel's writes land
+        tl.extra.cuda.gdc_wait()
     merge_row(o_ptr, lse_ptr, out_ptr, lse_out_ptr, tl.program_id(0).to(tl.int64), S, D,
               stride_os, stride_or, stride_ls, stride_lr, stride_out_r, HAS_LSE_OUT, BLOCK_S, BLOCK_D)
 
@@ -58,8 +62,16 @@ def combine_blocks(S: int, D: int):
     return min(triton.next_power_of_2(max(S, 1)), 16), min(triton.next_power_of_2(D), 256)
 
 
+def pdl_enabled(device: torch.device) -> bool:
+    """Programmatic dependent launch: Hopper+ GPUs only (not the interpreter)."""
+    return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse_out) -> None:
     """Merge S partial results per row.
+
+    On Hopper the merge is launched with programmatic dependent launch, so its launch overlaps the tail of
+    the split kernel that produced the parts (which may call tl.extra.cuda.gdc_launch_dependents()).
 
     o_part [R, S, D] or any 3-d view indexed (row, split, d) with unit last stride;
     lse_part [R, S] natural log; out [R, D] with unit last stride; lse_out [R] fp32 contiguous or None.
@@ -68,9 +80,11 @@ def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse
     if R == 0:
         return
     BLOCK_S, BLOCK_D = combine_blocks(S, D)
+    pdl = pdl_enabled(o_part.device)
     _combine_kernel[(R,)](
         o_part, lse_part, out, lse_out if lse_out is not None else lse_part,
         S, D,
         o_part.stride(1), o_part.stride(0), lse_part.stride(1), lse_part.stride(0), out.stride(0),
-        HAS_LSE_OUT=lse_out is not None, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D, num_warps=4,
+        HAS_LSE_OUT=lse_out is not None, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D, USE_GDC=pdl, num_warps=4,
+        **({"launch_pdl": True} if pdl else {}),
     )

@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 from ..._runtime import num_sms
-from ..combine.kernel import combine
+from ..combine.kernel import combine, pdl_enabled
 
 
 @triton.jit
@@ -13,8 +13,10 @@ def _split_kernel(
     Hkv, L, kv_len, chunk, qk_scale,
     s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr,
+    HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr,
 ):
+    if USE_GDC:  # let the combine kernel launch now; it waits for this grid's writes before reading
+        tl.extra.cuda.gdc_launch_dependents()
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // Hkv).to(tl.int64)
@@ -61,11 +63,11 @@ def _split_kernel(
 
 
 
-# Launch configuration. The split count is tuned on the first call for each shape class (see _splits):
+# Launch configuration. Split count and pipeline depth are tuned on the first call per shape class (_choose):
 # how many programs per SM balance the ramp/tail of one wave against per-split overhead depends on
 # B * Hkv, L and the kept fraction, so it is measured rather than guessed (scripts/tune_masked_decode.py).
 CONFIG = {"block_n": 128, "num_warps": 4, "num_stages": 2, "waves": 2}
-WAVE_CHOICES = (1, 2, 3, 4, 6, 8)
+CHOICES = ((1, 3), (2, 2), (3, 2), (4, 2), (6, 2), (8, 2))  # (waves, num_stages) tried on first call
 _TUNED = {}
 
 
@@ -76,23 +78,23 @@ def _plan(B: int, Hkv: int, L: int, device: torch.device, waves: int):
     return triton.cdiv(max(L, 1), chunk), chunk
 
 
-def _splits(key, B, Hkv, span, device, launch, waves):
-    """(splits, chunk): the config's, or on first sight of a shape class on a GPU, the fastest candidate."""
-    if waves is not None or device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return _plan(B, Hkv, span, device, waves or _TUNED.get(key, CONFIG["waves"]))
+def _choose(key, device, launch, cfg, tune: bool):
+    """(waves, num_stages): the config's, or on first sight of a shape class on a GPU, the fastest candidate."""
+    default = (cfg["waves"], cfg["num_stages"])
+    if not tune:
+        return default
     if key not in _TUNED:
-        plans = {_plan(B, Hkv, span, device, w): w for w in WAVE_CHOICES}
-        times = {}
-        for plan in plans:
-            times[plan] = triton.testing.do_bench(lambda: launch(*plan), warmup=3, rep=15, return_mode="median")
-        _TUNED[key] = plans[min(times, key=times.get)]
-    return _plan(B, Hkv, span, device, _TUNED[key])
+        if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+            return default  # nothing to time (interpreter), or timing would break the capture
+        times = {c: triton.testing.do_bench(lambda: launch(*c), warmup=3, rep=15, return_mode="median") for c in CHOICES}
+        _TUNED[key] = min(times, key=times.get)
+    return _TUNED[key]
 
 
 def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, out, lse, config=None):
     """q [B, Hq, D] (unit last stride); k, v [B, Hkv, L, D]; writes out [B, Hq, D] and lse [B, Hq] (contiguous).
 
-    config may override CONFIG's keys; giving "waves" skips the first-call tuning of the split count.
+    config may override CONFIG's keys; giving "waves" skips the first-call tuning of (waves, num_stages).
     """
     assert out.is_contiguous() and lse.is_contiguous()
     cfg = CONFIG if config is None else {**CONFIG, **config}
@@ -106,7 +108,8 @@ def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float,
     drop = drop_mask.view(torch.uint8) if drop_mask is not None else q
     ms = drop_mask.stride() if drop_mask is not None else (0, 0, 0)
 
-    def launch(splits, chunk):
+    def launch(waves, num_stages):
+        splits, chunk = _plan(B, Hkv, span, q.device, waves)
         o_part = torch.empty(B * Hq, splits, D, dtype=torch.float32, device=q.device)
         lse_part = torch.empty(B * Hq, splits, dtype=torch.float32, device=q.device)
         _split_kernel[(splits, B * Hkv)](
@@ -115,10 +118,10 @@ def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float,
             q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], *ms,
             o_part.stride(0), o_part.stride(1), lse_part.stride(0),
             G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n,
-            HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None,
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl_enabled(q.device),
+            num_warps=cfg["num_warps"], num_stages=num_stages,
         )
         combine(o_part, lse_part, out.view(B * Hq, D), lse.view(B * Hq))
 
     key = (q.device.index, q.dtype, B * Hkv, G, D, triton.next_power_of_2(max(span, 1)), drop_mask is not None)
-    launch(*_splits(key, B, Hkv, span, q.device, launch, config.get("waves") if config else None))
+    launch(*_choose(key, q.device, launch, cfg, tune=not (config and "waves" in config)))
