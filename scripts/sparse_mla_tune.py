@@ -15,16 +15,15 @@ from llmkernels.ops.sparse_mla.reference import sparse_mla_attn_dist_ref, sparse
 from llmkernels.ops.sparse_mla.spec import make_inputs
 
 S_Q, S_KV, TOPK, D = 4096, 8192, 2048, 576
-FWD = [(64, 16, 8, 2), (64, 16, 8, 3), (64, 32, 8, 2), (64, 32, 8, 3), (64, 32, 8, 4), (64, 64, 8, 2),
-       (64, 64, 8, 3), (32, 32, 4, 2), (32, 64, 4, 3)]
-DIST = {128: [(128, 16, 8, 2), (128, 16, 8, 3), (128, 32, 8, 2), (128, 32, 8, 3), (64, 32, 8, 3), (64, 64, 8, 2)],
-        64: [(64, 16, 8, 3), (64, 32, 8, 2), (64, 32, 8, 3), (64, 64, 8, 2), (64, 64, 8, 3), (64, 64, 4, 2),
-             (64, 32, 4, 3)]}
+# (BLOCK_H, BLOCK_N, num_warps, num_stages, PREFETCH)
+FWD = [(64, 64, 8, 2, 0), (64, 64, 8, 2, 1), (64, 32, 8, 3, 1), (64, 32, 8, 4, 1), (64, 16, 8, 6, 1)]
+DIST = {128: [(128, 32, 8, 3, 0), (128, 32, 4, 3, 0), (128, 32, 8, 2, 1), (128, 16, 8, 4, 1)],
+        64: [(64, 64, 4, 2, 0), (64, 64, 4, 3, 0), (64, 64, 4, 2, 1), (64, 32, 4, 4, 1), (64, 32, 4, 3, 1)]}
 SAMPLE = [(0, 32), (S_Q - 32, S_Q)]
 
 
 def cfg_dict(c):
-    return dict(BLOCK_H=c[0], BLOCK_N=c[1], num_warps=c[2], num_stages=c[3])
+    return dict(BLOCK_H=c[0], BLOCK_N=c[1], num_warps=c[2], num_stages=c[3], PREFETCH=bool(c[4]))
 
 
 def main(which):
@@ -73,7 +72,7 @@ def main(which):
                 r = dict(kind=kind, h_q=h, cfg=c, ms=ms, tflops=flops / ms / 1e9, err=err,
                          default=(cfg == default))
                 rows.append(r)
-                print(f"{kind:5} h={h:3} BH={c[0]:3} BN={c[1]:3} w={c[2]} s={c[3]}  {ms:7.3f} ms  "
+                print(f"{kind:5} h={h:3} BH={c[0]:3} BN={c[1]:3} w={c[2]} s={c[3]} pf={c[4]}  {ms:7.3f} ms  "
                       f"{r['tflops']:6.1f} TFLOP/s  err {err:.1e}{'  (default)' if r['default'] else ''}", flush=True)
         del x, a
         torch.cuda.empty_cache()

@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 from ..._runtime import interpreting
-from .fwd import LOG2E, LOG2E_C, load_tile, row_limits
+from .fwd import LOG2E, LOG2E_C, gather, load_idx, row_limits
 
 
 @triton.jit
@@ -12,7 +12,8 @@ def _dist_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
                  s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
                  s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om,
                  BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_V: tl.constexpr, D_T: tl.constexpr,
-                 HAS_TLEN: tl.constexpr, CAUSAL: tl.constexpr, QS_TENSOR: tl.constexpr, ATOMIC: tl.constexpr):
+                 HAS_TLEN: tl.constexpr, CAUSAL: tl.constexpr, QS_TENSOR: tl.constexpr, ATOMIC: tl.constexpr,
+                 PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
     row = (pid // n_hb).to(tl.int64)
     hb = pid % n_hb
@@ -25,9 +26,14 @@ def _dist_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
     # padded heads get lse = +inf, so their probabilities are exactly 0
     lse2 = tl.load(lse_ptr + row * s_lm + offs_h * s_lh, mask=hmask, other=float("inf")) * LOG2E_C
     n_len, limit = row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+    idx_n = load_idx(idx_ptr, row, 0, n_len, s_im, BLOCK_N)
     for n0 in range(0, n_len, BLOCK_N):
-        valid, k_lo, k_hi = load_tile(kv_ptr, idx_ptr, row, n0, n_len, s_kv, limit, s_im, s_kvn,
-                                      BLOCK_N, D_V, D_T, CAUSAL)
+        if PREFETCH:  # indices one tile ahead, so the next gather need not wait for them
+            idx = idx_n
+            idx_n = load_idx(idx_ptr, row, n0 + BLOCK_N, n_len, s_im, BLOCK_N)
+        else:
+            idx = load_idx(idx_ptr, row, n0, n_len, s_im, BLOCK_N)
+        valid, k_lo, k_hi = gather(kv_ptr, idx, s_kv, limit, s_kvn, D_V, D_T, CAUSAL)
         s = tl.dot(q_lo, tl.trans(k_lo))
         if D_T > 0:
             s = tl.dot(q_hi, tl.trans(k_hi), s)
@@ -43,12 +49,13 @@ def _dist_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
 def dist_config(h_q: int, topk: int, device: torch.device) -> dict:
     if interpreting() or device.type != "cuda":
         return dict(BLOCK_H=max(16, triton.next_power_of_2(min(h_q, 64))),
-                    BLOCK_N=max(16, min(32, triton.next_power_of_2(topk))), num_warps=4, num_stages=1)
+                    BLOCK_N=max(16, min(32, triton.next_power_of_2(topk))), num_warps=4, num_stages=1,
+                    PREFETCH=True)
     if h_q > 64:  # all 128 heads in one program: each gathered tile serves twice the math (L2 traffic halves)
-        return dict(BLOCK_H=128, BLOCK_N=32, num_warps=8, num_stages=2)
+        return dict(BLOCK_H=128, BLOCK_N=32, num_warps=8, num_stages=3, PREFETCH=False)
     if h_q > 32:
-        return dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2)
-    return dict(BLOCK_H=max(16, triton.next_power_of_2(h_q)), BLOCK_N=64, num_warps=4, num_stages=2)
+        return dict(BLOCK_H=64, BLOCK_N=64, num_warps=4, num_stages=2, PREFETCH=False)
+    return dict(BLOCK_H=max(16, triton.next_power_of_2(h_q)), BLOCK_N=64, num_warps=4, num_stages=2, PREFETCH=False)
 
 
 def attn_dist_launch(a, lse, out, config=None) -> None:
@@ -64,6 +71,7 @@ def attn_dist_launch(a, lse, out, config=None) -> None:
     if s_q == 0 or h_q == 0:
         return
     cfg = dict(config or dist_config(h_q, topk, q.device))
+    cfg.setdefault("PREFETCH", False)
     bh = cfg.pop("BLOCK_H")
     n_hb = triton.cdiv(h_q, bh)
     dummy = idx

@@ -30,11 +30,14 @@ def row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride,
 
 
 @triton.jit
-def load_tile(kv_ptr, idx_ptr, row, n0, n_len, s_kv, limit, s_im, s_kvn,
-              BLOCK_N: tl.constexpr, D_V: tl.constexpr, D_T: tl.constexpr, CAUSAL: tl.constexpr):
-    """Gather BLOCK_N kv rows: (valid [BLOCK_N], kv[:, :D_V], kv[:, D_V:D_V + D_T]); invalid rows are never read."""
+def load_idx(idx_ptr, row, n0, n_len, s_im, BLOCK_N: tl.constexpr):
     offs = n0 + tl.arange(0, BLOCK_N)
-    idx = tl.load(idx_ptr + row * s_im + offs, mask=offs < n_len, other=-1)
+    return tl.load(idx_ptr + row * s_im + offs, mask=offs < n_len, other=-1)
+
+
+@triton.jit
+def gather(kv_ptr, idx, s_kv, limit, s_kvn, D_V: tl.constexpr, D_T: tl.constexpr, CAUSAL: tl.constexpr):
+    """Gather the kv rows idx lists: (valid, kv[:, :D_V], kv[:, D_V:D_V + D_T]); invalid rows are never read."""
     valid = (idx >= 0) & (idx < s_kv)
     if CAUSAL:
         valid = valid & (idx <= limit)
@@ -53,7 +56,7 @@ def _fwd_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tl
                 s_qm, s_qh, s_kvn, s_im, s_om, s_oh, s_lm,
                 BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_V: tl.constexpr, D_T: tl.constexpr,
                 HAS_SINK: tl.constexpr, HAS_TLEN: tl.constexpr, CAUSAL: tl.constexpr,
-                QS_TENSOR: tl.constexpr, SINK_IN_LSE: tl.constexpr):
+                QS_TENSOR: tl.constexpr, SINK_IN_LSE: tl.constexpr, PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
     row = (pid // n_hb).to(tl.int64)  # head blocks of one row run side by side: they share its gathers in L2
     hb = pid % n_hb
@@ -68,9 +71,14 @@ def _fwd_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tl
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of the log2-scaled logits
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, D_V], tl.float32)
+    idx_n = load_idx(idx_ptr, row, 0, n_len, s_im, BLOCK_N)
     for n0 in range(0, n_len, BLOCK_N):
-        valid, k_lo, k_hi = load_tile(kv_ptr, idx_ptr, row, n0, n_len, s_kv, limit, s_im, s_kvn,
-                                      BLOCK_N, D_V, D_T, CAUSAL)
+        if PREFETCH:  # indices one tile ahead, so the next gather need not wait for them
+            idx = idx_n
+            idx_n = load_idx(idx_ptr, row, n0 + BLOCK_N, n_len, s_im, BLOCK_N)
+        else:
+            idx = load_idx(idx_ptr, row, n0, n_len, s_im, BLOCK_N)
+        valid, k_lo, k_hi = gather(kv_ptr, idx, s_kv, limit, s_kvn, D_V, D_T, CAUSAL)
         s = tl.dot(q_lo, tl.trans(k_lo))
         if D_T > 0:
             s = tl.dot(q_hi, tl.trans(k_hi), s)
@@ -110,10 +118,11 @@ def fwd_config(h_q: int, topk: int, device: torch.device) -> dict:
     """Block sizes, warps and pipeline depth (tuned on an H100 for d_qk 576, see benchmarks/notes)."""
     if interpreting() or device.type != "cuda":
         return dict(BLOCK_H=max(16, triton.next_power_of_2(min(h_q, 64))),
-                    BLOCK_N=max(16, min(32, triton.next_power_of_2(topk))), num_warps=4, num_stages=1)
+                    BLOCK_N=max(16, min(32, triton.next_power_of_2(topk))), num_warps=4, num_stages=1,
+                    PREFETCH=True)
     if h_q > 32:
-        return dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2)
-    return dict(BLOCK_H=max(16, triton.next_power_of_2(h_q)), BLOCK_N=64, num_warps=4, num_stages=2)
+        return dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2, PREFETCH=False)
+    return dict(BLOCK_H=max(16, triton.next_power_of_2(h_q)), BLOCK_N=64, num_warps=4, num_stages=2, PREFETCH=False)
 
 
 def sparse_mla_fwd_launch(a, out, max_logits, lse, sink_in_lse: bool = True, config=None) -> None:
@@ -127,6 +136,7 @@ def sparse_mla_fwd_launch(a, out, max_logits, lse, sink_in_lse: bool = True, con
     if s_q == 0 or h_q == 0:
         return
     cfg = dict(config or fwd_config(h_q, topk, q.device))
+    cfg.setdefault("PREFETCH", False)
     bh = cfg.pop("BLOCK_H")
     n_hb = triton.cdiv(h_q, bh)
     dummy = idx  # placeholder pointer for absent optional tensors (never read: the flags are constexpr)
