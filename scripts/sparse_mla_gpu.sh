@@ -14,6 +14,7 @@ for s in $steps; do case $s in
          grep -E "FAIL|passed" "$OUT/check.txt" ;;
   tune*) timeout 240 python3 scripts/sparse_mla_tune.py ${s#tune} > "$OUT/tune.txt" 2>&1; echo "tune rc=$?"
          grep -v "^\s*$" "$OUT/tune.txt" | tail -40 ;;
-  bench) timeout 200 python3 -m llmkernels.cli bench --quick --out "$OUT" sparse_mla_fwd sparse_mla_attn_dist \
-           > "$OUT/bench.txt" 2>&1; echo "bench rc=$?"; tail -12 "$OUT/bench.txt" ;;
+  bench|benchall) q=--quick; [ $s = benchall ] && q=""
+         timeout 240 python3 -m llmkernels.cli bench $q --out "$OUT" sparse_mla_fwd sparse_mla_attn_dist \
+           > "$OUT/bench.txt" 2>&1; echo "bench rc=$?"; tail -26 "$OUT/bench.txt" ;;
 esac; done

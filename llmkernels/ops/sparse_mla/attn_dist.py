@@ -51,11 +51,11 @@ def dist_config(h_q: int, topk: int, device: torch.device) -> dict:
         return dict(BLOCK_H=max(16, triton.next_power_of_2(min(h_q, 64))),
                     BLOCK_N=max(16, min(32, triton.next_power_of_2(topk))), num_warps=4, num_stages=1,
                     PREFETCH=True)
+    # measured on an H100 at s_q 4096, topk 2048 (benchmarks/notes/sparse_mla_fwd.md)
     if h_q > 64:  # all 128 heads in one program: each gathered tile serves twice the math (L2 traffic halves)
-        return dict(BLOCK_H=128, BLOCK_N=32, num_warps=8, num_stages=3, PREFETCH=False)
-    if h_q > 32:
-        return dict(BLOCK_H=64, BLOCK_N=64, num_warps=4, num_stages=2, PREFETCH=False)
-    return dict(BLOCK_H=max(16, triton.next_power_of_2(h_q)), BLOCK_N=64, num_warps=4, num_stages=2, PREFETCH=False)
+        return dict(BLOCK_H=128, BLOCK_N=32, num_warps=8, num_stages=2, PREFETCH=True)
+    return dict(BLOCK_H=64 if h_q > 32 else max(16, triton.next_power_of_2(h_q)), BLOCK_N=64, num_warps=4,
+                num_stages=2, PREFETCH=True)
 
 
 def attn_dist_launch(a, lse, out, config=None) -> None:

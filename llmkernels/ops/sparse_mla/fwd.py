@@ -115,7 +115,11 @@ def _fwd_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tl
 
 
 def fwd_config(h_q: int, topk: int, device: torch.device) -> dict:
-    """Block sizes, warps and pipeline depth (tuned on an H100 for d_qk 576, see benchmarks/notes)."""
+    """Block sizes, warps and pipeline depth (tuned on an H100 for d_qk 576, see benchmarks/notes).
+
+    Index prefetch (PREFETCH) makes the forward slower there (the pipeliner then keeps more live
+    registers and spills at BLOCK_N 64), so it is off on the GPU.
+    """
     if interpreting() or device.type != "cuda":
         return dict(BLOCK_H=max(16, triton.next_power_of_2(min(h_q, 64))),
                     BLOCK_N=max(16, min(32, triton.next_power_of_2(topk))), num_warps=4, num_stages=1,
