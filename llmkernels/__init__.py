@@ -11,7 +11,10 @@ from .ops.combine.op import merge_attention_states  # noqa: E402
 from .ops.masked_decode.op import masked_decode  # noqa: E402
 from .ops.nvfp4_gemv.format import from_blocked, nvfp4_dequantize, nvfp4_quantize, to_blocked  # noqa: E402
 from .ops.nvfp4_gemv.op import NVFP4Linear, nvfp4_gemv, nvfp4_linear  # noqa: E402
+from .ops.sparse_mla.op import (flash_mla_sparse_fwd, indexer_kl_loss, sparse_mla,  # noqa: E402
+                                sparse_mla_attn_dist)
 
 __all__ = ["masked_decode", "merge_attention_states", "nvfp4_quantize", "nvfp4_dequantize", "to_blocked",
-           "from_blocked", "nvfp4_gemv", "nvfp4_linear", "NVFP4Linear"]
+           "from_blocked", "nvfp4_gemv", "nvfp4_linear", "NVFP4Linear", "sparse_mla", "flash_mla_sparse_fwd",
+           "sparse_mla_attn_dist", "indexer_kl_loss"]
 __version__ = "0.1.0"

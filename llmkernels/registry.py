@@ -5,6 +5,8 @@ import importlib
 SPECS = {
     "masked_decode": "llmkernels.ops.masked_decode.spec",
     "nvfp4_gemv": "llmkernels.ops.nvfp4_gemv.spec", "nvfp4_linear": "llmkernels.ops.nvfp4_gemv.spec",
+    "sparse_mla_fwd": "llmkernels.ops.sparse_mla.spec",
+    "sparse_mla_attn_dist": "llmkernels.ops.sparse_mla.spec",
 }
 
 
