@@ -3,6 +3,7 @@
 #   scripts/gpu.sh [--no-tests] [--no-bench] [--quick] [op ...]
 # Tests run for the named ops (tests/test_<op>.py, or all when none is named); benchmarks append to a
 # copy of the committed records, so $OUT/<device>.json is the full, merged file to commit.
+# The GPU machine gets the tree without .git: pass LLMKERNELS_COMMIT=<hash> so records name their commit.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"

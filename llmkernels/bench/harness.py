@@ -2,6 +2,7 @@
 import datetime
 import json
 import math
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -45,6 +46,9 @@ class OpBench:
 
 
 def _git_commit() -> str:
+    """The commit measured: $LLMKERNELS_COMMIT (set it where the tree travels without .git), else git's HEAD."""
+    if os.environ.get("LLMKERNELS_COMMIT"):
+        return os.environ["LLMKERNELS_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
