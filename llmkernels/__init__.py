@@ -9,6 +9,7 @@ setup_interpreter()
 
 from .ops.combine.op import merge_attention_states  # noqa: E402
 from .ops.masked_decode.op import masked_decode  # noqa: E402
+from .ops.xl_paged_decode.op import xl_paged_decode  # noqa: E402
 
-__all__ = ["masked_decode", "merge_attention_states"]
+__all__ = ["masked_decode", "merge_attention_states", "xl_paged_decode"]
 __version__ = "0.1.0"
