@@ -16,8 +16,9 @@ from llmkernels.ops.xl_paged_decode import spec
 quick = "--quick" in sys.argv
 bw = copy_bandwidth()
 print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
+# num_stages 4 compiles to the same code as 3 here (the table -> K/V chain caps the pipeline depth; see sass script)
 kernel_cfgs = [dict(block_n=n, num_warps=w, num_stages=st)
-               for n, w, st in itertools.product((32, 64, 128), (4, 8), (2, 3, 4)) if not (n == 128 and w == 4)]
+               for n, w, st in itertools.product((32, 64, 128), (4, 8), (2, 3)) if not (n == 128 and w == 4)]
 if quick:
     kernel_cfgs = kernel_cfgs[:3]
 rows = []
