@@ -291,3 +291,24 @@ def test_reference_no_attended_tokens(device):
     x = make_inputs(1, 2, 2, 64, 8, [0], "nhd", torch.float32, device)
     o, lse = xl_paged_decode_ref(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["context_lens"])
     assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all()
+
+
+@pytest.mark.parametrize("layout", ["nhd", "legacy"])
+def test_nan_in_unwritten_cache_slots(layout, device):
+    """Slots past the context inside the last used block (and unused blocks) may hold NaN: no effect."""
+    x = make_inputs(3, 4, 2, 64, 16, [21, 16, 70], layout, torch.float16, device, extra_blocks=2, bd="contig")
+    want = run(x)
+    used = set()
+    for s, n in enumerate(x["context_lens"].tolist()):
+        nblk = (n + 15) // 16
+        used.update(x["block_tables"][s, :nblk].tolist())
+        last, start = x["block_tables"][s, nblk - 1].item(), n - (nblk - 1) * 16
+        for c in ("k_cache", "v_cache"):  # the block_size dim: 1 (NHD) or 3 (legacy k and v)
+            if layout == "nhd":
+                x[c][last, start:] = float("nan")
+            else:
+                x[c][last, :, :, start:] = float("nan")
+    for b in set(range(x["k_cache"].shape[0])) - used:
+        x["k_cache"][b] = float("nan")
+        x["v_cache"][b] = float("nan")
+    assert torch.equal(run(x), want)

@@ -8,16 +8,60 @@ from ..combine.kernel import combine
 
 
 @triton.jit
+def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt,
+          s_tb, s_bt, gmask, offs_d, dmask, BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_N: tl.constexpr,
+          KX: tl.constexpr, LEGACY: tl.constexpr, HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr, TAIL: tl.constexpr):
+    """One tile of BLOCK_N tokens (runs of BSUB tokens, each inside one cache block) into the online softmax.
+    TAIL: the tile may end inside a run (context end); otherwise every token of a live run is < end."""
+    offs_n = tl.arange(0, BLOCK_N)
+    tok = n0 + offs_n
+    live = n0 + (offs_n // BSUB) * BSUB < end  # runs past the context: their table entries are never read
+    blk = tl.load(tbl_base + (tok // BS) * s_tb, mask=live, other=-1)
+    live = live & (blk >= 0) & (blk < num_blocks)  # out-of-range ids: never read, tokens skipped
+    valid = live & (tok < end) if TAIL else live
+    kv_blk = tl.where(live, blk, 0).to(tl.int64)[:, None]
+    off = (tok % BS)[:, None]
+    kmask = valid[:, None] & dmask[None, :]
+    if LEGACY:  # k [nb, Hkv, D/KX, BS, KX], each (block, head) slab contiguous: KX-wide runs along d
+        k_off = (offs_d[None, :] // KX) * (BS * KX) + off * KX + offs_d[None, :] % KX
+    else:  # NHD [nb, BS, Hkv, D]
+        k_off = off * s_kt + offs_d[None, :]
+    k = tl.load(k_base + kv_blk * s_kb + k_off, mask=kmask, other=0.0)
+    if LEGACY:
+        # v [nb, Hkv, D, BS] is contiguous along tokens: per d, a run is BSUB consecutive elements starting at
+        # a multiple of BSUB (the host checks the block/head strides). The table lookup hides this from the
+        # compiler, so say it, and mask whole runs to keep the loads 16 bytes wide (a used, in-range block is
+        # read whole); in the tail tile, slots past the context (maybe never written: NaN) are zeroed.
+        v_off = kv_blk * s_vb + offs_d[None, :] * BS + off
+        v_off = tl.max_contiguous(tl.multiple_of(v_off, [BSUB, 1]), [BSUB, 1])
+        v = tl.load(v_base + v_off, mask=tl.max_constancy(live, [BSUB])[:, None] & dmask[None, :], other=0.0)
+        if TAIL:
+            v = tl.where(valid[:, None], v, 0.0)
+    else:
+        v = tl.load(v_base + kv_blk * s_vb + off * s_vt + offs_d[None, :], mask=kmask, other=0.0)
+    sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+    if HAS_BD:  # positional term, inside the scale: scale * (ac + bd)
+        sc += tl.load(bd_base + tok[None, :] * s_bt, mask=gmask[:, None] & valid[None, :], other=0.0).to(tl.float32)
+    sc = tl.where(valid[None, :], sc * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing attended yet: avoid inf - inf
+    p = tl.exp2(sc - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _split_kernel(
     q_ptr, u_ptr, bd_ptr, k_ptr, v_ptr, tbl_ptr, lens_ptr, o_ptr, lse_ptr,
     Hkv, num_blocks, max_len, chunk, qk_scale,
     s_qs, s_qh, s_us, s_uh, s_bs, s_bh, s_bt,
     s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_ts, s_tb, s_or, s_os, s_lr,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BS: tl.constexpr, BSUB: tl.constexpr, NB: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr,
+    BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr,
     HAS_U: tl.constexpr, HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    BLOCK_N: tl.constexpr = NB * BSUB
     split = tl.program_id(0)
     sh = tl.program_id(1)
     s = (sh // Hkv).to(tl.int64)
@@ -25,6 +69,8 @@ def _split_kernel(
     length = tl.minimum(tl.maximum(tl.load(lens_ptr + s), 0), max_len)
     start = split * chunk
     end = tl.minimum(start + chunk, length)
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+    TAIL_N: tl.constexpr = 16
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -41,53 +87,19 @@ def _split_kernel(
     v_base = v_ptr + hk * s_vh
     tbl_base = tbl_ptr + s * s_ts
 
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_b = tl.arange(0, NB)
-    offs_i = tl.arange(0, BSUB)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for n0 in tl.range(start, end, BLOCK_N):
+    for n0 in tl.range(start, full_end, BLOCK_N):
         n0 = tl.multiple_of(n0, BLOCK_N)  # start is a multiple of chunk, itself a multiple of BLOCK_N
-        tok = n0 + offs_n
-        valid = tok < end  # table entries of blocks past the context are never read
-        blk = tl.load(tbl_base + (tok // BS) * s_tb, mask=valid, other=-1)
-        valid = valid & (blk >= 0) & (blk < num_blocks)  # out-of-range ids: tokens skipped, never read
-        kv_blk = tl.where(valid, blk, 0).to(tl.int64)[:, None]
-        off = (tok % BS)[:, None]
-        kmask = valid[:, None] & dmask[None, :]
-        if LEGACY:  # k [nb, Hkv, D/KX, BS, KX], each (block, head) slab contiguous: KX-wide runs along d
-            k_off = (offs_d[None, :] // KX) * (BS * KX) + off * KX + offs_d[None, :] % KX
-        else:  # NHD [nb, BS, Hkv, D]
-            k_off = off * s_kt + offs_d[None, :]
-        k = tl.load(k_base + kv_blk * s_kb + k_off, mask=kmask, other=0.0)
-        if LEGACY:
-            # v [nb, Hkv, D, BS]: contiguous along tokens, so address the tile as NB runs of BSUB tokens
-            # whose block id is one broadcast value (keeps loads 16-byte wide); the load mask is per run
-            # (a used, in-range block is read whole), the per-token mask is applied after the load
-            sub0 = n0 + offs_b * BSUB
-            rblk = tl.load(tbl_base + (sub0 // BS) * s_tb, mask=sub0 < end, other=-1)
-            rlive = (sub0 < end) & (rblk >= 0) & (rblk < num_blocks)
-            rblk = tl.where(rlive, rblk, 0).to(tl.int64)
-            d3 = offs_d[None, None, :]
-            v_off = d3 * BS + ((sub0 % BS)[:, None] + offs_i[None, :])[:, :, None]
-            v = tl.load(v_base + rblk[:, None, None] * s_vb + v_off, mask=rlive[:, None, None] & (d3 < D),
-                        other=0.0)
-            v = tl.where(kmask, tl.reshape(v, (BLOCK_N, BLOCK_D)), 0.0)
-        else:
-            v = tl.load(v_base + kv_blk * s_vb + off * s_vt + offs_d[None, :], mask=kmask, other=0.0)
-        sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-        if HAS_BD:  # positional term, inside the scale: scale * (ac + bd)
-            sc += tl.load(bd_base + (n0 + offs_n)[None, :] * s_bt, mask=gmask[:, None] & valid[None, :],
-                          other=0.0).to(tl.float32)
-        sc = tl.where(valid[None, :], sc * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing attended yet: avoid inf - inf
-        p = tl.exp2(sc - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+        m_i, l_i, acc = _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale,
+                              s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d, dmask,
+                              BS, BSUB, BLOCK_N, KX, LEGACY, HAS_BD, DOT_PREC, False)
+    # the last, partial tile, in 16-token steps (a small loop: the main loop's registers stay as they are)
+    for n0 in tl.range(full_end, end, TAIL_N):
+        m_i, l_i, acc = _tile(tl.multiple_of(n0, TAIL_N), end, m_i, l_i, acc, q, k_base, v_base, tbl_base,
+                              bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d,
+                              dmask, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, HAS_BD, DOT_PREC, True)
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
     rows = (s * Hkv + hk) * G + offs_g
@@ -96,10 +108,10 @@ def _split_kernel(
 
 
 def default_config(D: int, esize: int) -> dict:
-    """Tile of <= 16 KiB per K/V load, 4 warps, 3 stages; ~4 programs per SM before splitting stops."""
-    block_d = triton.next_power_of_2(D)
-    block_n = max(16, min(64, 16384 // (block_d * esize)))
-    return {"block_n": block_n, "num_warps": 4, "num_stages": 3, "programs_per_sm": 4}
+    """16 KiB K (and V) tiles, 4 warps (fp32: 8, else its IEEE dot spills), 2 stages (fp16 D=128: 119-128
+    registers, 4 programs per SM); split until ~16 programs per SM so the last wave is a small part of the run."""
+    block_n = max(16, min(64, 16384 // (triton.next_power_of_2(D) * esize)))
+    return {"block_n": block_n, "num_warps": 8 if esize == 4 else 4, "num_stages": 2, "programs_per_sm": 16}
 
 
 def _plan(S: int, Hkv: int, span: int, device: torch.device, block_n: int, programs_per_sm: int):
@@ -154,7 +166,7 @@ def xl_paged_decode_fwd(q, k_cache, v_cache, block_tables, context_lens, u, bd, 
         q.stride(0), q.stride(1), *us, *bds, *ks, *vs, block_tables.stride(0), block_tables.stride(1),
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
         G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
-        BS=bs, BSUB=bsub, NB=block_n // bsub, KX=k_cache.shape[4] if legacy else 1, LEGACY=legacy,
+        BS=bs, BSUB=bsub, BLOCK_N=block_n, KX=k_cache.shape[4] if legacy else 1, LEGACY=legacy,
         HAS_U=u is not None, HAS_BD=bd is not None,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],

@@ -50,6 +50,9 @@ def _cache_geometry(q, k_cache, v_cache):
             raise ValueError(f"legacy k_cache must be contiguous in its last three dims, got strides {k_cache.stride()}")
         if v_cache.stride()[2:] != (bs, 1) and nb * hkv > 0:
             raise ValueError(f"legacy v_cache must be contiguous in its last two dims, got strides {v_cache.stride()}")
+        if v_cache.stride(0) % bs or v_cache.stride(1) % bs:  # runs of tokens start at multiples of block_size
+            raise ValueError(f"legacy v_cache's block and head strides must be multiples of block_size={bs}, "
+                             f"got strides {v_cache.stride()}")
     else:
         nb, bs, hkv, dk = k_cache.shape
         if dk != D:
