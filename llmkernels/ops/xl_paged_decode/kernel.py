@@ -9,7 +9,7 @@ from ..combine.kernel import combine
 
 @triton.jit
 def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt,
-          s_tb, s_bt, gmask, offs_d, dmask, D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_N: tl.constexpr,
+          s_tb, s_bt, gmask, offs_d, dmask, BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_N: tl.constexpr,
           KX: tl.constexpr, LEGACY: tl.constexpr, HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr, TAIL: tl.constexpr):
     """One tile of BLOCK_N tokens (runs of BSUB tokens, each inside one cache block) into the online softmax.
     TAIL: the tile may end inside a run (context end); otherwise every token of a live run is < end."""
@@ -22,17 +22,11 @@ def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_bloc
     kv_blk = tl.where(live, blk, 0).to(tl.int64)[:, None]
     off = (tok % BS)[:, None]
     kmask = valid[:, None] & dmask[None, :]
-    if LEGACY:
-        # k [nb, Hkv, D/KX, BS, KX], each (block, head) slab contiguous. As a [BLOCK_N, D/KX, KX] tile the
-        # compiler puts a warp's 32 lanes on 32 consecutive tokens of one 16-byte chunk (whole 128-byte
-        # lines); a 2-d [BLOCK_N, D] tile puts them on 16 chunks x 2 tokens (32 bytes of 16 lines each)
-        offs_c = tl.arange(0, BLOCK_D // KX)[None, :, None]
-        offs_x = tl.arange(0, KX)[None, None, :]
-        k_off = kv_blk[:, :, None] * s_kb + offs_c * (BS * KX) + off[:, :, None] * KX + offs_x
-        k = tl.load(k_base + k_off, mask=valid[:, None, None] & (offs_c * KX + offs_x < D), other=0.0)
-        k = tl.reshape(k, (BLOCK_N, BLOCK_D))
+    if LEGACY:  # k [nb, Hkv, D/KX, BS, KX], each (block, head) slab contiguous: KX-wide runs along d
+        k_off = (offs_d[None, :] // KX) * (BS * KX) + off * KX + offs_d[None, :] % KX
     else:  # NHD [nb, BS, Hkv, D]
-        k = tl.load(k_base + kv_blk * s_kb + off * s_kt + offs_d[None, :], mask=kmask, other=0.0)
+        k_off = off * s_kt + offs_d[None, :]
+    k = tl.load(k_base + kv_blk * s_kb + k_off, mask=kmask, other=0.0)
     if LEGACY:
         # v [nb, Hkv, D, BS] is contiguous along tokens: per d, a run is BSUB consecutive elements starting at
         # a multiple of BSUB (the host checks the block/head strides). The table lookup hides this from the
@@ -99,13 +93,13 @@ def _split_kernel(
     for n0 in tl.range(start, full_end, BLOCK_N):
         n0 = tl.multiple_of(n0, BLOCK_N)  # start is a multiple of chunk, itself a multiple of BLOCK_N
         m_i, l_i, acc = _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale,
-                              s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d, dmask, D, BLOCK_D,
+                              s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d, dmask,
                               BS, BSUB, BLOCK_N, KX, LEGACY, HAS_BD, DOT_PREC, False)
     # the last, partial tile, in 16-token steps (a small loop: the main loop's registers stay as they are)
     for n0 in tl.range(full_end, end, TAIL_N):
         m_i, l_i, acc = _tile(tl.multiple_of(n0, TAIL_N), end, m_i, l_i, acc, q, k_base, v_base, tbl_base,
                               bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d,
-                              dmask, D, BLOCK_D, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, HAS_BD, DOT_PREC, True)
+                              dmask, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, HAS_BD, DOT_PREC, True)
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
     rows = (s * Hkv + hk) * G + offs_g
