@@ -4,10 +4,8 @@ import torch
 from llmkernels import xl_paged_decode
 from llmkernels.checking import rel_err
 from llmkernels.ops.xl_paged_decode import kernel as K
-from llmkernels.ops.xl_paged_decode.reference import xl_paged_decode_ref
+from llmkernels.ops.xl_paged_decode.reference import cache_as_nhd, xl_paged_decode_ref
 from llmkernels.ops.xl_paged_decode.spec import LSE_TOL, OUT_TOL, make_inputs, ref, run
-
-HAS_CUDA = torch.cuda.is_available()
 
 
 def _assert_close(x, o, lse, dtype, **kw):
@@ -130,7 +128,6 @@ def test_reference_matches_direct_formula(device):
     for layout in ("nhd", "legacy"):
         x = make_inputs(2, 4, 2, 64, 8, [13, 5], layout, torch.float32, device, u="seq", bd="strided")
         o, lse = ref(x)
-        from llmkernels.ops.xl_paged_decode.reference import cache_as_nhd
         k, v = cache_as_nhd(x["k_cache"], x["v_cache"])
         for s in range(2):
             n = int(x["context_lens"][s])

@@ -47,7 +47,8 @@ def _cache_geometry(q, k_cache, v_cache):
                              f"{(nb, hkv, D, bs)}, got {tuple(v_cache.shape)}")
         # the kernel addresses inside one (block, head) slab with compile-time strides (16-byte loads)
         if k_cache.stride()[2:] != (bs * x, x, 1) and nb * hkv > 0:
-            raise ValueError(f"legacy k_cache must be contiguous in its last three dims, got strides {k_cache.stride()}")
+            raise ValueError(f"legacy k_cache must be contiguous in its last three dims, "
+                             f"got strides {k_cache.stride()}")
         if v_cache.stride()[2:] != (bs, 1) and nb * hkv > 0:
             raise ValueError(f"legacy v_cache must be contiguous in its last two dims, got strides {v_cache.stride()}")
         if v_cache.stride(0) % bs or v_cache.stride(1) % bs:  # runs of tokens start at multiples of block_size
