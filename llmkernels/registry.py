@@ -7,6 +7,7 @@ SPECS = {
     "nvfp4_gemv": "llmkernels.ops.nvfp4_gemv.spec", "nvfp4_linear": "llmkernels.ops.nvfp4_gemv.spec",
     "sparse_mla_fwd": "llmkernels.ops.sparse_mla.spec",
     "sparse_mla_attn_dist": "llmkernels.ops.sparse_mla.spec",
+    "xl_paged_decode": "llmkernels.ops.xl_paged_decode.spec",
 }
 
 

@@ -1,0 +1,174 @@
+"""Split-KV paged decode with Transformer-XL relative-position terms: scale * ((q + u) . k + bd)."""
+import torch
+import triton
+import triton.language as tl
+
+from ..._runtime import num_sms
+from ..combine.kernel import combine
+
+
+@triton.jit
+def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt,
+          s_tb, s_bt, gmask, offs_d, dmask, BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_N: tl.constexpr,
+          KX: tl.constexpr, LEGACY: tl.constexpr, HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr, TAIL: tl.constexpr):
+    """One tile of BLOCK_N tokens (runs of BSUB tokens, each inside one cache block) into the online softmax.
+    TAIL: the tile may end inside a run (context end); otherwise every token of a live run is < end."""
+    offs_n = tl.arange(0, BLOCK_N)
+    tok = n0 + offs_n
+    live = n0 + (offs_n // BSUB) * BSUB < end  # runs past the context: their table entries are never read
+    blk = tl.load(tbl_base + (tok // BS) * s_tb, mask=live, other=-1)
+    live = live & (blk >= 0) & (blk < num_blocks)  # out-of-range ids: never read, tokens skipped
+    valid = live & (tok < end) if TAIL else live
+    kv_blk = tl.where(live, blk, 0).to(tl.int64)[:, None]
+    off = (tok % BS)[:, None]
+    kmask = valid[:, None] & dmask[None, :]
+    if LEGACY:  # k [nb, Hkv, D/KX, BS, KX], each (block, head) slab contiguous: KX-wide runs along d
+        k_off = (offs_d[None, :] // KX) * (BS * KX) + off * KX + offs_d[None, :] % KX
+    else:  # NHD [nb, BS, Hkv, D]
+        k_off = off * s_kt + offs_d[None, :]
+    k = tl.load(k_base + kv_blk * s_kb + k_off, mask=kmask, other=0.0)
+    if LEGACY:
+        # v [nb, Hkv, D, BS] is contiguous along tokens: per d, a run is BSUB consecutive elements starting at
+        # a multiple of BSUB (the host checks the block/head strides). The table lookup hides this from the
+        # compiler, so say it, and mask whole runs to keep the loads 16 bytes wide (a used, in-range block is
+        # read whole); in the tail tile, slots past the context (maybe never written: NaN) are zeroed.
+        v_off = kv_blk * s_vb + offs_d[None, :] * BS + off
+        v_off = tl.max_contiguous(tl.multiple_of(v_off, [BSUB, 1]), [BSUB, 1])
+        v = tl.load(v_base + v_off, mask=tl.max_constancy(live, [BSUB])[:, None] & dmask[None, :], other=0.0)
+        if TAIL:
+            v = tl.where(valid[:, None], v, 0.0)
+    else:
+        v = tl.load(v_base + kv_blk * s_vb + off * s_vt + offs_d[None, :], mask=kmask, other=0.0)
+    sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+    if HAS_BD:  # positional term, inside the scale: scale * (ac + bd)
+        sc += tl.load(bd_base + tok[None, :] * s_bt, mask=gmask[:, None] & valid[None, :], other=0.0).to(tl.float32)
+    sc = tl.where(valid[None, :], sc * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing attended yet: avoid inf - inf
+    p = tl.exp2(sc - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr, u_ptr, bd_ptr, k_ptr, v_ptr, tbl_ptr, lens_ptr, o_ptr, lse_ptr,
+    Hkv, num_blocks, max_len, chunk, qk_scale,
+    s_qs, s_qh, s_us, s_uh, s_bs, s_bh, s_bt,
+    s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_ts, s_tb, s_or, s_os, s_lr,
+    G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr,
+    HAS_U: tl.constexpr, HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    split = tl.program_id(0)
+    sh = tl.program_id(1)
+    s = (sh // Hkv).to(tl.int64)
+    hk = (sh % Hkv).to(tl.int64)
+    length = tl.minimum(tl.maximum(tl.load(lens_ptr + s), 0), max_len)
+    start = split * chunk
+    end = tl.minimum(start + chunk, length)
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+    TAIL_N: tl.constexpr = 16
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = hk * G + offs_g
+    gmask = offs_g < G
+    dmask = offs_d < D
+    qmask = gmask[:, None] & dmask[None, :]
+    q = tl.load(q_ptr + s * s_qs + heads[:, None] * s_qh + offs_d[None, :], mask=qmask, other=0.0).to(tl.float32)
+    if HAS_U:  # content bias: (q + u) . k, rounded once to the cache dtype for the tensor-core dot
+        q += tl.load(u_ptr + s * s_us + heads[:, None] * s_uh + offs_d[None, :], mask=qmask, other=0.0).to(tl.float32)
+    q = q.to(k_ptr.dtype.element_ty)
+    bd_base = bd_ptr + s * s_bs + heads[:, None] * s_bh
+    k_base = k_ptr + hk * s_kh
+    v_base = v_ptr + hk * s_vh
+    tbl_base = tbl_ptr + s * s_ts
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for n0 in tl.range(start, full_end, BLOCK_N):
+        n0 = tl.multiple_of(n0, BLOCK_N)  # start is a multiple of chunk, itself a multiple of BLOCK_N
+        m_i, l_i, acc = _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale,
+                              s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d, dmask,
+                              BS, BSUB, BLOCK_N, KX, LEGACY, HAS_BD, DOT_PREC, False)
+    # the last, partial tile, in 16-token steps (a small loop: the main loop's registers stay as they are)
+    for n0 in tl.range(full_end, end, TAIL_N):
+        m_i, l_i, acc = _tile(tl.multiple_of(n0, TAIL_N), end, m_i, l_i, acc, q, k_base, v_base, tbl_base,
+                              bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d,
+                              dmask, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, HAS_BD, DOT_PREC, True)
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
+    rows = (s * Hkv + hk) * G + offs_g
+    tl.store(o_ptr + rows[:, None] * s_or + split * s_os + offs_d[None, :], o, mask=qmask)
+    tl.store(lse_ptr + rows * s_lr + split, lse, mask=gmask)
+
+
+def default_config(D: int, esize: int) -> dict:
+    """16 KiB K (and V) tiles, 4 warps (fp32: 8, else its IEEE dot spills), 2 stages (fp16 D=128: 119-128
+    registers, 4 programs per SM); split until ~16 programs per SM so the last wave is a small part of the run."""
+    block_n = max(16, min(64, 16384 // (triton.next_power_of_2(D) * esize)))
+    return {"block_n": block_n, "num_warps": 8 if esize == 4 else 4, "num_stages": 2, "programs_per_sm": 16}
+
+
+def _plan(S: int, Hkv: int, span: int, device: torch.device, block_n: int, programs_per_sm: int):
+    """Split the table span so that S * Hkv * splits reaches the target, with chunks of >= 4 tiles."""
+    target = programs_per_sm * num_sms(device)
+    splits = max(1, min(triton.cdiv(target, max(S * Hkv, 1)), triton.cdiv(span, 4 * block_n)))
+    chunk = triton.cdiv(triton.cdiv(max(span, 1), splits), block_n) * block_n
+    return triton.cdiv(max(span, 1), chunk), chunk
+
+
+def _alloc_partials(rows: int, splits: int, D: int, device):
+    """fp32 split results (a hook: tests replace it to poison the buffers with NaN)."""
+    return (torch.empty(rows, splits, D, dtype=torch.float32, device=device),
+            torch.empty(rows, splits, dtype=torch.float32, device=device))
+
+
+def xl_paged_decode_fwd(q, k_cache, v_cache, block_tables, context_lens, u, bd, scale: float, out, lse,
+                        config=None):
+    """Launch on validated inputs; writes out [S, H, D] (contiguous) and lse [S, H] fp32.
+
+    q [S, H, D] unit last stride; u None, [S, H, D] or [H, D]; bd None or [S, H, >= 1] any strides;
+    k/v caches in either layout (see op.py); block_tables [S, max_blocks] int32; context_lens [S] int32.
+    """
+    S, H, D = q.shape
+    legacy = k_cache.dim() == 5
+    nblocks = k_cache.shape[0]
+    Hkv = k_cache.shape[1] if legacy else k_cache.shape[2]
+    bs = k_cache.shape[3] if legacy else k_cache.shape[1]
+    if S == 0 or H == 0:
+        return
+    cfg = dict(default_config(D, q.element_size()), **(config or {}))
+    G = H // Hkv
+    block_n = cfg["block_n"]
+    bsub = min(bs, block_n)
+    max_len = block_tables.shape[1] * bs
+    if bd is not None:
+        max_len = min(max_len, bd.shape[-1])
+    splits, chunk = _plan(S, Hkv, max_len, q.device, block_n, cfg["programs_per_sm"])
+    o_part, lse_part = _alloc_partials(S * H, splits, D, q.device)
+    us = (0, 0) if u is None else ((0, u.stride(0)) if u.dim() == 2 else (u.stride(0), u.stride(1)))
+    bds = (0, 0, 0) if bd is None else tuple(bd.stride())
+    if legacy:
+        ks = (k_cache.stride(0), k_cache.stride(1), 0)
+        vs = (v_cache.stride(0), v_cache.stride(1), 0)
+    else:
+        ks = (k_cache.stride(0), k_cache.stride(2), k_cache.stride(1))
+        vs = (v_cache.stride(0), v_cache.stride(2), v_cache.stride(1))
+    _split_kernel[(splits, S * Hkv)](
+        q, u if u is not None else q, bd if bd is not None else q, k_cache, v_cache, block_tables, context_lens,
+        o_part, lse_part,
+        Hkv, nblocks, max_len, chunk, scale * 1.4426950408889634,
+        q.stride(0), q.stride(1), *us, *bds, *ks, *vs, block_tables.stride(0), block_tables.stride(1),
+        o_part.stride(0), o_part.stride(1), lse_part.stride(0),
+        G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
+        BS=bs, BSUB=bsub, BLOCK_N=block_n, KX=k_cache.shape[4] if legacy else 1, LEGACY=legacy,
+        HAS_U=u is not None, HAS_BD=bd is not None,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    combine(o_part, lse_part, out.view(S * H, D), lse.view(S * H))

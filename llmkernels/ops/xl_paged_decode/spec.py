@@ -1,0 +1,170 @@
+"""Checks and benchmark cases for xl_paged_decode (used by the CLI, scripts/gpu.sh and the tests)."""
+import math
+
+import torch
+
+from ...bench import Case, Impl, OpBench
+from ...checking import result
+from .op import xl_paged_decode
+from .reference import cache_as_nhd, xl_paged_decode_ref
+
+# The output is rounded to fp16 (2^-11) / bf16 (2^-8), and so are (q + u) and P before the two tensor-core
+# products; the norm-wise relative error stays a few units of that rounding. fp32 runs the products in
+# IEEE fp32 (only summation order differs from the reference). lse sums fp32 exponentials of logits whose
+# error is the (q + u) rounding times |k|: ~1e-3 absolute on logits of size ~3 -> relative ~1e-3 (bf16 ~8x).
+OUT_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
+LSE_TOL = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+def make_inputs(S, H, Hkv, D, block_size, contexts, layout="nhd", dtype=torch.float16, device="cpu",
+                u="head", bd="strided", extra_blocks=3, garbage=True, table_pad=1, seed=None):
+    """Random paged-decode inputs. contexts: list of S lengths (or one int for all).
+
+    Blocks are drawn in shuffled order from a cache with `extra_blocks` unused blocks; the table has
+    `table_pad` columns past the longest context, and (garbage=True) entries past each sequence's used
+    blocks hold out-of-range ids (never read). u: None, "head" ([H, D]) or "seq" ([S, H, D]);
+    bd: None, "contig" or "strided" (a non-contiguous view with a non-unit last stride).
+    """
+    device = torch.device(device)
+    g = torch.Generator(device=device)
+    g.manual_seed(seed if seed is not None else torch.seed() % (2 ** 31))
+    contexts = [contexts] * S if isinstance(contexts, int) else list(contexts)
+    used = [math.ceil(c / block_size) for c in contexts]
+    max_blocks = max(used + [0]) + table_pad
+    nb = sum(used) + extra_blocks
+    rand = lambda *shape: torch.randn(*shape, device=device, generator=g).to(dtype)  # noqa: E731
+    k = rand(nb, block_size, Hkv, D)
+    v = rand(nb, block_size, Hkv, D)
+    perm = torch.randperm(nb, device=device, generator=g).to(torch.int32)
+    table = torch.full((S, max_blocks), 0, dtype=torch.int32, device=device)
+    if garbage:  # out-of-range ids, negative and huge, past the used blocks
+        junk = torch.randint(nb, 2 ** 31 - 1, (S, max_blocks), device=device, generator=g, dtype=torch.int32)
+        table = torch.where(torch.rand(S, max_blocks, device=device, generator=g) < 0.5, junk, -junk)
+    i = 0
+    for s, n in enumerate(used):
+        table[s, :n] = perm[i:i + n]
+        i += n
+    if layout == "legacy":
+        x = 16 // k.element_size()
+        k_cache = k.view(nb, block_size, Hkv, D // x, x).permute(0, 2, 3, 1, 4).contiguous()
+        v_cache = v.permute(0, 2, 3, 1).contiguous()
+    else:
+        k_cache, v_cache = k, v
+    L = max(contexts + [0])
+    x = {"q": rand(S, H, D), "k_cache": k_cache, "v_cache": v_cache, "block_tables": table,
+         "context_lens": torch.tensor(contexts, dtype=torch.int32, device=device), "u": None, "bd": None}
+    if u == "head":
+        x["u"] = rand(H, D)
+    elif u == "seq":
+        x["u"] = rand(S, H, D)
+    if bd == "contig":
+        x["bd"] = rand(S, H, L)
+    elif bd == "strided":
+        x["bd"] = rand(S, L + 5, H, 2).permute(0, 2, 1, 3)[:, :, :L, 0]  # strides (.., 2, 2H)
+    return x
+
+
+def run(x, **kw):
+    return xl_paged_decode(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["context_lens"],
+                           u=x["u"], bd=x["bd"], **kw)
+
+
+def ref(x, **kw):
+    return xl_paged_decode_ref(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["context_lens"],
+                               u=x["u"], bd=x["bd"], **kw)
+
+
+def check(device):
+    out = []
+    # the interpreter's bf16 dot is wrong: CPU checks fp16/fp32, the GPU adds bf16
+    dtypes = [torch.float16, torch.float32] if device.type == "cpu" else [torch.float16, torch.bfloat16, torch.float32]
+    cases = [  # S, H, Hkv, D, block_size, contexts, layout, u, bd
+        (3, 4, 2, 64, 16, [37, 1, 0], "nhd", "head", "strided"),
+        (2, 4, 4, 80, 8, [50, 21], "legacy", "seq", "contig"),
+        (2, 8, 1, 128, 32, [70, 33], "legacy", None, "strided"),
+    ]
+    for dtype in dtypes:
+        for S, H, Hkv, D, bs, ctx, layout, u, bd in cases:
+            x = make_inputs(S, H, Hkv, D, bs, ctx, layout, dtype, device, u=u, bd=bd)
+            o, lse = run(x, return_lse=True)
+            ro, rl = ref(x)
+            case = f"S={S} H={H} Hkv={Hkv} D={D} bs={bs} {layout} u={u} bd={bd} {str(dtype)[6:]}"
+            out.append(result("xl_paged_decode", case + " out", o, ro, OUT_TOL[dtype]))
+            out.append(result("xl_paged_decode", case + " lse", lse, rl, LSE_TOL[dtype]))
+    return out
+
+
+# --- benchmarks -------------------------------------------------------------------------------
+
+H, HKV, D, BS = 16, 16, 128, 16  # MHA like the Conformer / Transformer-XL models
+SHAPES = [(64, 4096), (4, 32768)]
+
+
+def _bytes(S, L, esize=2):
+    kv = 2 * S * L * HKV * D * esize  # every attended K and V row once
+    bd = S * H * L * esize
+    return int(kv + bd + 2 * S * H * D * esize + H * D * esize + S * (L // BS) * 4 + S * 4)  # + q, out, u, table, lens
+
+
+def _cases(quick):
+    cases = []
+    for S, L in SHAPES:
+        for layout in ("nhd", "legacy"):
+            mk = lambda S=S, L=L, layout=layout: make_inputs(  # noqa: E731
+                S, H, HKV, D, BS, L, layout, torch.float16, "cuda", u="head", bd="contig", extra_blocks=0,
+                garbage=False, table_pad=0)
+            cases.append(Case(shape={"num_seqs": S, "context": L, "H": H, "Hkv": HKV, "D": D, "block_size": BS,
+                                     "layout": layout, "dtype": "fp16"},
+                              make_inputs=mk, bytes=_bytes(S, L), flops=4 * S * H * L * D))
+    return cases
+
+
+def _ours(x):
+    return lambda: run(x)
+
+
+def _eager(x):
+    return lambda: ref(x)
+
+
+def _flex_available():
+    try:
+        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
+    except ImportError as e:
+        return f"FlexAttention not in this torch ({e})"
+    return None
+
+
+_flex_compiled = None
+
+
+def _flex(x):
+    """FlexAttention on the cache gathered to dense [S, Hkv, L, D] (outside the timing); bd via score_mod."""
+    global _flex_compiled
+    from torch.nn.attention.flex_attention import flex_attention
+    if _flex_compiled is None:
+        _flex_compiled = torch.compile(flex_attention, dynamic=False)
+    k, v = cache_as_nhd(x["k_cache"], x["v_cache"])
+    S, Hq, Dh = x["q"].shape
+    bs = k.shape[1]
+    L = int(x["context_lens"].max())
+    idx = x["block_tables"].long()[:, : L // bs]
+    kd = k[idx].reshape(S, L, k.shape[2], Dh).transpose(1, 2).contiguous()
+    vd = v[idx].reshape(S, L, v.shape[2], Dh).transpose(1, 2).contiguous()
+    scale = Dh ** -0.5
+    bds = (x["bd"].float() * scale).contiguous()  # flex scales q.k before score_mod; bd needs the same scale
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + bds[b, h, kv_idx]
+
+    q, u = x["q"], x["u"]
+    return lambda: _flex_compiled((q + u)[:, :, None, :], kd, vd, score_mod=score_mod, scale=scale,
+                                  enable_gqa=Hq != kd.shape[1])
+
+
+def benches():
+    return [OpBench("xl_paged_decode", _cases, [
+        Impl("llmkernels", _ours),
+        Impl("torch-eager", _eager, max_bytes=3 << 30),
+        Impl("flex-attention-dense", _flex, _flex_available),
+    ])]
