@@ -71,14 +71,31 @@ def load(paths) -> List[dict]:
     return out
 
 
+def summary_table(records: List[dict]) -> str:
+    """One markdown row per (op, shape, our impl): time, floor, % of floor, TFLOP/s, and every peer's time."""
+    ours = [r for r in records if r["impl"].startswith("llmkernels")]
+    lines = ["| op | shape | impl | ms | floor ms | % of floor | TFLOP/s | peers (ms) |", "|---|---|---|---|---|---|---|---|"]
+    for r in ours:
+        peers = [p for p in records if not p["impl"].startswith("llmkernels") and p["op"] == r["op"]
+                 and p["shape"] == r["shape"]]
+        peer_txt = ", ".join(f"{p['impl']} {p['ms']:.4g}" for p in peers) or "-"
+        tf = "" if r.get("tflops") is None else f"{r['tflops']:.1f}"
+        lines.append(f"| {r['op']} | {shape_str(r['shape'])} | {r['impl']} | {r['ms']:.4f} | {r['floor_ms']:.4f} | "
+                     f"{r['pct_of_floor']:.1f} | {tf} | {peer_txt} |")
+    return "\n".join(lines)
+
+
 def readme_section(records: List[dict]) -> str:
     parts = []
     for dev in sorted({r["device"] for r in records}):
         recs = [r for r in records if r["device"] == dev]
         dates = sorted({r["date"] for r in recs})
-        copy = max(r["copy_tbps"] for r in recs)
-        parts.append(f"**{dev}** ({dates[0]} to {dates[-1]}; torch {recs[0]['torch']}, triton {recs[0]['triton']}; "
-                     f"copy ceiling measured in each run, here up to {copy:.2f} TB/s)\n\n" + table(recs, markdown=True))
+        copy = sorted(r["copy_tbps"] for r in recs)
+        gemm = sorted(r["gemm_tflops"] for r in recs)
+        parts.append(f"**{dev}**, {dates[0]}" + (f" to {dates[-1]}" if dates[-1] != dates[0] else "") +
+                     f"; torch {recs[0]['torch']}, triton {recs[0]['triton']}; ceilings measured in each run: copy "
+                     f"{copy[0]:.2f}-{copy[-1]:.2f} TB/s, bf16 GEMM {gemm[0]:.0f}-{gemm[-1]:.0f} TFLOP/s.\n\n"
+                     + summary_table(recs))
     return "\n\n".join(parts) if parts else "_No records yet._"
 
 
