@@ -2,9 +2,9 @@
 import torch
 
 from ...bench import Case, Impl, OpBench
+from ...bench.peers import compiled_flex, flex_available
 from ...checking import result
 from ..combine.op import merge_attention_states
-from ..combine.reference import merge_attention_states_ref
 from .op import masked_decode
 from .reference import masked_decode_ref
 
@@ -89,22 +89,9 @@ def _sdpa(x):
     return lambda: F.scaled_dot_product_attention(q, x["k"], x["v"], attn_mask=keep, enable_gqa=True)
 
 
-def _flex_available():
-    try:
-        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
-    except ImportError as e:
-        return f"FlexAttention not in this torch ({e})"
-    return None
-
-
-_flex_compiled = None
-
-
 def _flex(x):
-    global _flex_compiled
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    if _flex_compiled is None:
-        _flex_compiled = torch.compile(flex_attention, dynamic=False)
+    from torch.nn.attention.flex_attention import create_block_mask
+    flex = compiled_flex()
     drop = x["drop"]
     G = HQ // HKV
     B, _, L = drop.shape
@@ -114,7 +101,7 @@ def _flex(x):
 
     bm = create_block_mask(mask_mod, B, HQ, 1, L, device="cuda")
     q = x["q"][:, :, None, :]
-    return lambda: _flex_compiled(q, x["k"], x["v"], block_mask=bm, enable_gqa=True)
+    return lambda: flex(q, x["k"], x["v"], block_mask=bm, enable_gqa=True)
 
 
 def _flashinfer_available():
@@ -138,6 +125,6 @@ def benches():
         Impl("llmkernels", _ours),
         Impl("torch-eager", _eager, max_bytes=3 << 30),
         Impl("sdpa-bool-mask", _sdpa),
-        Impl("flex-attention", _flex, _flex_available),
+        Impl("flex-attention", _flex, flex_available),
         Impl("flashinfer-dense", _flashinfer, _flashinfer_available),
     ])]

@@ -4,6 +4,7 @@ import math
 import torch
 
 from ...bench import Case, Impl, OpBench
+from ...bench.peers import compiled_flex, flex_available
 from ...checking import result
 from .op import xl_paged_decode
 from .reference import cache_as_nhd, xl_paged_decode_ref
@@ -127,23 +128,9 @@ def _eager(x):
     return lambda: ref(x)
 
 
-def _flex_available():
-    try:
-        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
-    except ImportError as e:
-        return f"FlexAttention not in this torch ({e})"
-    return None
-
-
-_flex_compiled = None
-
-
 def _flex(x):
     """FlexAttention on the cache gathered to dense [S, Hkv, L, D] (outside the timing); bd via score_mod."""
-    global _flex_compiled
-    from torch.nn.attention.flex_attention import flex_attention
-    if _flex_compiled is None:
-        _flex_compiled = torch.compile(flex_attention, dynamic=False)
+    flex = compiled_flex()
     k, v = cache_as_nhd(x["k_cache"], x["v_cache"])
     S, Hq, Dh = x["q"].shape
     bs = k.shape[1]
@@ -158,7 +145,7 @@ def _flex(x):
         return score + bds[b, h, kv_idx]
 
     q, u = x["q"], x["u"]
-    return lambda: _flex_compiled((q + u)[:, :, None, :], kd, vd, score_mod=score_mod, scale=scale,
+    return lambda: flex((q + u)[:, :, None, :], kd, vd, score_mod=score_mod, scale=scale,
                                   enable_gqa=Hq != kd.shape[1])
 
 
@@ -166,5 +153,5 @@ def benches():
     return [OpBench("xl_paged_decode", _cases, [
         Impl("llmkernels", _ours),
         Impl("torch-eager", _eager, max_bytes=3 << 30),
-        Impl("flex-attention-dense", _flex, _flex_available),
+        Impl("flex-attention-dense", _flex, flex_available),
     ])]
