@@ -9,6 +9,7 @@ setup_interpreter()
 
 from .ops.combine.op import merge_attention_states  # noqa: E402
 from .ops.masked_decode.op import masked_decode  # noqa: E402
+from .ops.sparse_mla.autograd import sparse_mla_bwd  # noqa: E402  (also makes sparse_mla differentiable)
 
-__all__ = ["masked_decode", "merge_attention_states"]
+__all__ = ["masked_decode", "merge_attention_states", "sparse_mla_bwd"]
 __version__ = "0.1.0"

@@ -4,6 +4,7 @@ import importlib
 # op name -> module with check(device) -> [CheckResult] and benches() -> [OpBench]
 SPECS = {
     "masked_decode": "llmkernels.ops.masked_decode.spec",
+    "sparse_mla_bwd": "llmkernels.ops.sparse_mla.spec_bwd",
 }
 
 
