@@ -9,7 +9,10 @@ setup_interpreter()
 
 from .ops.combine.op import merge_attention_states  # noqa: E402
 from .ops.masked_decode.op import masked_decode  # noqa: E402
+from .ops.sparse_mla.op import (flash_mla_sparse_fwd, indexer_kl_loss, sparse_mla,  # noqa: E402
+                                sparse_mla_attn_dist)
 from .ops.sparse_mla.autograd import sparse_mla_bwd  # noqa: E402  (also makes sparse_mla differentiable)
 
-__all__ = ["masked_decode", "merge_attention_states", "sparse_mla_bwd"]
+__all__ = ["masked_decode", "merge_attention_states", "sparse_mla", "flash_mla_sparse_fwd", "sparse_mla_attn_dist",
+           "indexer_kl_loss", "sparse_mla_bwd"]
 __version__ = "0.1.0"

@@ -4,6 +4,8 @@ import importlib
 # op name -> module with check(device) -> [CheckResult] and benches() -> [OpBench]
 SPECS = {
     "masked_decode": "llmkernels.ops.masked_decode.spec",
+    "sparse_mla_fwd": "llmkernels.ops.sparse_mla.spec",
+    "sparse_mla_attn_dist": "llmkernels.ops.sparse_mla.spec",
     "sparse_mla_bwd": "llmkernels.ops.sparse_mla.spec_bwd",
 }
 

@@ -1,0 +1,78 @@
+"""Attention distribution over the selected tokens, summed over heads: [s_q, topk], never [s_q, h_q, topk]."""
+import torch
+import triton
+import triton.language as tl
+
+from ..._runtime import interpreting
+from .fwd import LOG2E, LOG2E_C, load_tile, row_limits
+
+
+@triton.jit
+def _dist_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
+                 s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
+                 s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om,
+                 BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_V: tl.constexpr, D_T: tl.constexpr,
+                 HAS_TLEN: tl.constexpr, CAUSAL: tl.constexpr, QS_TENSOR: tl.constexpr, ATOMIC: tl.constexpr):
+    pid = tl.program_id(0)
+    row = (pid // n_hb).to(tl.int64)
+    hb = pid % n_hb
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = offs_h < h_q
+    q_rows = q_ptr + row * s_qm + offs_h[:, None].to(tl.int64) * s_qh
+    q_lo = tl.load(q_rows + tl.arange(0, D_V)[None, :], mask=hmask[:, None], other=0.0)
+    if D_T > 0:
+        q_hi = tl.load(q_rows + D_V + tl.arange(0, D_T)[None, :], mask=hmask[:, None], other=0.0)
+    # padded heads get lse = +inf, so their probabilities are exactly 0
+    lse2 = tl.load(lse_ptr + row * s_lm + offs_h * s_lh, mask=hmask, other=float("inf")) * LOG2E_C
+    n_len, limit = row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+    for n0 in range(0, n_len, BLOCK_N):
+        valid, k_lo, k_hi = load_tile(kv_ptr, idx_ptr, row, n0, n_len, s_kv, limit, s_im, s_kvn,
+                                      BLOCK_N, D_V, D_T, CAUSAL)
+        s = tl.dot(q_lo, tl.trans(k_lo))
+        if D_T > 0:
+            s = tl.dot(q_hi, tl.trans(k_hi), s)
+        p = tl.exp2(s * qk_scale - lse2[:, None])
+        col = tl.sum(tl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
+        offs = n0 + tl.arange(0, BLOCK_N)
+        if ATOMIC:
+            tl.atomic_add(out_ptr + row * s_om + offs, col, mask=offs < n_len, sem="relaxed")
+        else:
+            tl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
+
+
+def dist_config(h_q: int, topk: int, device: torch.device) -> dict:
+    if interpreting() or device.type != "cuda":
+        return dict(BLOCK_H=max(16, triton.next_power_of_2(min(h_q, 64))),
+                    BLOCK_N=max(16, min(32, triton.next_power_of_2(topk))), num_warps=4, num_stages=1)
+    if h_q > 64:  # all 128 heads in one program: each gathered tile serves twice the math (L2 traffic halves)
+        return dict(BLOCK_H=128, BLOCK_N=32, num_warps=8, num_stages=2)
+    if h_q > 32:
+        return dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2)
+    return dict(BLOCK_H=max(16, triton.next_power_of_2(h_q)), BLOCK_N=64, num_warps=4, num_stages=2)
+
+
+def attn_dist_launch(a, lse, out, config=None) -> None:
+    """a: common.SparseArgs; lse [s_q, h_q] fp32 (natural log); out [s_q, topk] fp32, must be zero-filled.
+
+    Entries at or past a row's topk_length are left untouched (zero). Over several head blocks the partial
+    sums are added atomically: 0 + a + b is exact in either order, so up to 2 blocks (h_q <= 256 on the GPU) the result
+    is deterministic; beyond that the order of additions (last bits) may vary between runs.
+    """
+    q, kv, idx = a.q, a.kv, a.indices
+    s_q, h_q, d_qk = q.shape
+    topk = idx.shape[1]
+    if s_q == 0 or h_q == 0:
+        return
+    cfg = dict(config or dist_config(h_q, topk, q.device))
+    bh = cfg.pop("BLOCK_H")
+    n_hb = triton.cdiv(h_q, bh)
+    dummy = idx
+    _dist_kernel[(s_q * n_hb,)](
+        q, kv, idx, lse, out,
+        a.topk_length if a.topk_length is not None else dummy,
+        a.q_start_t if a.q_start_t is not None else dummy,
+        kv.shape[0], h_q, topk, n_hb, a.sm_scale * LOG2E, a.q_start_int, a.k_stride,
+        q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0),
+        BLOCK_H=bh, D_V=a.d_v, D_T=d_qk - a.d_v,
+        HAS_TLEN=a.topk_length is not None, CAUSAL=a.causal, QS_TENSOR=a.q_start_t is not None,
+        ATOMIC=n_hb > 1, **cfg)

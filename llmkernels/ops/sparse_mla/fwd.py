@@ -1,0 +1,142 @@
+"""Sparse MLA forward (Triton): one program per (query row, block of heads), gathering the row's topk kv rows."""
+import torch
+import triton
+import triton.language as tl
+
+from ..._runtime import interpreting
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+LOG2E_C = tl.constexpr(LOG2E)  # kernels may only read constexpr globals
+LN2_C = tl.constexpr(LN2)
+
+
+@triton.jit
+def row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride,
+               HAS_TLEN: tl.constexpr, CAUSAL: tl.constexpr, QS_TENSOR: tl.constexpr):
+    """(entries of the row to scan, highest visible kv index): shared by the forward and attn_dist."""
+    n_len = topk
+    if HAS_TLEN:
+        n_len = tl.minimum(tl.maximum(tl.load(tlen_ptr + row), 0), topk)
+    limit = 2147483647
+    if CAUSAL:
+        if QS_TENSOR:
+            num = row + tl.load(qs_ptr) + 1 - k_stride  # row is int64, so is num
+        else:
+            num = row + q_start + 1 - k_stride
+        # floor division: num >= -(k_stride - 1) here, and any negative num means nothing is visible yet
+        limit = tl.where(num >= 0, num // k_stride, -1)
+    return n_len, limit
+
+
+@triton.jit
+def load_tile(kv_ptr, idx_ptr, row, n0, n_len, s_kv, limit, s_im, s_kvn,
+              BLOCK_N: tl.constexpr, D_V: tl.constexpr, D_T: tl.constexpr, CAUSAL: tl.constexpr):
+    """Gather BLOCK_N kv rows: (valid [BLOCK_N], kv[:, :D_V], kv[:, D_V:D_V + D_T]); invalid rows are never read."""
+    offs = n0 + tl.arange(0, BLOCK_N)
+    idx = tl.load(idx_ptr + row * s_im + offs, mask=offs < n_len, other=-1)
+    valid = (idx >= 0) & (idx < s_kv)
+    if CAUSAL:
+        valid = valid & (idx <= limit)
+    base = kv_ptr + tl.where(valid, idx, 0).to(tl.int64) * s_kvn
+    k_lo = tl.load(base[:, None] + tl.arange(0, D_V)[None, :], mask=valid[:, None], other=0.0)
+    if D_T > 0:
+        k_hi = tl.load(base[:, None] + D_V + tl.arange(0, D_T)[None, :], mask=valid[:, None], other=0.0)
+    else:
+        k_hi = k_lo
+    return valid, k_lo, k_hi
+
+
+@triton.jit
+def _fwd_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tlen_ptr, qs_ptr,
+                s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
+                s_qm, s_qh, s_kvn, s_im, s_om, s_oh, s_lm,
+                BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_V: tl.constexpr, D_T: tl.constexpr,
+                HAS_SINK: tl.constexpr, HAS_TLEN: tl.constexpr, CAUSAL: tl.constexpr,
+                QS_TENSOR: tl.constexpr, SINK_IN_LSE: tl.constexpr):
+    pid = tl.program_id(0)
+    row = (pid // n_hb).to(tl.int64)  # head blocks of one row run side by side: they share its gathers in L2
+    hb = pid % n_hb
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = offs_h < h_q
+    q_rows = q_ptr + row * s_qm + offs_h[:, None].to(tl.int64) * s_qh
+    q_lo = tl.load(q_rows + tl.arange(0, D_V)[None, :], mask=hmask[:, None], other=0.0)
+    if D_T > 0:
+        q_hi = tl.load(q_rows + D_V + tl.arange(0, D_T)[None, :], mask=hmask[:, None], other=0.0)
+    n_len, limit = row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of the log2-scaled logits
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, D_V], tl.float32)
+    for n0 in range(0, n_len, BLOCK_N):
+        valid, k_lo, k_hi = load_tile(kv_ptr, idx_ptr, row, n0, n_len, s_kv, limit, s_im, s_kvn,
+                                      BLOCK_N, D_V, D_T, CAUSAL)
+        s = tl.dot(q_lo, tl.trans(k_lo))
+        if D_T > 0:
+            s = tl.dot(q_hi, tl.trans(k_hi), s)
+        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing valid yet: avoid inf - inf
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(k_lo.dtype), k_lo)  # V is the first D_V dims of the same tile
+        m_i = m_new
+
+    empty = m_i == float("-inf")
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse2 = m_i + tl.log2(l_safe)  # log2-sum-exp2 of the logits alone
+    denom = l_safe
+    tot2 = lse2
+    if HAS_SINK:
+        sink2 = tl.load(sink_ptr + offs_h, mask=hmask, other=0.0) * LOG2E_C
+        d = sink2 - lse2  # lse2 is finite on non-empty rows, so d is +-inf at worst (sink = +-inf)
+        sp = tl.maximum(d, 0.0) + tl.log2(1.0 + tl.exp2(-tl.abs(d)))  # log2(1 + 2^d) without overflow
+        tot2 = lse2 + sp
+        denom = l_safe * tl.exp2(sp)  # = sum p + exp(sink - m); +inf sink -> out 0
+        if SINK_IN_LSE:
+            lse2 = tot2
+    o = acc / denom[:, None]
+    o = tl.where(empty[:, None], 0.0, o)
+    lse = tl.where(empty, float("inf"), lse2 * LN2_C)
+    offs_d = tl.arange(0, D_V)
+    tl.store(out_ptr + row * s_om + offs_h[:, None].to(tl.int64) * s_oh + offs_d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=hmask[:, None])
+    tl.store(maxl_ptr + row * s_lm + offs_h, m_i * LN2_C, mask=hmask)
+    tl.store(lse_ptr + row * s_lm + offs_h, lse, mask=hmask)
+
+
+def fwd_config(h_q: int, topk: int, device: torch.device) -> dict:
+    """Block sizes, warps and pipeline depth (tuned on an H100 for d_qk 576, see benchmarks/notes)."""
+    if interpreting() or device.type != "cuda":
+        return dict(BLOCK_H=max(16, triton.next_power_of_2(min(h_q, 64))),
+                    BLOCK_N=max(16, min(32, triton.next_power_of_2(topk))), num_warps=4, num_stages=1)
+    if h_q > 32:
+        return dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2)
+    return dict(BLOCK_H=max(16, triton.next_power_of_2(h_q)), BLOCK_N=64, num_warps=4, num_stages=2)
+
+
+def sparse_mla_fwd_launch(a, out, max_logits, lse, sink_in_lse: bool = True, config=None) -> None:
+    """a: common.SparseArgs. Writes out [s_q, h_q, d_v], max_logits and lse [s_q, h_q] (lse natural log).
+
+    sink_in_lse: lse includes exp(attn_sink) (this library's convention) or not (FlashMLA's).
+    """
+    q, kv, idx = a.q, a.kv, a.indices
+    s_q, h_q, d_qk = q.shape
+    topk = idx.shape[1]
+    if s_q == 0 or h_q == 0:
+        return
+    cfg = dict(config or fwd_config(h_q, topk, q.device))
+    bh = cfg.pop("BLOCK_H")
+    n_hb = triton.cdiv(h_q, bh)
+    dummy = idx  # placeholder pointer for absent optional tensors (never read: the flags are constexpr)
+    _fwd_kernel[(s_q * n_hb,)](
+        q, kv, idx, out, max_logits, lse,
+        a.attn_sink if a.attn_sink is not None else dummy,
+        a.topk_length if a.topk_length is not None else dummy,
+        a.q_start_t if a.q_start_t is not None else dummy,
+        kv.shape[0], h_q, topk, n_hb, a.sm_scale * LOG2E, a.q_start_int, a.k_stride,
+        q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0),
+        BLOCK_H=bh, D_V=a.d_v, D_T=d_qk - a.d_v,
+        HAS_SINK=a.attn_sink is not None, HAS_TLEN=a.topk_length is not None, CAUSAL=a.causal,
+        QS_TENSOR=a.q_start_t is not None, SINK_IN_LSE=sink_in_lse, **cfg)

@@ -1,0 +1,381 @@
+"""sparse_mla forward, FlashMLA drop-in, attention distribution and indexer KL loss vs the fp32 references.
+
+CPU: Triton interpreter, fp16 (the interpreter's bf16 dot is wrong), tiny shapes. GPU (@gpu): bf16, larger.
+"""
+import pytest
+import torch
+
+from llmkernels import flash_mla_sparse_fwd, indexer_kl_loss, sparse_mla, sparse_mla_attn_dist
+from llmkernels.checking import rel_err
+from llmkernels.ops.sparse_mla.attn_dist import attn_dist_launch
+from llmkernels.ops.sparse_mla.common import prepare
+from llmkernels.ops.sparse_mla.fwd import sparse_mla_fwd_launch
+from llmkernels.ops.sparse_mla.reference import (indexer_kl_loss_ref, sparse_mla_attn_dist_ref,
+                                                 sparse_mla_fwd_ref, valid_mask)
+from llmkernels.ops.sparse_mla.spec import OUT_TOL, STAT_TOL, causal_indices
+
+I32_MIN, I32_MAX = -2 ** 31, 2 ** 31 - 1
+gpu = pytest.mark.gpu
+
+
+def _dtype(device):
+    return torch.bfloat16 if device.type == "cuda" else torch.float16
+
+
+def _inputs(device, s_q, s_kv, h_q, topk, d_qk=576, lo=-3, hi=None):
+    dt = _dtype(device)
+    q = torch.randn(s_q, h_q, d_qk, device=device).to(dt)
+    kv = torch.randn(s_kv, 1, d_qk, device=device).to(dt)
+    hi = s_kv + 3 if hi is None else hi
+    idx = torch.randint(lo, hi, (s_q, topk), dtype=torch.int32, device=device)
+    return q, kv, idx
+
+
+def _check_fwd(got, ref, dtype):
+    o, m, l = got
+    ro, rm, rl = ref
+    assert o.dtype == dtype and m.dtype == torch.float32 and l.dtype == torch.float32
+    # tolerances: see spec.OUT_TOL / STAT_TOL (P rounded to the input dtype before P @ V; stats are fp32)
+    assert rel_err(o, ro) <= OUT_TOL[dtype], rel_err(o, ro)
+    assert rel_err(m, rm) <= STAT_TOL, rel_err(m, rm)
+    assert rel_err(l, rl) <= STAT_TOL, rel_err(l, rl)
+
+
+def _both(q, kv, idx, sc, **kw):
+    return sparse_mla(q, kv, idx, sc, **kw), sparse_mla_fwd_ref(q, kv, idx, sc, **kw)
+
+
+# --- forward: CPU (interpreter) -------------------------------------------------------------------
+
+@pytest.mark.parametrize("h_q,topk,d_qk", [(1, 5, 576), (8, 37, 576), (16, 70, 512), (3, 64, 576)])
+def test_fwd_matches_reference(device, h_q, topk, d_qk):
+    q, kv, idx = _inputs(device, 6, 50, h_q, topk, d_qk)
+    got, ref = _both(q, kv, idx, 0.07)
+    _check_fwd(got, ref, q.dtype)
+
+
+def test_fwd_skv_smaller_than_topk_duplicates_and_empty_rows(device):
+    q, kv, idx = _inputs(device, 5, 7, 4, 40)  # s_kv < topk: many duplicates, all counted
+    idx[1] = -1                               # a row with no valid index
+    idx[2] = 3                                # one token listed 40 times
+    got, ref = _both(q, kv, idx, 0.1)
+    _check_fwd(got, ref, q.dtype)
+    o, m, l = got
+    assert torch.all(o[1] == 0) and torch.all(l[1] == float("inf")) and torch.all(m[1] == float("-inf"))
+    # 40 copies of one token: the output is exactly that token's value row, up to rounding
+    assert rel_err(o[2], kv[3, 0, :512].float().expand(4, 512)) <= OUT_TOL[q.dtype]
+
+
+def test_fwd_invalid_values_over_int32_range(device):
+    q, kv, idx = _inputs(device, 4, 30, 5, 33, lo=0, hi=30)
+    bad = torch.tensor([-1, 30, I32_MIN, I32_MAX, -2, 31, I32_MIN + 1, 1 << 30], dtype=torch.int32, device=device)
+    idx[:, ::3] = bad[torch.randint(0, len(bad), (4, idx[:, ::3].shape[1]), device=device)]
+    idx[3] = bad[torch.arange(33, device=device) % len(bad)]  # a row of garbage only
+    got, ref = _both(q, kv, idx, 0.08)
+    _check_fwd(got, ref, q.dtype)
+    assert torch.all(got[2][3] == float("inf"))
+
+
+def test_fwd_noncontiguous_and_3d_indices(device):
+    dt = _dtype(device)
+    qb = torch.randn(5, 9, 600, device=device).to(dt)
+    q = qb[:, 1:8:2, :576]            # strided heads and rows
+    kvb = torch.randn(40, 3, 576, device=device).to(dt)
+    kv = kvb[:, 1:2]                  # [s_kv, 1, d] with a row stride of 3 * 576
+    idx = torch.randint(-2, 42, (5, 1, 45), dtype=torch.int32, device=device)
+    got = sparse_mla(q, kv, idx, 0.06)
+    ref = sparse_mla_fwd_ref(q, kv, idx[:, 0], 0.06)
+    _check_fwd(got, ref, dt)
+
+
+@pytest.mark.parametrize("k_stride,q_start", [(1, 11), (4, 9), (4, 0)])
+def test_fwd_causal(device, k_stride, q_start):
+    q, kv, idx = _inputs(device, 7, 30, 4, 26, lo=-1, hi=31)
+    got, ref = _both(q, kv, idx, 0.09, q_start=q_start, k_stride=k_stride)
+    _check_fwd(got, ref, q.dtype)
+    if q_start == 0:  # rows 0..2 see no complete group of 4 raw tokens yet
+        assert torch.all(got[2][:3] == float("inf")) and torch.all(got[0][:3] == 0)
+    qt = torch.tensor([q_start], dtype=torch.int32, device=device)  # the device-tensor form gives the same
+    got_t = sparse_mla(q, kv, idx, 0.09, q_start=qt, k_stride=k_stride)
+    for a, b in zip(got, got_t):
+        assert torch.equal(a, b)
+
+
+def test_fwd_topk_length_and_sink(device):
+    q, kv, idx = _inputs(device, 6, 45, 5, 37)
+    tl = torch.tensor([0, 1, 20, 37, 100, -4], dtype=torch.int32, device=device)  # clamped to [0, topk]
+    sink = torch.randn(5, device=device) * 2
+    sink[0] = float("-inf")  # -inf: no effect
+    sink[1] = float("inf")   # +inf: out 0, lse +inf
+    got, ref = _both(q, kv, idx, 0.05, topk_length=tl, attn_sink=sink)
+    _check_fwd(got, ref, q.dtype)
+    assert torch.all(got[0][0] == 0) and torch.all(got[2][5] == float("inf"))
+    assert torch.all(got[0][:, 1] == 0) and torch.all(got[2][:, 1] == float("inf"))
+
+
+def test_fwd_writes_every_output(device):
+    """Launcher with NaN-poisoned buffers: every element (empty rows too) must be written."""
+    q, kv, idx = _inputs(device, 5, 20, 19, 21)  # 19 heads: two head blocks under the interpreter
+    idx[4] = -1
+    a = prepare(q, kv, idx, 0.1, attn_sink=torch.randn(19, device=device))
+    out = torch.full((5, 19, 512), float("nan"), dtype=q.dtype, device=device)
+    m = torch.full((5, 19), float("nan"), device=device)
+    l = torch.full((5, 19), float("nan"), device=device)
+    sparse_mla_fwd_launch(a, out, m, l, config=dict(BLOCK_H=16, BLOCK_N=16, num_warps=4, num_stages=1))
+    assert not out.isnan().any() and not m.isnan().any() and not l.isnan().any()
+    _check_fwd((out, m, l), sparse_mla_fwd_ref(q, kv, idx, 0.1, attn_sink=a.attn_sink), q.dtype)
+
+
+def test_flash_mla_drop_in_semantics(device):
+    """FlashMLA: the sink scales out by exp(lse) / (exp(lse) + exp(sink)); lse and max_logits ignore it."""
+    q, kv, idx = _inputs(device, 4, 30, 6, 20)
+    idx[0] = -1
+    sink = torch.randn(6, device=device)
+    o, m, l = flash_mla_sparse_fwd(q, kv, idx[:, None, :], 0.1, 512, sink)
+    ro, rm, rl = sparse_mla_fwd_ref(q, kv, idx, 0.1)
+    ro = ro * torch.sigmoid(rl - sink)[..., None]  # rl = +inf on the empty row: factor 1, ro = 0 there
+    _check_fwd((o, m, l), (ro, rm, rl), q.dtype)
+    o2, _, l2 = flash_mla_sparse_fwd(q, kv, idx[:, None, :], 0.1)
+    o3, _, l3 = sparse_mla(q, kv, idx, 0.1)
+    assert torch.equal(o2, o3) and torch.equal(l2, l3)  # without a sink both conventions agree
+
+
+# --- attention distribution and KL loss: CPU -----------------------------------------------------
+
+@pytest.mark.parametrize("h_q,d_qk", [(1, 576), (7, 512), (16, 576)])
+def test_attn_dist_matches_reference(device, h_q, d_qk):
+    q, kv, idx = _inputs(device, 6, 40, h_q, 45, d_qk)
+    idx[0] = -1
+    tl = torch.randint(0, 50, (6,), dtype=torch.int32, device=device)
+    kw = dict(q_start=30, k_stride=2, topk_length=tl)
+    _, _, lse = sparse_mla(q, kv, idx, 0.07, **kw)
+    d = sparse_mla_attn_dist(q, kv, idx, lse, 0.07, **kw)
+    rd = sparse_mla_attn_dist_ref(q, kv, idx, lse, 0.07, **kw)
+    assert d.shape == idx.shape and d.dtype == torch.float32
+    assert rel_err(d, rd) <= STAT_TOL  # fp32 logits of exact products: see spec.STAT_TOL
+    valid = valid_mask(idx, 40, **kw)
+    assert torch.all(d[~valid] == 0)  # exactly 0 at invalid entries
+    # with the forward's lse (no sink), each row with a valid index sums to h_q (each head sums to 1)
+    rows = valid.any(-1)
+    torch.testing.assert_close(d.sum(-1)[rows], torch.full_like(d.sum(-1)[rows], h_q), rtol=1e-4, atol=0)
+
+
+def test_attn_dist_head_shards_add_up_and_atomic_path(device):
+    q, kv, idx = _inputs(device, 5, 30, 40, 33)
+    _, _, lse = sparse_mla(q, kv, idx, 0.1)
+    full = sparse_mla_attn_dist(q, kv, idx, lse, 0.1)
+    shards = sum(sparse_mla_attn_dist(q[:, a:b], kv, idx, lse[:, a:b], 0.1) for a, b in [(0, 13), (13, 32), (32, 40)])
+    assert rel_err(shards, full) <= 1e-5  # the same fp32 terms summed in another order
+    # three head blocks of 16: partial sums added atomically into the zeroed output
+    a = prepare(q, kv, idx, 0.1)
+    out = torch.zeros(idx.shape, device=device)
+    attn_dist_launch(a, lse, out, config=dict(BLOCK_H=16, BLOCK_N=16, num_warps=4, num_stages=1))
+    assert rel_err(out, sparse_mla_attn_dist_ref(q, kv, idx, lse, 0.1)) <= STAT_TOL
+
+
+def test_attn_dist_writes_every_entry(device):
+    """One head block stores (not adds) every entry below topk_length: NaN-poison them all."""
+    q, kv, idx = _inputs(device, 4, 25, 8, 30)
+    _, _, lse = sparse_mla(q, kv, idx, 0.1)
+    out = torch.full(idx.shape, float("nan"), device=device)
+    attn_dist_launch(prepare(q, kv, idx, 0.1), lse, out)
+    assert not out.isnan().any()
+    assert rel_err(out, sparse_mla_attn_dist_ref(q, kv, idx, lse, 0.1)) <= STAT_TOL
+
+
+def test_indexer_kl_loss_and_grad(device):
+    q, kv, idx = _inputs(device, 6, 35, 6, 29)
+    idx[2] = -1  # contributes 0
+    kw = dict(q_start=20, k_stride=1)
+    _, _, lse = sparse_mla(q, kv, idx, 0.1, **kw)
+    logits = torch.randn(6, 29, device=device, requires_grad=True)
+    loss = indexer_kl_loss(logits, q, kv, idx, lse, 0.1, **kw)
+    logits_r = logits.detach().clone().requires_grad_()
+    ref = indexer_kl_loss_ref(logits_r, q, kv, idx, lse, 0.1, **kw)
+    g = torch.randn((), device=device)
+    loss.backward(g)
+    ref.backward(g)
+    assert loss.shape == () and abs(loss.item() - ref.item()) <= 1e-4 * max(1.0, abs(ref.item()))
+    assert rel_err(logits.grad, logits_r.grad) <= 1e-4  # closed form softmax - p vs autograd, fp32
+    assert torch.all(logits.grad[2] == 0)
+    # a row with no valid index adds nothing to the loss
+    logits2 = logits.detach().clone()
+    logits2[2] = torch.randn(29, device=device) * 10
+    assert indexer_kl_loss(logits2, q, kv, idx, lse, 0.1, **kw).item() == pytest.approx(loss.item(), rel=1e-6)
+
+
+# --- torch.compile / custom-op plumbing: CPU ------------------------------------------------------
+
+def test_torch_compile_fullgraph(device):
+    q, kv, idx = _inputs(device, 3, 20, 4, 17)
+    qs = torch.tensor([5], dtype=torch.int32, device=device)
+
+    def f(q, kv, idx, logits):
+        o, m, l = sparse_mla(q, kv, idx, 0.1, q_start=qs)
+        d = sparse_mla_attn_dist(q, kv, idx, l, 0.1, q_start=qs)
+        return o, d, indexer_kl_loss(logits, q, kv, idx, l, 0.1, q_start=qs)
+
+    logits = torch.randn(3, 17, device=device)
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    got = torch.compile(f, fullgraph=True, backend=backend)(q, kv, idx, logits)
+    want = f(q, kv, idx, logits)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_opcheck(device):
+    q, kv, idx = _inputs(device, 3, 20, 4, 17)
+    a = prepare(q, kv, idx, 0.1, q_start=3, topk_length=torch.full((3,), 9, dtype=torch.int32, device=device))
+    args = (a.q, a.kv, a.indices, a.sm_scale, a.d_v, a.attn_sink, a.topk_length, a.q_start_t, a.q_start_int,
+            a.causal, a.k_stride)
+    tests = ("test_schema", "test_faketensor")
+    torch.library.opcheck(torch.ops.llmkernels.sparse_mla_fwd.default, args, test_utils=tests)
+    lse = sparse_mla(q, kv, idx, 0.1)[2]
+    torch.library.opcheck(torch.ops.llmkernels.sparse_mla_attn_dist.default,
+                          (a.q, a.kv, a.indices, lse, 0.1, None, None, 0, False, 1), test_utils=tests)
+
+
+# --- bad inputs ----------------------------------------------------------------------------------
+
+def test_bad_inputs(device):
+    q, kv, idx = _inputs(device, 3, 20, 4, 17)
+    lse = sparse_mla(q, kv, idx, 0.1)[2]
+    cases = [
+        (TypeError, "q must", lambda: sparse_mla(q.float(), kv, idx, 0.1)),
+        (TypeError, "kv must", lambda: sparse_mla(q, kv.float(), idx, 0.1)),
+        (ValueError, "d_qk", lambda: sparse_mla(q[..., :128], kv[..., :128], idx, 0.1)),
+        (ValueError, "kv's last dim", lambda: sparse_mla(q, kv[..., :512], idx, 0.1)),
+        (ValueError, "one latent head", lambda: sparse_mla(q, kv.expand(20, 2, 576), idx, 0.1)),
+        (TypeError, "indices must", lambda: sparse_mla(q, kv, idx.long(), 0.1)),
+        (ValueError, "s_q=3 rows", lambda: sparse_mla(q, kv, idx[:2], 0.1)),
+        (ValueError, "topk >= 1", lambda: sparse_mla(q, kv, idx[:, :0], 0.1)),
+        (TypeError, "sm_scale is required", lambda: sparse_mla(q, kv, idx, None)),
+        (ValueError, "sm_scale must be finite", lambda: sparse_mla(q, kv, idx, float("nan"))),
+        (ValueError, "d_v must be 512", lambda: sparse_mla(q, kv, idx, 0.1, d_v=256)),
+        (ValueError, "k_stride must be >= 1", lambda: sparse_mla(q, kv, idx, 0.1, q_start=0, k_stride=-1)),
+        (ValueError, "k_stride must be >= 1", lambda: sparse_mla(q, kv, idx, 0.1, k_stride=0)),
+        (ValueError, "q_start must be >= 0", lambda: sparse_mla(q, kv, idx, 0.1, q_start=-1)),
+        (TypeError, "q_start must", lambda: sparse_mla(q, kv, idx, 0.1, q_start=torch.tensor([1]))),
+        (ValueError, "attn_sink must be", lambda: sparse_mla(q, kv, idx, 0.1, attn_sink=torch.zeros(5))),
+        (TypeError, "attn_sink must", lambda: sparse_mla(q, kv, idx, 0.1, attn_sink=torch.zeros(4).half())),
+        (TypeError, "topk_length must", lambda: sparse_mla(q, kv, idx, 0.1, topk_length=torch.zeros(3))),
+        (ValueError, "topk_length must be", lambda: sparse_mla(q, kv, idx, 0.1,
+                                                                 topk_length=torch.zeros(4, dtype=torch.int32))),
+        (ValueError, "unit stride", lambda: sparse_mla(q.transpose(0, 2).contiguous().transpose(0, 2), kv, idx, 0.1)),
+        (ValueError, "lse must have shape", lambda: sparse_mla_attn_dist(q, kv, idx, lse[:, :2], 0.1)),
+        (TypeError, "lse must", lambda: sparse_mla_attn_dist(q, kv, idx, lse.double(), 0.1)),
+        (ValueError, "k_stride must be >= 1", lambda: sparse_mla_attn_dist(q, kv, idx, lse, 0.1, 0, -2)),
+        (ValueError, "index_logits must have shape",
+         lambda: indexer_kl_loss(torch.zeros(3, 16), q, kv, idx, lse, 0.1)),
+        (ValueError, "lse must have shape", lambda: indexer_kl_loss(torch.zeros(3, 17), q, kv, idx, lse[:1], 0.1)),
+    ]
+    for exc, msg, fn in cases:
+        with pytest.raises(exc, match=msg):
+            fn()
+
+
+# --- GPU ------------------------------------------------------------------------------------------
+
+@gpu
+@pytest.mark.parametrize("h_q", [1, 8, 16, 64, 128])
+@pytest.mark.parametrize("d_qk", [576, 512])
+def test_gpu_fwd_and_dist_causal(h_q, d_qk):
+    dev = torch.device("cuda")
+    s_q, s_kv, topk = 97, 1500, 700  # topk not a multiple of 64
+    q = torch.randn(s_q, h_q, d_qk, device=dev, dtype=torch.bfloat16)
+    kv = torch.randn(s_kv, 1, d_qk, device=dev, dtype=torch.bfloat16)
+    for k_stride in (1, 4):
+        q_start = s_kv * k_stride - s_q - 50
+        idx = causal_indices(s_q, s_kv, topk, q_start, dev, k_stride=k_stride)
+        idx[:, ::7] = torch.randint(s_kv // 2, s_kv, idx[:, ::7].shape, device=dev, dtype=torch.int32)  # some future
+        idx[5, 3:9] = torch.tensor([-1, s_kv, I32_MIN, I32_MAX, 7, 7], dtype=torch.int32, device=dev)
+        idx[6] = -1
+        sink = torch.randn(h_q, device=dev)
+        tl = torch.randint(0, topk + 10, (s_q,), dtype=torch.int32, device=dev)
+        kw = dict(q_start=q_start, k_stride=k_stride, topk_length=tl)
+        got, ref = _both(q, kv, idx, d_qk ** -0.5, attn_sink=sink, **kw)
+        _check_fwd(got, ref, torch.bfloat16)
+        d = sparse_mla_attn_dist(q, kv, idx, got[2], d_qk ** -0.5, **kw)
+        rd = sparse_mla_attn_dist_ref(q, kv, idx, got[2], d_qk ** -0.5, **kw)
+        assert rel_err(d, rd) <= STAT_TOL
+        assert torch.all(d[~valid_mask(idx, s_kv, **kw)] == 0)
+
+
+@gpu
+def test_gpu_kl_loss_many_heads_and_determinism():
+    dev = torch.device("cuda")
+    q = torch.randn(64, 200, 576, device=dev, dtype=torch.bfloat16)  # 200 heads: two blocks, atomics
+    kv = torch.randn(900, 1, 576, device=dev, dtype=torch.bfloat16)
+    idx = causal_indices(64, 900, 300, 836, dev)
+    _, _, lse = sparse_mla(q, kv, idx, 0.04, q_start=836)
+    d1 = sparse_mla_attn_dist(q, kv, idx, lse, 0.04, q_start=836)
+    d2 = sparse_mla_attn_dist(q, kv, idx, lse, 0.04, q_start=836)
+    assert torch.equal(d1, d2)  # 0 + a + b is the same in either order
+    logits = torch.randn(64, 300, device=dev, requires_grad=True)
+    loss = indexer_kl_loss(logits, q, kv, idx, lse, 0.04, q_start=836)
+    lr = logits.detach().clone().requires_grad_()
+    ref = indexer_kl_loss_ref(lr, q, kv, idx, lse, 0.04, q_start=836)
+    loss.backward()
+    ref.backward()
+    assert abs(loss.item() - ref.item()) <= 1e-4 * abs(ref.item())
+    assert rel_err(logits.grad, lr.grad) <= 1e-4
+
+
+@gpu
+def test_gpu_large_kv_offsets():
+    """kv row offsets beyond 2^31 elements: the gather address math must be 64-bit."""
+    dev = torch.device("cuda")
+    s_kv = (1 << 31) // 576 + 5000
+    kv = torch.empty(s_kv, 1, 576, device=dev, dtype=torch.bfloat16).normal_()
+    q = torch.randn(4, 16, 576, device=dev, dtype=torch.bfloat16)
+    idx = torch.randint(s_kv - 10000, s_kv, (4, 100), device=dev, dtype=torch.int32)
+    got = sparse_mla(q, kv, idx, 0.05)
+    ref = sparse_mla_fwd_ref(q, kv, idx, 0.05)
+    _check_fwd(got, ref, torch.bfloat16)
+    del kv
+    torch.cuda.empty_cache()
+
+
+@gpu
+def test_gpu_cuda_graph_and_compile():
+    dev = torch.device("cuda")
+    q = torch.randn(33, 64, 576, device=dev, dtype=torch.bfloat16)
+    kv = torch.randn(500, 1, 576, device=dev, dtype=torch.bfloat16)
+    idx = causal_indices(33, 500, 256, 467, dev)
+    qs = torch.tensor([467], dtype=torch.int32, device=dev)
+    want = sparse_mla(q, kv, idx, 0.05, q_start=qs)
+    want_d = sparse_mla_attn_dist(q, kv, idx, want[2], 0.05, q_start=qs)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        sparse_mla(q, kv, idx, 0.05, q_start=qs)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        got = sparse_mla(q, kv, idx, 0.05, q_start=qs)
+        got_d = sparse_mla_attn_dist(q, kv, idx, got[2], 0.05, q_start=qs)
+    qs.fill_(400)  # the graph reads q_start on the device at replay
+    g.replay()
+    torch.cuda.synchronize()
+    ref = sparse_mla_fwd_ref(q, kv, idx, 0.05, q_start=400)
+    _check_fwd(got, ref, torch.bfloat16)
+    qs.fill_(467)
+    g.replay()
+    for a, b in zip(got + (got_d,), want + (want_d,)):
+        assert torch.equal(a, b)
+    comp = torch.compile(lambda q, kv, idx: sparse_mla(q, kv, idx, 0.05, q_start=qs), fullgraph=True)
+    for a, b in zip(comp(q, kv, idx), want):
+        assert torch.equal(a, b)
+
+
+@gpu
+def test_gpu_against_flash_mla_if_installed():
+    fm = pytest.importorskip("flash_mla", reason="flash_mla is not installed")
+    dev = torch.device("cuda")
+    q = torch.randn(128, 128, 576, device=dev, dtype=torch.bfloat16)
+    kv = torch.randn(4096, 1, 576, device=dev, dtype=torch.bfloat16)
+    idx = causal_indices(128, 4096, 2048, 3968, dev)[:, None, :]
+    sink = torch.randn(128, device=dev)
+    a = fm.flash_mla_sparse_fwd(q, kv, idx, 0.05, 512, sink)
+    b = flash_mla_sparse_fwd(q, kv, idx, 0.05, 512, sink)
+    assert rel_err(b[0], a[0]) <= 1.2e-2 and rel_err(b[2], a[2]) <= STAT_TOL
