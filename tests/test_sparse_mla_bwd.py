@@ -264,3 +264,85 @@ def test_gpu_cuda_graph_and_compile():
         assert_close(g, x, torch.bfloat16)
     c = torch.compile(lambda *a: sparse_mla_bwd(*a, attn_sink=x["attn_sink"], q_start=552), fullgraph=True)
     assert_close(c(x["q"], x["kv"], x["out"], x["dout"], x["indices"], x["lse"], x["sm_scale"]), x, torch.bfloat16)
+
+
+# --- autograd through the public forward ---------------------------------------------------------------------
+
+def _train_inputs(s_q, s_kv, h_q, topk, d_qk, dtype, device, sink=True):
+    q = torch.randn(s_q, h_q, d_qk, dtype=dtype, device=device, requires_grad=True)
+    kv = torch.randn(s_kv, 1, d_qk, dtype=dtype, device=device, requires_grad=True)
+    sk = torch.randn(h_q, device=device, requires_grad=True) if sink else None
+    idx = garbage_indices(s_q, topk, s_kv, device)
+    return q, kv, sk, idx
+
+
+def _loss_terms(out, lse, w_out, w_lse):
+    finite = torch.isfinite(lse)  # rows with no valid index have lse = +inf
+    return (out.float() * w_out).sum() + torch.where(finite, lse * w_lse, torch.zeros_like(lse)).sum()
+
+
+def _check_autograd(dtype, device, s_q, s_kv, h_q, topk, d_qk, q_start, k_stride):
+    from llmkernels import sparse_mla
+    q, kv, sk, idx = _train_inputs(s_q, s_kv, h_q, topk, d_qk, dtype, device)
+    w_out = torch.randn(s_q, h_q, 512, device=device)
+    w_lse = torch.randn(s_q, h_q, device=device)
+    out, max_logits, lse = sparse_mla(q, kv, idx, 0.07, attn_sink=sk, q_start=q_start, k_stride=k_stride)
+    assert not max_logits.requires_grad  # documented as not differentiable
+    _loss_terms(out, lse, w_out, w_lse).backward()
+    qf, kvf, skf = (t.detach().float().requires_grad_() for t in (q, kv, sk))
+    ro, _, rl = sparse_mla_fwd_ref(qf, kvf, idx, 0.07, attn_sink=skf, q_start=q_start, k_stride=k_stride)
+    _loss_terms(ro, rl, w_out, w_lse).backward()
+    for got, ref in ((q.grad, qf.grad), (kv.grad, kvf.grad), (sk.grad, skf.grad)):
+        assert got.shape == ref.shape
+        assert rel_err(got, ref) < TOL[dtype], rel_err(got, ref)
+
+
+def test_sparse_mla_autograd_cpu():
+    _check_autograd(torch.float16, torch.device("cpu"), 5, 40, 3, 29, 576, q_start=30, k_stride=1)
+
+
+def _train_step(q, kv, sk, idx, w, q_start, compile_backend=None):
+    """loss = f(sparse_mla(...)); the forward (and, through AOTAutograd, its backward) compiled when asked."""
+    from llmkernels import sparse_mla
+
+    def loss_fn(q, kv, sk):
+        out, _, lse = sparse_mla(q, kv, idx, 0.07, attn_sink=sk, q_start=q_start)
+        return _loss_terms(out, lse, w, 0.5)
+
+    fn = torch.compile(loss_fn, fullgraph=True, backend=compile_backend) if compile_backend else loss_fn
+    for t in (q, kv, sk):
+        t.grad = None
+    fn(q, kv, sk).backward()
+    return [t.grad.clone() for t in (q, kv, sk)]
+
+
+def test_compiled_training_step_cpu():
+    q, kv, sk, idx = _train_inputs(4, 30, 2, 21, 576, torch.float16, torch.device("cpu"))
+    w = torch.randn(4, 2, 512)
+    eager = _train_step(q, kv, sk, idx, w, 26)
+    compiled = _train_step(q, kv, sk, idx, w, 26, compile_backend="aot_eager")
+    for c, e in zip(compiled, eager):
+        assert torch.equal(c, e)  # the same kernels on the same inputs (no atomics race on the interpreter)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h_q,d_qk", [(128, 576), (16, 512)])
+def test_sparse_mla_autograd_gpu(h_q, d_qk):
+    _check_autograd(torch.bfloat16, torch.device("cuda"), 64, 600, h_q, 300, d_qk, q_start=540, k_stride=4)
+
+
+@pytest.mark.gpu
+def test_compiled_training_step_gpu_and_deterministic_algorithms():
+    q, kv, sk, idx = _train_inputs(128, 1024, 64, 512, 576, torch.bfloat16, torch.device("cuda"))
+    w = torch.randn(128, 64, 512, device="cuda")
+    eager = _train_step(q, kv, sk, idx, w, 896)
+    compiled = _train_step(q, kv, sk, idx, w, 896, compile_backend="inductor")
+    for c, e in zip(compiled, eager):
+        assert rel_err(c, e) < 1e-3  # atomics reorder the fp32 sums: bf16 results may differ by an ulp
+    torch.use_deterministic_algorithms(True)  # the backward then takes the deterministic mode
+    try:
+        a, b = _train_step(q, kv, sk, idx, w, 896), _train_step(q, kv, sk, idx, w, 896)
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+        assert all(rel_err(x, e) < 1e-3 for x, e in zip(a, eager))
+    finally:
+        torch.use_deterministic_algorithms(False)
