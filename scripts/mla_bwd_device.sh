@@ -4,7 +4,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 if [ "${SWEEP:-1}" = 1 ]; then
-  timeout 240 python3 scripts/mla_bwd_sweep.py --out /tmp/sweep 2>&1 | tee "$OUT/sweep.txt" | grep -v "^   "
+  timeout 240 python3 scripts/mla_bwd_sweep.py --write --out /tmp/sweep 2>&1 | tee "$OUT/sweep.txt" | grep -v "^   "
 fi
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 7 \
   python3 scripts/mla_bwd_memcheck.py > "$OUT/memcheck.txt" 2>&1

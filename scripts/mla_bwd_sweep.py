@@ -14,27 +14,36 @@ import triton
 
 sys.path.insert(0, os.getcwd())
 from llmkernels.ops.sparse_mla import spec_bwd  # noqa: E402
-from llmkernels.ops.sparse_mla.bwd import default_config, flops, sparse_mla_bwd_launch  # noqa: E402
+from llmkernels.ops.sparse_mla.bwd import flops, sparse_mla_bwd_launch  # noqa: E402
 from llmkernels.ops.sparse_mla.common import prepare  # noqa: E402
 
-P_CFGS = [dict(p_bh=64, p_bn=32, p_warps=8, p_stages=2), dict(p_bh=64, p_bn=32, p_warps=4, p_stages=3),
-          dict(p_bh=64, p_bn=32, p_warps=4, p_stages=2)]
-G_CFGS = {128: [dict(g_bh=128, g_bn=64, g_dc=128, g_warps=8, g_stages=2),
-                dict(g_bh=128, g_bn=64, g_dc=64, g_warps=8, g_stages=2),
-                dict(g_bh=128, g_bn=64, g_dc=128, g_warps=8, g_stages=3),
-                dict(g_bh=64, g_bn=64, g_dc=128, g_warps=8, g_stages=2)],
-          64: [dict(g_bh=64, g_bn=64, g_dc=128, g_warps=8, g_stages=2),
-               dict(g_bh=64, g_bn=64, g_dc=128, g_warps=4, g_stages=3),
-               dict(g_bh=64, g_bn=128, g_dc=128, g_warps=8, g_stages=1)]}
+P_OLD = dict(p_bh=64, p_bn=32, p_warps=8, p_stages=2)
+P_43 = dict(p_bh=64, p_bn=32, p_warps=4, p_stages=3)
+
+
+def _g(bh, bn, dc, w, st, hints=False):
+    return dict(g_bh=bh, g_bn=bn, g_dc=dc, g_warps=w, g_stages=st, hints=hints)
+
+
+VARIANTS = {  # full configs, timed in this order; the fastest per head count is kept
+    128: [dict(P_OLD, **_g(128, 64, 128, 8, 2)), dict(P_43, **_g(128, 64, 128, 8, 2)),
+          dict(P_43, **_g(128, 64, 64, 4, 2)), dict(P_43, **_g(128, 64, 64, 4, 3)),
+          dict(P_43, **_g(64, 64, 128, 4, 3)), dict(P_43, **_g(64, 64, 64, 4, 3)),
+          dict(P_43, **_g(128, 64, 64, 4, 2, True)), dict(P_43, **_g(64, 64, 128, 4, 3, True))],
+    64: [dict(P_43, **_g(64, 64, 128, 4, 3)), dict(P_43, **_g(64, 64, 64, 4, 3)),
+         dict(P_43, **_g(64, 64, 128, 4, 4)), dict(P_43, **_g(64, 64, 128, 4, 3, True)),
+         dict(P_43, **_g(64, 64, 64, 4, 3, True)), dict(P_OLD, **_g(64, 64, 128, 4, 3))],
+}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     ap.add_argument("--heads", default="128,64")
+    ap.add_argument("--write", action="store_true", help="write the winners to llmkernels/ops/sparse_mla/bwd_tuned.py")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    rows = []
+    rows, best = [], {}
     for h in [int(v) for v in args.heads.split(",")]:
         t0 = time.time()
         x = spec_bwd.make_inputs(4096, 8192, h, 2048, 576, torch.bfloat16, torch.device("cuda"))
@@ -42,7 +51,6 @@ def main():
         fl = flops(4096, h, 2048, 576)
         print(f"h={h}: inputs in {time.time() - t0:.1f}s", flush=True)
         dq = torch.empty_like(x["q"])
-        base = default_config(h, 576)
 
         def bench(cfg, det=False):
             f = lambda: sparse_mla_bwd_launch(a, x["out"], x["dout"], x["lse"], None, dq, deterministic=det,  # noqa
@@ -59,27 +67,25 @@ def main():
                 torch.cuda.synchronize()
                 return float("nan"), 0.0
 
-        variants = [("default", {})] + [(f"P{c}", c) for c in P_CFGS[1:]] + \
-                   [(f"G{c}", c) for c in G_CFGS[h] if c != {k: base[k] for k in c}]
-        for name, cfg in variants:
+        for cfg in VARIANTS[h]:
             ms, comp = bench(cfg)
-            row = dict(h=h, variant=name, cfg=dict(base, **cfg), ms=ms, tflops=fl / ms / 1e9, first_call_s=comp)
+            row = dict(h=h, variant="cfg", cfg=cfg, ms=ms, tflops=fl / ms / 1e9, first_call_s=comp)
             rows.append(row)
-            print(f"h={h} {name:<80} {ms:8.3f} ms {row['tflops']:6.1f} TFLOP/s (first call {comp:.1f}s)",
-                  flush=True)
-        for scratch in (512 << 20, 8 << 30):
-            f = lambda: sparse_mla_bwd_launch(a, x["out"], x["dout"], x["lse"], None, dq, scratch_bytes=scratch)  # noqa
-            ms = triton.testing.do_bench(f, warmup=25, rep=150, return_mode="median")
-            print(f"h={h} default, scratch {scratch >> 20} MiB: {ms:.3f} ms {fl / ms / 1e9:.1f} TFLOP/s", flush=True)
-            rows.append(dict(h=h, variant=f"scratch{scratch >> 20}M", ms=ms, tflops=fl / ms / 1e9))
-        ms, _ = bench({}, det=True)
+            desc = " ".join(f"{k}={v}" for k, v in cfg.items())
+            print(f"h={h} {desc:<130} "
+                  f"{ms:8.3f} ms {row['tflops']:6.1f} TFLOP/s (first call {comp:.1f}s)", flush=True)
+        done = [r for r in rows if r["h"] == h and r["variant"] == "cfg" and r["ms"] == r["ms"]]
+        best[h] = min(done, key=lambda r: r["ms"])["cfg"]
+        print(f"h={h} best: {best[h]}", flush=True)
+        ms, _ = bench(best[h], det=True)
         print(f"h={h} deterministic: {ms:.3f} ms {fl / ms / 1e9:.1f} TFLOP/s", flush=True)
         rows.append(dict(h=h, variant="deterministic", ms=ms, tflops=fl / ms / 1e9))
         # per-kernel split of the default and deterministic modes
         for det in (False, True):
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 for _ in range(3):
-                    sparse_mla_bwd_launch(a, x["out"], x["dout"], x["lse"], None, dq, deterministic=det)
+                    sparse_mla_bwd_launch(a, x["out"], x["dout"], x["lse"], None, dq, deterministic=det,
+                                          config=best[h])
                 torch.cuda.synchronize()
             split = {}
             for ev in prof.events():
@@ -93,6 +99,16 @@ def main():
         torch.cuda.empty_cache()
     with open(os.path.join(args.out, "sweep.json"), "w") as f:
         json.dump(rows, f, indent=1)
+    if args.write:
+        from llmkernels.ops.sparse_mla.bwd_tuned import TUNED
+        TUNED.update(best)
+        with open("llmkernels/ops/sparse_mla/bwd_tuned.py", "w") as f:
+            f.write('"""Block configs of the sparse MLA backward by head block (written by scripts/mla_bwd_sweep.py '
+                    '--write)."""\nTUNED = {\n')
+            for k in sorted(TUNED, reverse=True):
+                f.write(f"    {k}: {TUNED[k]!r},\n")
+            f.write("}\n")
+        print(open("llmkernels/ops/sparse_mla/bwd_tuned.py").read(), flush=True)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ def _probs_kernel(
     row0, h_q, s_kv, topk, q_start, k_stride, causal, qs_t, has_tlen, has_dlse, scale_log2,
     s_qr, s_qh, s_kvr, s_or, s_oh, s_dor, s_doh, s_ir, s_lr, s_lh, s_dlr, s_dlh,
     BH: tl.constexpr, BN: tl.constexpr, DV: tl.constexpr, DR: tl.constexpr, WRITE_KEYS: tl.constexpr,
+    KV_EVICT: tl.constexpr, BUF_EVICT: tl.constexpr,
 ):
     r = tl.program_id(0)  # row inside this chunk (scratch row)
     hb = tl.program_id(1)
@@ -82,16 +83,20 @@ def _probs_kernel(
     for j0 in range(0, n, BN):
         offs, inb, t, ok = _slots(idx_row, j0, n, limit, s_kv, BN)
         kv_rows = kv_ptr + t[:, None] * s_kvr
-        k = tl.load(kv_rows + dv[None, :], mask=ok[:, None], other=0.0)  # never reads invalid rows
+        # never reads invalid rows; KV_EVICT keeps kv in L2 against the streaming P/dS traffic
+        k = tl.load(kv_rows + dv[None, :], mask=ok[:, None], other=0.0, eviction_policy=KV_EVICT)
         s = tl.dot(q, tl.trans(k))
         if DR > 0:
-            s = tl.dot(q_r, tl.trans(tl.load(kv_rows + dr[None, :], mask=ok[:, None], other=0.0)), s)
+            k_r = tl.load(kv_rows + dr[None, :], mask=ok[:, None], other=0.0, eviction_policy=KV_EVICT)
+            s = tl.dot(q_r, tl.trans(k_r), s)
         p = tl.where(ok[None, :], tl.exp2(s * scale_log2 - lse2[:, None]), 0.0)  # lse = +inf rows give 0
         dp = tl.dot(do, tl.trans(k))
         ds = p * (dp - delta[:, None])  # sm_scale is applied in fp32 by _grads_kernel
         m = hm[:, None] & inb[None, :]
-        tl.store(p_ptr + buf_rows[:, None] + offs[None, :], p.to(p_ptr.dtype.element_ty), mask=m)
-        tl.store(ds_ptr + buf_rows[:, None] + offs[None, :], ds.to(ds_ptr.dtype.element_ty), mask=m)
+        tl.store(p_ptr + buf_rows[:, None] + offs[None, :], p.to(p_ptr.dtype.element_ty), mask=m,
+                 eviction_policy=BUF_EVICT)
+        tl.store(ds_ptr + buf_rows[:, None] + offs[None, :], ds.to(ds_ptr.dtype.element_ty), mask=m,
+                 eviction_policy=BUF_EVICT)
         if WRITE_KEYS:
             if hb == 0:  # sort keys for the deterministic reduction: kv row, or s_kv for invalid slots
                 tl.store(key_ptr + r.to(tl.int64) * topk + offs, tl.where(ok, t, s_kv), mask=inb)
@@ -103,7 +108,7 @@ def _grads_kernel(
     row0, h_q, s_kv, topk, q_start, k_stride, causal, qs_t, has_tlen, sm_scale, n_hb,
     s_qr, s_qh, s_kvr, s_dor, s_doh, s_ir, s_dqr, s_dqh, s_dkvr,
     D0: tl.constexpr, DC: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, HAS_V: tl.constexpr,
-    DETERMINISTIC: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, KV_EVICT: tl.constexpr,
 ):
     c = tl.program_id(0)  # column chunk: neighbours share a row's P/dS, read once from DRAM
     r = tl.program_id(1)
@@ -122,7 +127,8 @@ def _grads_kernel(
     buf_rows = (r * h_q + heads).to(tl.int64) * topk
     for j0 in range(0, n, BN):
         offs, inb, t, ok = _slots(idx_row, j0, n, limit, s_kv, BN)
-        k_c = tl.load(kv_ptr + t[:, None] * s_kvr + d[None, :], mask=ok[:, None], other=0.0)
+        k_c = tl.load(kv_ptr + t[:, None] * s_kvr + d[None, :], mask=ok[:, None], other=0.0,
+                      eviction_policy=KV_EVICT)
         m = hm[:, None] & inb[None, :]
         ds = tl.load(ds_ptr + buf_rows[:, None] + offs[None, :], mask=m, other=0.0)
         acc = tl.dot(ds, k_c, acc)
@@ -171,13 +177,18 @@ def _reduce_kernel(contrib_ptr, perm_ptr, rowptr_ptr, acc_ptr, topk, n_hb,
 
 
 def default_config(h_q: int, d_qk: int) -> dict:
-    """Block shapes and launch options of both passes (tuned on an H100; tiny under the interpreter)."""
-    bh = min(max(16, triton.next_power_of_2(h_q)), 64 if interpreting() else 128)
+    """Block shapes and launch options of both passes: the H100 sweep's winners (bwd_tuned.py) by head
+    block, else a heuristic; tiny blocks under the interpreter."""
+    from .bwd_tuned import TUNED
+    bh = min(max(16, triton.next_power_of_2(h_q)), 128)
     if interpreting():
-        return dict(p_bh=min(bh, 64), p_bn=16, p_warps=4, p_stages=1, g_bh=bh, g_bn=16, g_dc=128,
-                    g_warps=4, g_stages=1)
-    return dict(p_bh=min(bh, 64), p_bn=32, p_warps=4, p_stages=2, g_bh=bh, g_bn=64, g_dc=128,
-                g_warps=8, g_stages=2)
+        return dict(p_bh=min(bh, 64), p_bn=16, p_warps=4, p_stages=1, g_bh=min(bh, 64), g_bn=16, g_dc=128,
+                    g_warps=4, g_stages=1, hints=False)
+    if bh in TUNED:
+        return dict(TUNED[bh])
+    # smaller head counts: 4 warps and 3 stages let two programs share an SM (hides gather latency)
+    return dict(p_bh=min(bh, 64), p_bn=32, p_warps=4, p_stages=3, g_bh=bh, g_bn=64, g_dc=128,
+                g_warps=4, g_stages=3, hints=False)
 
 
 def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq: torch.Tensor,
@@ -227,6 +238,7 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
             q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), dout.stride(0), dout.stride(1),
             idx.stride(0), lse.stride(0), lse.stride(1), dl.stride(0), dl.stride(1),
             BH=cfg["p_bh"], BN=cfg["p_bn"], DV=dv, DR=dr, WRITE_KEYS=deterministic,
+            KV_EVICT="evict_last" if cfg["hints"] else "", BUF_EVICT="evict_first" if cfg["hints"] else "",
             num_warps=cfg["p_warps"], num_stages=cfg["p_stages"])
         target = contrib if deterministic else dkv_fp32
         parts = [(0, cfg["g_dc"], dv // cfg["g_dc"], True)] + ([(dv, dr, 1, False)] if dr else [])
@@ -237,6 +249,7 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
                 q.stride(0), q.stride(1), kv.stride(0), dout.stride(0), dout.stride(1), idx.stride(0),
                 dq.stride(0), dq.stride(1), target.stride(0),
                 D0=d0, DC=dc, BH=cfg["g_bh"], BN=cfg["g_bn"], HAS_V=has_v, DETERMINISTIC=deterministic,
+                KV_EVICT="evict_last" if cfg["hints"] else "",
                 num_warps=cfg["g_warps"], num_stages=cfg["g_stages"])
         if deterministic:
             k = keys[: nr * topk]
