@@ -56,6 +56,18 @@ def grads(x, deterministic=False, **kw):
                           k_stride=x["k_stride"], deterministic=deterministic, **kw)
 
 
+def sink_err(got, ref, sink, lse, dout, out, dlse=None):
+    """Error of d_sink[h] = -sum_i exp(sink_h - lse_ih) * (dO_ih . O_ih - dlse_ih), a sum of terms of both signs.
+
+    The kernel's O is rounded (relative 2^-11 fp16, 2^-8 bf16), so its error is bounded by that rounding times
+    sum_i exp(sink_h - lse_ih) |dO_ih| |O_ih|: measure against this size, not the (possibly cancelling) sum.
+    """
+    assert got.shape == ref.shape and not torch.isnan(got).any()
+    size = dout.float().norm(dim=-1) * out.float().norm(dim=-1) + (dlse.abs() if dlse is not None else 0)
+    scale = (torch.exp(sink.detach()[None, :] - lse.detach()) * size).sum(0)
+    return ((got - ref).abs() / scale.clamp_min(1e-30)).max().item()
+
+
 def assert_close(g, x, dtype):
     dq, dkv = g[0], g[1]
     assert dq.shape == x["q"].shape and dq.dtype == x["q"].dtype
@@ -63,7 +75,8 @@ def assert_close(g, x, dtype):
     assert rel_err(dq, x["ref"][0]) < TOL[dtype], rel_err(dq, x["ref"][0])
     assert rel_err(dkv, x["ref"][1]) < TOL[dtype], rel_err(dkv, x["ref"][1])
     if x["attn_sink"] is not None:
-        assert rel_err(g[2], x["ref"][2]) < TOL[dtype], rel_err(g[2], x["ref"][2])
+        err = sink_err(g[2], x["ref"][2], x["attn_sink"], x["lse"], x["dout"], x["out"])
+        assert err < TOL[dtype], err
 
 
 def assert_zero_where_untouched(g, x):
@@ -77,11 +90,14 @@ def assert_zero_where_untouched(g, x):
 
 # --- CPU (Triton interpreter, fp16, tiny shapes) -------------------------------------------------------------
 
+# A row whose valid listings all name one kv row has an exactly-zero true dq (dS sums to 0 over equal keys); the
+# kernel's Delta comes from the rounded out, leaving rounding noise there. The cases keep most rows seeing
+# several kv rows, so the norm-wise error measures the real gradient rather than that noise.
 CPU_CASES = {
     # name: (s_q, s_kv, h_q, topk, d_qk, options)
     "garbage+dups+sink": (6, 40, 3, 37, 576, dict(sink=True)),
     "s_kv<topk, causal k_stride 4, topk_length, d512": (5, 20, 1, 45, 512,
-                                                         dict(q_start=12, k_stride=4, tlen=True)),
+                                                         dict(q_start=40, k_stride=4, tlen=True)),
     "h17 tensor q_start, non-contiguous": (4, 50, 17, 33, 576, dict(noncontig=True, sink=True)),
     "h70: two head blocks": (3, 30, 70, 20, 576, dict(q_start=5)),
 }
@@ -100,8 +116,8 @@ def test_grads_match_autograd(name, deterministic):
 
 
 def test_empty_rows_and_untouched_rows():
-    x = make(5, 64, 4, 24, 576, torch.float16, torch.device("cpu"), sink=True, q_start=0, k_stride=1)
-    # row 0 sees only kv 0 (causal); make row 1 all-invalid and row 2 have topk_length 0
+    x = make(5, 64, 4, 24, 576, torch.float16, torch.device("cpu"), sink=True, q_start=20, k_stride=1)
+    # causal: kv rows > 24 are never visible (untouched); make row 1 all-invalid and row 2 have topk_length 0
     x["indices"][1] = -1
     x["topk_length"] = torch.tensor([24, 24, 0, 24, 24], dtype=torch.int32)
     x = make_from(x)
@@ -162,7 +178,7 @@ def test_lse_gradient_and_sink():
     assert dkv.dtype == torch.float32
     assert rel_err(dq, qf.grad) < TOL[torch.float16]
     assert rel_err(dkv, kvf.grad[:, 0]) < TOL[torch.float16]
-    assert rel_err(ds, sk.grad) < TOL[torch.float16]
+    assert sink_err(ds, sk.grad, sk, lse, x["dout"], x["out"], dlse) < TOL[torch.float16]
 
 
 def test_dkv_dtype_and_2d_kv():
@@ -292,9 +308,11 @@ def _check_autograd(dtype, device, s_q, s_kv, h_q, topk, d_qk, q_start, k_stride
     qf, kvf, skf = (t.detach().float().requires_grad_() for t in (q, kv, sk))
     ro, _, rl = sparse_mla_fwd_ref(qf, kvf, idx, 0.07, attn_sink=skf, q_start=q_start, k_stride=k_stride)
     _loss_terms(ro, rl, w_out, w_lse).backward()
-    for got, ref in ((q.grad, qf.grad), (kv.grad, kvf.grad), (sk.grad, skf.grad)):
+    for got, ref in ((q.grad, qf.grad), (kv.grad, kvf.grad)):
         assert got.shape == ref.shape
         assert rel_err(got, ref) < TOL[dtype], rel_err(got, ref)
+    err = sink_err(sk.grad, skf.grad, skf, rl, w_out, ro.detach(), torch.where(torch.isfinite(rl), w_lse, 0.0))
+    assert err < TOL[dtype], err
 
 
 def test_sparse_mla_autograd_cpu():
