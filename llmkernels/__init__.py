@@ -13,9 +13,10 @@ from .ops.nvfp4_gemv.format import from_blocked, nvfp4_dequantize, nvfp4_quantiz
 from .ops.nvfp4_gemv.op import NVFP4Linear, nvfp4_gemv, nvfp4_linear  # noqa: E402
 from .ops.sparse_mla.op import (flash_mla_sparse_fwd, indexer_kl_loss, sparse_mla,  # noqa: E402
                                 sparse_mla_attn_dist)
+from .ops.sparse_mla.autograd import sparse_mla_bwd  # noqa: E402  (also makes sparse_mla differentiable)
 from .ops.xl_paged_decode.op import xl_paged_decode  # noqa: E402
 
 __all__ = ["masked_decode", "merge_attention_states", "xl_paged_decode", "nvfp4_quantize", "nvfp4_dequantize",
            "to_blocked", "from_blocked", "nvfp4_gemv", "nvfp4_linear", "NVFP4Linear", "sparse_mla",
-           "flash_mla_sparse_fwd", "sparse_mla_attn_dist", "indexer_kl_loss"]
+           "flash_mla_sparse_fwd", "sparse_mla_attn_dist", "indexer_kl_loss", "sparse_mla_bwd"]
 __version__ = "0.1.0"

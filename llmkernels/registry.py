@@ -8,6 +8,7 @@ SPECS = {
     "sparse_mla_fwd": "llmkernels.ops.sparse_mla.spec",
     "sparse_mla_attn_dist": "llmkernels.ops.sparse_mla.spec",
     "xl_paged_decode": "llmkernels.ops.xl_paged_decode.spec",
+    "sparse_mla_bwd": "llmkernels.ops.sparse_mla.spec_bwd",
 }
 
 

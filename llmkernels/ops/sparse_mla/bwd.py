@@ -1,0 +1,267 @@
+"""Sparse MLA backward: Triton kernels and their launcher.
+
+Two passes per chunk of query rows (the split keeps every accumulator small enough for registers):
+  1. `_probs_kernel`, per (query row, block of heads): Delta = rowsum(dO * O) (- dlse), then per tile of
+     gathered kv rows: S = Q K^T (576 dims), P = exp(S * scale - lse), dP = dO V^T, dS = P * (dP - Delta).
+     P and dS are written (q's dtype) to a scratch [rows, h_q, topk].
+  2. `_grads_kernel`, per (column chunk of d_qk, query row, block of heads): dQ[:, chunk] = scale * dS K[:, chunk]
+     accumulated over tiles in registers, and the dKV contributions scale * dS^T Q[:, chunk] (+ P^T dO[:, chunk]
+     for V columns) of each tile, added with fp32 atomics into an fp32 [s_kv, d_qk] buffer (default), or
+     (deterministic) stored per (row, head block, slot) and summed per kv row in a fixed order by
+     `_reduce_kernel`, which walks a CSR of the chunk's valid indices built with a stable sort.
+Invalid slots (index out of [0, s_kv), causal-masked, beyond topk_length) are never gathered or scattered.
+"""
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._runtime import interpreting
+
+LOG2E = 1.4426950408889634
+SCRATCH_BYTES = 2 << 30  # per row chunk: P and dS (and, deterministic, the dKV contributions)
+
+
+@triton.jit
+def _row_limits(i, qs_ptr, tlen_ptr, topk, q_start, k_stride, causal, qs_t, has_tlen):
+    """(number of slots to scan, largest visible kv index) for absolute query row i (runtime flags)."""
+    n = topk
+    if has_tlen:
+        n = tl.minimum(tl.maximum(tl.load(tlen_ptr + i), 0), topk)
+    qs = q_start
+    if qs_t:
+        qs = tl.load(qs_ptr)
+    num = qs + i + 1 - k_stride
+    limit = tl.where(num < 0, -1, num // tl.maximum(k_stride, 1))  # num >= 0 where used, so // is a floor
+    return n, tl.where(causal != 0, limit, 2147483647)
+
+
+@triton.jit
+def _slots(idx_row_ptr, j0, n, limit, s_kv, BN: tl.constexpr):
+    """Slot offsets of one tile, the kv index (0 where invalid) and the validity mask."""
+    offs = j0 + tl.arange(0, BN)
+    inb = offs < n
+    t = tl.load(idx_row_ptr + offs, mask=inb, other=-1)
+    ok = inb & (t >= 0) & (t < s_kv) & (t <= limit)
+    return offs, inb, tl.where(ok, t, 0).to(tl.int64), ok
+
+
+_RUNTIME = ["row0", "h_q", "s_kv", "q_start", "k_stride", "causal", "qs_t", "has_tlen", "has_dlse"]
+
+
+@triton.jit(do_not_specialize=_RUNTIME)
+def _probs_kernel(
+    q_ptr, kv_ptr, o_ptr, do_ptr, idx_ptr, lse_ptr, dlse_ptr, qs_ptr, tlen_ptr, p_ptr, ds_ptr, delta_ptr, key_ptr,
+    row0, h_q, s_kv, topk, q_start, k_stride, causal, qs_t, has_tlen, has_dlse, scale_log2,
+    s_qr, s_qh, s_kvr, s_or, s_oh, s_dor, s_doh, s_ir, s_lr, s_lh, s_dlr, s_dlh,
+    BH: tl.constexpr, BN: tl.constexpr, DV: tl.constexpr, DR: tl.constexpr, WRITE_KEYS: tl.constexpr,
+    KV_EVICT: tl.constexpr, BUF_EVICT: tl.constexpr,
+):
+    r = tl.program_id(0)  # row inside this chunk (scratch row)
+    hb = tl.program_id(1)
+    i = row0 + r
+    i64 = i.to(tl.int64)
+    heads = hb * BH + tl.arange(0, BH)
+    hm = heads < h_q
+    dv = tl.arange(0, DV)
+    q_row = q_ptr + i64 * s_qr + heads[:, None] * s_qh
+    q = tl.load(q_row + dv[None, :], mask=hm[:, None], other=0.0)
+    do = tl.load(do_ptr + i64 * s_dor + heads[:, None] * s_doh + dv[None, :], mask=hm[:, None], other=0.0)
+    o = tl.load(o_ptr + i64 * s_or + heads[:, None] * s_oh + dv[None, :], mask=hm[:, None], other=0.0)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1)
+    if has_dlse:  # the lse output's gradient enters dS like -Delta: dS = P * (dP - (Delta - dlse))
+        delta -= tl.load(dlse_ptr + i64 * s_dlr + heads * s_dlh, mask=hm, other=0.0)
+    tl.store(delta_ptr + i64 * h_q + heads, delta, mask=hm)
+    lse2 = tl.load(lse_ptr + i64 * s_lr + heads * s_lh, mask=hm, other=float("inf")) * 1.4426950408889634
+    if DR > 0:
+        dr = DV + tl.arange(0, DR)
+        q_r = tl.load(q_row + dr[None, :], mask=hm[:, None], other=0.0)
+    n, limit = _row_limits(i, qs_ptr, tlen_ptr, topk, q_start, k_stride, causal, qs_t, has_tlen)
+    idx_row = idx_ptr + i64 * s_ir
+    buf_rows = (r * h_q + heads).to(tl.int64) * topk
+    for j0 in range(0, n, BN):
+        offs, inb, t, ok = _slots(idx_row, j0, n, limit, s_kv, BN)
+        kv_rows = kv_ptr + t[:, None] * s_kvr
+        # never reads invalid rows; KV_EVICT keeps kv in L2 against the streaming P/dS traffic
+        k = tl.load(kv_rows + dv[None, :], mask=ok[:, None], other=0.0, eviction_policy=KV_EVICT)
+        s = tl.dot(q, tl.trans(k))
+        if DR > 0:
+            k_r = tl.load(kv_rows + dr[None, :], mask=ok[:, None], other=0.0, eviction_policy=KV_EVICT)
+            s = tl.dot(q_r, tl.trans(k_r), s)
+        p = tl.where(ok[None, :], tl.exp2(s * scale_log2 - lse2[:, None]), 0.0)  # lse = +inf rows give 0
+        dp = tl.dot(do, tl.trans(k))
+        ds = p * (dp - delta[:, None])  # sm_scale is applied in fp32 by _grads_kernel
+        m = hm[:, None] & inb[None, :]
+        tl.store(p_ptr + buf_rows[:, None] + offs[None, :], p.to(p_ptr.dtype.element_ty), mask=m,
+                 eviction_policy=BUF_EVICT)
+        tl.store(ds_ptr + buf_rows[:, None] + offs[None, :], ds.to(ds_ptr.dtype.element_ty), mask=m,
+                 eviction_policy=BUF_EVICT)
+        if WRITE_KEYS:
+            if hb == 0:  # sort keys for the deterministic reduction: kv row, or s_kv for invalid slots
+                tl.store(key_ptr + r.to(tl.int64) * topk + offs, tl.where(ok, t, s_kv), mask=inb)
+
+
+@triton.jit(do_not_specialize=_RUNTIME[:-1])
+def _grads_kernel(
+    q_ptr, kv_ptr, do_ptr, idx_ptr, qs_ptr, tlen_ptr, p_ptr, ds_ptr, dq_ptr, dkv_ptr,
+    row0, h_q, s_kv, topk, q_start, k_stride, causal, qs_t, has_tlen, sm_scale, n_hb,
+    s_qr, s_qh, s_kvr, s_dor, s_doh, s_ir, s_dqr, s_dqh, s_dkvr,
+    D0: tl.constexpr, DC: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, HAS_V: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, KV_EVICT: tl.constexpr,
+):
+    c = tl.program_id(0)  # column chunk: neighbours share a row's P/dS, read once from DRAM
+    r = tl.program_id(1)
+    hb = tl.program_id(2)
+    i = row0 + r
+    i64 = i.to(tl.int64)
+    heads = hb * BH + tl.arange(0, BH)
+    hm = heads < h_q
+    d = D0 + c * DC + tl.arange(0, DC)
+    q_c = tl.load(q_ptr + i64 * s_qr + heads[:, None] * s_qh + d[None, :], mask=hm[:, None], other=0.0)
+    if HAS_V:
+        do_c = tl.load(do_ptr + i64 * s_dor + heads[:, None] * s_doh + d[None, :], mask=hm[:, None], other=0.0)
+    acc = tl.zeros([BH, DC], dtype=tl.float32)
+    n, limit = _row_limits(i, qs_ptr, tlen_ptr, topk, q_start, k_stride, causal, qs_t, has_tlen)
+    idx_row = idx_ptr + i64 * s_ir
+    buf_rows = (r * h_q + heads).to(tl.int64) * topk
+    for j0 in range(0, n, BN):
+        offs, inb, t, ok = _slots(idx_row, j0, n, limit, s_kv, BN)
+        k_c = tl.load(kv_ptr + t[:, None] * s_kvr + d[None, :], mask=ok[:, None], other=0.0,
+                      eviction_policy=KV_EVICT)
+        m = hm[:, None] & inb[None, :]
+        ds = tl.load(ds_ptr + buf_rows[:, None] + offs[None, :], mask=m, other=0.0)
+        acc = tl.dot(ds, k_c, acc)
+        g = tl.dot(tl.trans(ds), q_c) * sm_scale  # [BN, DC]: the K role of each gathered row
+        if HAS_V:
+            p = tl.load(p_ptr + buf_rows[:, None] + offs[None, :], mask=m, other=0.0)
+            g = tl.dot(tl.trans(p), do_c, g)  # the V role (first 512 columns)
+        if DETERMINISTIC:  # contribution of (row, head block, slot); summed in a fixed order later
+            crow = ((r * n_hb + hb).to(tl.int64) * topk + offs) * s_dkvr
+            tl.store(dkv_ptr + crow[:, None] + d[None, :], g, mask=ok[:, None])
+        else:
+            tl.atomic_add(dkv_ptr + t[:, None] * s_dkvr + d[None, :], g, mask=ok[:, None], sem="relaxed")
+    dq = (acc * sm_scale).to(dq_ptr.dtype.element_ty)
+    tl.store(dq_ptr + i64 * s_dqr + heads[:, None] * s_dqh + d[None, :], dq, mask=hm[:, None])
+
+
+@triton.jit
+def _reduce_kernel(contrib_ptr, perm_ptr, rowptr_ptr, acc_ptr, topk, n_hb,
+                   D_QK: tl.constexpr, DV: tl.constexpr, DR: tl.constexpr, FIRST: tl.constexpr, E: tl.constexpr):
+    """acc[kv] (+)= sum of the contributions listed for kv row `kv`, in sorted-listing order (deterministic)."""
+    kv = tl.program_id(0).to(tl.int64)
+    lo = tl.load(rowptr_ptr + kv)
+    hi = tl.load(rowptr_ptr + kv + 1)
+    dv = tl.arange(0, DV)
+    a_v = tl.zeros([DV], dtype=tl.float32)
+    if DR > 0:
+        dr = DV + tl.arange(0, DR)
+        a_r = tl.zeros([DR], dtype=tl.float32)
+    if not FIRST:
+        a_v += tl.load(acc_ptr + kv * D_QK + dv)
+        if DR > 0:
+            a_r += tl.load(acc_ptr + kv * D_QK + dr)
+    for e0 in range(lo, hi, E):
+        e = e0 + tl.arange(0, E)
+        em = e < hi
+        pos = tl.load(perm_ptr + e, mask=em, other=0)
+        row, slot = pos // topk, pos % topk
+        for hb in range(n_hb):
+            base = ((row * n_hb + hb) * topk + slot) * D_QK
+            a_v += tl.sum(tl.load(contrib_ptr + base[:, None] + dv[None, :], mask=em[:, None], other=0.0), axis=0)
+            if DR > 0:
+                a_r += tl.sum(tl.load(contrib_ptr + base[:, None] + dr[None, :], mask=em[:, None], other=0.0), axis=0)
+    tl.store(acc_ptr + kv * D_QK + dv, a_v)
+    if DR > 0:
+        tl.store(acc_ptr + kv * D_QK + dr, a_r)
+
+
+def default_config(h_q: int, d_qk: int) -> dict:
+    """Block shapes and launch options of both passes: the H100 sweep's winners (bwd_tuned.py) by head
+    block, else a heuristic; tiny blocks under the interpreter."""
+    from .bwd_tuned import TUNED
+    bh = min(max(16, triton.next_power_of_2(h_q)), 128)
+    if interpreting():
+        return dict(p_bh=min(bh, 64), p_bn=16, p_warps=4, p_stages=1, g_bh=min(bh, 64), g_bn=16, g_dc=128,
+                    g_warps=4, g_stages=1, hints=False)
+    if bh in TUNED:
+        return dict(TUNED[bh])
+    # smaller head counts: 4 warps and 3 stages let two programs share an SM (hides gather latency)
+    return dict(p_bh=min(bh, 64), p_bn=32, p_warps=4, p_stages=3, g_bh=bh, g_bn=64, g_dc=128,
+                g_warps=4, g_stages=3, hints=False)
+
+
+def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq: torch.Tensor,
+                          deterministic: bool = False, dkv_fp32: Optional[torch.Tensor] = None,
+                          config: Optional[dict] = None, scratch_bytes: int = SCRATCH_BYTES):
+    """Run the backward on canonical arguments (`common.prepare`); writes dq, returns (dkv fp32, delta).
+
+    out, dout [s_q, h_q, 512] (unit last stride); lse, dlse [s_q, h_q] fp32. dkv_fp32, when given, must
+    be an [s_kv, d_qk] fp32 buffer; the default mode accumulates into it (zero it first), the
+    deterministic mode overwrites it.
+    """
+    q, kv, idx = args.q, args.kv, args.indices
+    s_q, h_q, d_qk = q.shape
+    s_kv, topk = kv.shape[0], idx.shape[1]
+    dv, dr = args.d_v, d_qk - args.d_v
+    cfg = dict(default_config(h_q, d_qk), **(config or {}))
+    dev = q.device
+    if dkv_fp32 is None:
+        dkv_fp32 = (torch.empty if deterministic else torch.zeros)(s_kv, d_qk, dtype=torch.float32, device=dev)
+    delta = torch.empty(s_q, h_q, dtype=torch.float32, device=dev)
+    if s_q == 0 or h_q == 0:
+        if deterministic:
+            dkv_fp32.zero_()
+        return dkv_fp32, delta
+    n_hb = triton.cdiv(h_q, cfg["g_bh"])
+    row_bytes = 2 * h_q * topk * q.element_size() + (n_hb * topk * d_qk * 4 if deterministic else 0)
+    rows = max(1, min(s_q, scratch_bytes // row_bytes))
+    p_buf = torch.empty(rows, h_q, topk, dtype=q.dtype, device=dev)
+    ds_buf = torch.empty_like(p_buf)
+    if deterministic:
+        contrib = torch.empty(rows * n_hb * topk, d_qk, dtype=torch.float32, device=dev)
+        keys = torch.empty(rows * topk, dtype=torch.int32, device=dev)
+        kv_ids = torch.arange(s_kv + 1, dtype=torch.int32, device=dev)
+    dummy = torch.zeros(1, dtype=torch.int32, device=dev)  # stands in for absent int32 inputs (never read)
+    qs_t = args.q_start_t if args.q_start_t is not None else dummy
+    tlen = args.topk_length if args.topk_length is not None else dummy
+    dl = dlse if dlse is not None else lse
+    flags = (int(args.causal), int(args.q_start_t is not None), int(args.topk_length is not None))
+    for row0 in range(0, s_q, rows):
+        nr = min(rows, s_q - row0)
+        if deterministic:
+            keys.fill_(s_kv)
+        _probs_kernel[(nr, triton.cdiv(h_q, cfg["p_bh"]))](
+            q, kv, out, dout, idx, lse, dl, qs_t, tlen, p_buf, ds_buf, delta, keys if deterministic else dummy,
+            row0, h_q, s_kv, topk, args.q_start_int, args.k_stride, *flags, int(dlse is not None),
+            args.sm_scale * LOG2E,
+            q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), dout.stride(0), dout.stride(1),
+            idx.stride(0), lse.stride(0), lse.stride(1), dl.stride(0), dl.stride(1),
+            BH=cfg["p_bh"], BN=cfg["p_bn"], DV=dv, DR=dr, WRITE_KEYS=deterministic,
+            KV_EVICT="evict_last" if cfg["hints"] else "", BUF_EVICT="evict_first" if cfg["hints"] else "",
+            num_warps=cfg["p_warps"], num_stages=cfg["p_stages"])
+        target = contrib if deterministic else dkv_fp32
+        parts = [(0, cfg["g_dc"], dv // cfg["g_dc"], True)] + ([(dv, dr, 1, False)] if dr else [])
+        for d0, dc, n_c, has_v in parts:
+            _grads_kernel[(n_c, nr, n_hb)](
+                q, kv, dout, idx, qs_t, tlen, p_buf, ds_buf, dq, target,
+                row0, h_q, s_kv, topk, args.q_start_int, args.k_stride, *flags, args.sm_scale, n_hb,
+                q.stride(0), q.stride(1), kv.stride(0), dout.stride(0), dout.stride(1), idx.stride(0),
+                dq.stride(0), dq.stride(1), target.stride(0),
+                D0=d0, DC=dc, BH=cfg["g_bh"], BN=cfg["g_bn"], HAS_V=has_v, DETERMINISTIC=deterministic,
+                KV_EVICT="evict_last" if cfg["hints"] else "",
+                num_warps=cfg["g_warps"], num_stages=cfg["g_stages"])
+        if deterministic:
+            k = keys[: nr * topk]
+            sorted_keys, perm = torch.sort(k, stable=True)  # stable: listings of a kv row stay in (row, slot) order
+            rowptr = torch.searchsorted(sorted_keys, kv_ids)
+            _reduce_kernel[(s_kv,)](contrib, perm, rowptr, dkv_fp32, topk, n_hb,
+                                    D_QK=d_qk, DV=dv, DR=dr, FIRST=row0 == 0, E=8, num_warps=4)
+    return dkv_fp32, delta
+
+
+def flops(s_q: int, h_q: int, topk: int, d_qk: int, d_v: int = 512) -> int:
+    """The backward's matrix work as the issue counts it: 2 * s_q * topk * h_q * (2 * d_v + 3 * d_qk)."""
+    return 2 * s_q * topk * h_q * (2 * d_v + 3 * d_qk)
+
+
