@@ -3,6 +3,8 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
+from ._runtime import interpreting
+
 
 def check_tensor(name: str, t, *, dtypes: Optional[Iterable[torch.dtype]] = None, ndim=None) -> None:
     if not isinstance(t, torch.Tensor):
@@ -24,7 +26,9 @@ def check_shape(name: str, t: torch.Tensor, expected: Sequence[int], what: str =
         raise ValueError(f"{name} must have shape {tuple(expected)}{extra}, got {tuple(t.shape)}")
 
 
-def check_same_device(**tensors) -> None:
+def check_same_device(kernel: bool = True, **tensors) -> None:
+    """All tensors on one device; with kernel=True also one the Triton kernels run on: CUDA (CPU only under
+    the interpreter). Pure-torch functions (e.g. format conversions) pass kernel=False."""
     items = [(n, t) for n, t in tensors.items() if t is not None]
     if not items:
         return
@@ -32,6 +36,9 @@ def check_same_device(**tensors) -> None:
     for n, t in items[1:]:
         if t.device != t0.device:
             raise ValueError(f"{n} is on {t.device} but {n0} is on {t0.device}; all tensors must be on one device")
+    if kernel and t0.device.type != "cuda" and not interpreting():
+        raise ValueError(f"{n0} is on {t0.device}, but the kernels run on CUDA devices (CPU tensors only under the "
+                         f"Triton interpreter, TRITON_INTERPRET=1)")
 
 
 def check_unit_last_stride(name: str, t: torch.Tensor) -> None:

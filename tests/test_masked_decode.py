@@ -235,3 +235,12 @@ def test_gpu_merge_context_parallel():
     mo, ml = merge_attention_states(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]))
     ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"])
     assert rel_err(mo, ro) <= OUT_TOL[torch.bfloat16] and rel_err(ml, rl) <= LSE_TOL
+
+
+def test_cpu_tensors_need_the_interpreter(device, monkeypatch):
+    # outside the interpreter the kernels cannot read host memory: a clear error, not a crash
+    import llmkernels._validate as v
+    monkeypatch.setattr(v, "interpreting", lambda: False)
+    x = make_inputs(1, 1, 4, 8, 64, torch.float16, torch.device("cpu"))
+    with pytest.raises(ValueError, match="kernels run on CUDA devices"):
+        masked_decode(x["q"], x["k"], x["v"])

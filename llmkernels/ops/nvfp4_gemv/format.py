@@ -99,7 +99,7 @@ def nvfp4_dequantize(packed: torch.Tensor, scales: torch.Tensor,
     if tuple(scales.shape) != (N, K // BLOCK):
         raise ValueError(f"scales must have shape {(N, K // BLOCK)} (one per {BLOCK} values of packed), "
                          f"got {tuple(scales.shape)}")
-    check_same_device(packed=p, scales=scales)
+    check_same_device(kernel=False, packed=p, scales=scales)  # pure torch: any device
     vals = unpack_e2m1(p).reshape(N, K // BLOCK, BLOCK) * scales.float()[..., None]
     if global_scale is not None:
         vals = vals * torch.as_tensor(global_scale, dtype=torch.float32, device=p.device)

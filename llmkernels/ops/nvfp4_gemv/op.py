@@ -3,20 +3,11 @@ from typing import Optional, Union
 
 import torch
 
-from ..._runtime import interpreting
 from ..._validate import check_same_device, check_scale, check_shape, check_tensor
 from .format import BLOCK, SCALE_DTYPES, as_bytes, nvfp4_quantize
 from .kernel import MAX_FUSED_T, dequant_launch, gemv_launch, linear_launch
 
 _X_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def _check_device(**tensors) -> None:
-    check_same_device(**tensors)
-    t = next(v for v in tensors.values() if v is not None)
-    if t.device.type != "cuda" and not interpreting():
-        raise ValueError(f"tensors must be on a CUDA device (the CPU runs only under the Triton interpreter), "
-                         f"got {t.device}")
 
 
 def _u8(t: torch.Tensor) -> torch.Tensor:
@@ -71,7 +62,7 @@ def _check_gemv(a, b, sfa, sfb, out):
     if out is not None:
         check_tensor("out", out, dtypes=(torch.float16,), ndim=3)
         check_shape("out", out, (M, 1, L), "[M, 1, L]")
-    _check_device(a=a, b=b, sfa=sfa, sfb=sfb, out=out)
+    check_same_device(a=a, b=b, sfa=sfa, sfb=sfb, out=out)
 
 
 def nvfp4_gemv(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.Tensor,
@@ -166,7 +157,7 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     if bias is not None:
         check_tensor("bias", bias, dtypes=(torch.float32, torch.float16, torch.bfloat16))
         check_shape("bias", bias, (N,), "[N]")
-    _check_device(x=x, packed=p, scales=scales, global_scale=gs, bias=bias)
+    check_same_device(x=x, packed=p, scales=scales, global_scale=gs, bias=bias)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
