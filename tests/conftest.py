@@ -27,4 +27,5 @@ def _fresh_seed():
     # fresh random inputs on every run; the seed is printed on failure for reproduction
     seed = int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
+    print(f"torch.manual_seed({seed})")  # pytest shows captured output of failing tests
     yield seed
