@@ -17,7 +17,7 @@ LSE_TOL = 1e-4
 
 def make_inputs(B, Hkv, Hq, L, D, dtype, device, kept=1.0, cache_len=None, seed=None):
     g = torch.Generator(device=device)
-    g.manual_seed(seed if seed is not None else torch.seed() % (2 ** 31))
+    g.manual_seed(seed if seed is not None else int(torch.randint(2 ** 31, (1,))))  # from the global RNG: reproducible
     cache_len = cache_len or L
     q = torch.randn(B, Hq, D, dtype=dtype, device=device, generator=g)
     k = torch.randn(B, Hkv, cache_len, D, dtype=dtype, device=device, generator=g)[:, :, :L]
