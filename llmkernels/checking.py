@@ -31,3 +31,10 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def result(op: str, case: str, out, ref, tol: float) -> CheckResult:
     err = rel_err(out, ref)
     return CheckResult(op, case, err <= tol, err, tol)
+
+
+def generator(device, seed=None) -> torch.Generator:
+    """A generator on device seeded with `seed`, or from the global RNG (so a test's torch.manual_seed reproduces it)."""
+    g = torch.Generator(device=device)
+    g.manual_seed(seed if seed is not None else int(torch.randint(2 ** 31, (1,))))
+    return g

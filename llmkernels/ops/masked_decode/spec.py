@@ -3,7 +3,7 @@ import torch
 
 from ...bench import Case, Impl, OpBench
 from ...bench.peers import compiled_flex, flex_available
-from ...checking import result
+from ...checking import generator, result
 from ..combine.op import merge_attention_states
 from .op import masked_decode
 from .reference import masked_decode_ref
@@ -16,8 +16,7 @@ LSE_TOL = 1e-4
 
 
 def make_inputs(B, Hkv, Hq, L, D, dtype, device, kept=1.0, cache_len=None, seed=None):
-    g = torch.Generator(device=device)
-    g.manual_seed(seed if seed is not None else int(torch.randint(2 ** 31, (1,))))  # from the global RNG: reproducible
+    g = generator(device, seed)
     cache_len = cache_len or L
     q = torch.randn(B, Hq, D, dtype=dtype, device=device, generator=g)
     k = torch.randn(B, Hkv, cache_len, D, dtype=dtype, device=device, generator=g)[:, :, :L]

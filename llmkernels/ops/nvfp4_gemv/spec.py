@@ -2,7 +2,7 @@
 import torch
 
 from ...bench import Case, Impl, OpBench
-from ...checking import result
+from ...checking import generator, result
 from .format import E2M1_VALUES, nvfp4_dequantize, nvfp4_quantize, to_blocked
 from .kernel import dequant_launch
 from .op import nvfp4_gemv, nvfp4_linear
@@ -32,8 +32,7 @@ def make_inputs(M, K, L, device, n_pad=128, full_range=True, scale_bytes=(0x30, 
     full_range: random bytes (all 16 codes, both signs); else the contest's codes 0..3 in the low nibble only.
     scale_bytes: e4m3 byte range of the scales (default 0x30..0x40 = 0.5..2, which keeps outputs finite).
     """
-    g = torch.Generator(device=device)
-    g.manual_seed(seed if seed is not None else torch.seed() % (2 ** 31))
+    g = generator(device, seed)
     hi_code = 256 if full_range else 4
     a = torch.randint(0, hi_code, (L, M, K // 2), dtype=torch.uint8, device=device, generator=g).permute(1, 2, 0)
     b = torch.randint(0, hi_code, (L, n_pad, K // 2), dtype=torch.uint8, device=device, generator=g).permute(1, 2, 0)
@@ -45,8 +44,7 @@ def make_inputs(M, K, L, device, n_pad=128, full_range=True, scale_bytes=(0x30, 
 
 
 def make_linear_inputs(T, N, K, dtype, device, bias=True, seed=None):
-    g = torch.Generator(device=device)
-    g.manual_seed(seed if seed is not None else torch.seed() % (2 ** 31))
+    g = generator(device, seed)
     w = torch.randn(N, K, device=device, generator=g) * 0.02
     packed, scales, gs = nvfp4_quantize(w)
     x = torch.randn(T, K, device=device, generator=g).to(dtype)

@@ -2,7 +2,7 @@
 import torch
 
 from ...bench import Case, Impl, OpBench
-from ...checking import result
+from ...checking import generator, result
 from .op import flash_mla_sparse_fwd, indexer_kl_loss, sparse_mla, sparse_mla_attn_dist
 from .reference import indexer_kl_loss_ref, sparse_mla_attn_dist_ref, sparse_mla_fwd_ref
 
@@ -31,8 +31,7 @@ def causal_indices(s_q, s_kv, topk, q_start, device, k_stride=1, generator=None)
 
 
 def make_inputs(s_q, s_kv, h_q, topk, d_qk, dtype, device, seed=None):
-    g = torch.Generator(device=device)
-    g.manual_seed(seed if seed is not None else torch.seed() % (2 ** 31))
+    g = generator(device, seed)
     q = torch.randn(s_q, h_q, d_qk, dtype=dtype, device=device, generator=g)
     kv = torch.randn(s_kv, 1, d_qk, dtype=dtype, device=device, generator=g)
     q_start = max(s_kv - s_q, 0)

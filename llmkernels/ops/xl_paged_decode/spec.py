@@ -5,7 +5,7 @@ import torch
 
 from ...bench import Case, Impl, OpBench
 from ...bench.peers import compiled_flex, flex_available
-from ...checking import result
+from ...checking import generator, result
 from .op import xl_paged_decode
 from .reference import cache_as_nhd, xl_paged_decode_ref
 
@@ -27,8 +27,7 @@ def make_inputs(S, H, Hkv, D, block_size, contexts, layout="nhd", dtype=torch.fl
     bd: None, "contig" or "strided" (a non-contiguous view with a non-unit last stride).
     """
     device = torch.device(device)
-    g = torch.Generator(device=device)
-    g.manual_seed(seed if seed is not None else torch.seed() % (2 ** 31))
+    g = generator(device, seed)
     contexts = [contexts] * S if isinstance(contexts, int) else list(contexts)
     used = [math.ceil(c / block_size) for c in contexts]
     max_blocks = max(used + [0]) + table_pad
