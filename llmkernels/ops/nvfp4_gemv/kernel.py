@@ -315,16 +315,18 @@ def linear_plan(T: int, N: int, KH: int, device: torch.device) -> dict:
     return dict(BN=BN, BKH=BKH, num_warps=nw, split=split, num_stages=2)
 
 
+def _unit_k(t: torch.Tensor) -> torch.Tensor:
+    """The [rows, K-bytes] weight or scale matrix with unit stride along K (copied once if not)."""
+    return t if t.stride(1) == 1 else t.contiguous()
+
+
 def linear_launch(x, w8, s8, gs, bias, y, cfg=None):
     """x [T, K] (unit last stride), w8 uint8 [N, K/2], s8 uint8 [N, K/16], gs fp32 [1] -> y [T, N]."""
     T, K = x.shape
     N, KH = w8.shape
     if T == 0 or N == 0:
         return y
-    if w8.stride(1) != 1:
-        w8 = w8.contiguous()
-    if s8.stride(1) != 1:
-        s8 = s8.contiguous()
+    w8, s8 = _unit_k(w8), _unit_k(s8)
     cfg = cfg or linear_plan(T, N, KH, x.device)
     BN, BKH = cfg["BN"], cfg["BKH"]
     per = -(-(-(-KH // cfg["split"])) // BKH) * BKH
@@ -348,10 +350,7 @@ def dequant_launch(w8, s8, gs, out):
     N, KH = w8.shape
     if N == 0 or KH == 0:
         return out
-    if w8.stride(1) != 1:
-        w8 = w8.contiguous()
-    if s8.stride(1) != 1:
-        s8 = s8.contiguous()
+    w8, s8 = _unit_k(w8), _unit_k(s8)
     BN, BKH = 32, 128
     _dequant_kernel[(triton.cdiv(N, BN), triton.cdiv(KH, BKH))](
         w8, s8, gs, out, N, KH, w8.stride(0), s8.stride(0), out.stride(0), BN=BN, BKH=BKH,
