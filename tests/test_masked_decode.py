@@ -89,6 +89,24 @@ def test_every_output_written(device):
     assert rel_err(out, ro) <= OUT_TOL[torch.float16] and rel_err(lse, rl) <= LSE_TOL
 
 
+@pytest.mark.parametrize("B,Hkv,G,L,D,per_sm,lens", [
+    (2, 2, 4, 157, 64, 1, None), (3, 2, 4, 90, 64, 2, [90, 1, 0]), (1, 1, 16, 300, 128, 3, None),
+    (5, 2, 2, 20, 64, 4, None), (2, 1, 1, 500, 64, 1, [10, 400])])
+def test_stream_plan(device, B, Hkv, G, L, D, per_sm, lens):
+    # the stream plan cuts B * Hkv * L into one equal range per program (4 "SMs" under the interpreter):
+    # ranges cross rows and rows are shared by several programs; NaN-poisoned outputs catch unwritten rows
+    x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device, kept=0.6)
+    x["drop"][-1, -1] = True
+    kl = None if lens is None else torch.tensor(lens, dtype=torch.int32, device=device)
+    out = torch.full((B, Hkv * G, D), float("nan"), dtype=torch.float16, device=device)
+    lse = torch.full((B, Hkv * G), float("nan"), dtype=torch.float32, device=device)
+    masked_decode_fwd(x["q"], x["k"], x["v"], x["drop"], kl, L, D ** -0.5, out, lse,
+                      {"plan": "stream", "per_sm": per_sm})
+    ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"], kl)
+    assert rel_err(out, ro) <= OUT_TOL[torch.float16] and rel_err(lse, rl) <= LSE_TOL
+    assert torch.all(lse[-1, -G:] == -math.inf) and torch.all(out[-1, -G:] == 0)
+
+
 def test_empty_batch(device):
     q = torch.randn(0, 4, 64, dtype=torch.float16, device=device)
     k = torch.randn(0, 2, 10, 64, dtype=torch.float16, device=device)
@@ -113,6 +131,18 @@ def test_merge_with_empty_parts(device):
     mo, ml = merge_attention_states(outs, lses)
     ro, rl = merge_attention_states_ref(outs, lses)
     assert torch.all(mo[0, 0] == 0) and ml[0, 0] == -math.inf
+    assert rel_err(mo, ro) <= 1e-5 and rel_err(ml, rl) <= 1e-6  # fp32 in and out: rounding only
+
+
+@pytest.mark.parametrize("S,D", [(3, 64), (70, 128), (40, 256)])
+def test_merge_one_shot_and_looped(device, S, D):
+    # S * D <= 8192 merges all parts at once, larger merges loop over parts: both paths, empty parts holding NaN
+    outs = torch.randn(S, 2, 3, D, device=device)
+    lses = torch.randn(S, 2, 3, device=device) * 3
+    lses[1] = -math.inf
+    outs[1] = float("nan")  # a part with zero weight is never used
+    mo, ml = merge_attention_states(outs, lses)
+    ro, rl = merge_attention_states_ref(outs.nan_to_num(), lses)
     assert rel_err(mo, ro) <= 1e-5 and rel_err(ml, rl) <= 1e-6  # fp32 in and out: rounding only
 
 
@@ -196,6 +226,22 @@ def test_gpu_matrix(dtype, G, D):
     lens = torch.tensor([3001, 1234, 0], dtype=torch.int32, device="cuda")
     _compare(x, kv_len=lens, dtype=dtype)
     _compare(x, dtype=dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plan", ["split", "stream"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("G,D", [(1, 64), (4, 128), (8, 256), (16, 128)])
+def test_gpu_plans_poisoned(plan, dtype, G, D):
+    B, Hkv, L = 3, 2, 30001
+    x = make_inputs(B, Hkv, Hkv * G, L, D, dtype, torch.device("cuda"), kept=0.6, cache_len=32768)
+    x["drop"][1, 0] = True
+    for lens in (None, torch.tensor([30001, 1234, 0], dtype=torch.int32, device="cuda")):
+        out = torch.full((B, Hkv * G, D), float("nan"), dtype=dtype, device="cuda")
+        lse = torch.full((B, Hkv * G), float("nan"), device="cuda")
+        masked_decode_fwd(x["q"], x["k"], x["v"], x["drop"], lens, L, D ** -0.5, out, lse, {"plan": plan, "waves": 2})
+        ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"], lens)
+        assert rel_err(out, ro) <= OUT_TOL[dtype] and rel_err(lse, rl) <= LSE_TOL
 
 
 @pytest.mark.gpu

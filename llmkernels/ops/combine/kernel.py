@@ -9,36 +9,54 @@ from ..._runtime import interpreting
 def merge_row(
     o_ptr, lse_ptr, out_ptr, lse_out_ptr, row, S, D,
     stride_os, stride_or, stride_ls, stride_lr, stride_out_r,
-    HAS_LSE_OUT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_LSE_OUT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ONE_SHOT: tl.constexpr,
 ):
     """Merge the S partial (out, lse) of one row; rows whose parts are all -inf get out 0, lse -inf."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    # pass 1: max and sum of exp over all splits (base 2)
-    m = tl.full([BLOCK_S], float("-inf"), tl.float32)
-    for s0 in range(0, S, BLOCK_S):
-        ls = tl.load(lse_ptr + row * stride_lr + (s0 + offs_s) * stride_ls, mask=s0 + offs_s < S, other=float("-inf"))
-        m = tl.maximum(m, ls * 1.4426950408889634)
-    m_all = tl.max(m, axis=0)
-    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-    denom = tl.zeros([BLOCK_S], tl.float32)
-    for s0 in range(0, S, BLOCK_S):
-        ls = tl.load(lse_ptr + row * stride_lr + (s0 + offs_s) * stride_ls, mask=s0 + offs_s < S, other=float("-inf"))
-        denom += tl.exp2(ls * 1.4426950408889634 - m_safe)
-    total = tl.sum(denom, axis=0)
-    inv = tl.where(total > 0, 1.0 / total, 0.0)
-    for d0 in range(0, D, BLOCK_D):
-        dmask = d0 + offs_d < D
-        acc = tl.zeros([BLOCK_D], tl.float32)
+    if ONE_SHOT:  # S <= BLOCK_S and D <= BLOCK_D: lse and out of every part in one round trip to memory
+        smask = offs_s < S
+        dmask = offs_d < D
+        ls = tl.load(lse_ptr + row * stride_lr + offs_s * stride_ls, mask=smask, other=float("-inf"))
+        o = tl.load(o_ptr + row * stride_or + offs_s[:, None] * stride_os + offs_d[None, :],
+                    mask=smask[:, None] & dmask[None, :], other=0.0)
+        m_all = tl.max(ls * 1.4426950408889634, axis=0)
+        m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+        w = tl.exp2(ls * 1.4426950408889634 - m_safe)
+        total = tl.sum(w, axis=0)
+        inv = tl.where(total > 0, 1.0 / total, 0.0)
+        o = tl.where((w > 0)[:, None], o.to(tl.float32), 0.0)  # a part with zero weight may hold anything
+        tl.store(out_ptr + row * stride_out_r + offs_d, (tl.sum(o * w[:, None], axis=0) * inv).to(
+            out_ptr.dtype.element_ty), mask=dmask)
+    else:
+        # pass 1: max and sum of exp over all splits (base 2)
+        m = tl.full([BLOCK_S], float("-inf"), tl.float32)
         for s0 in range(0, S, BLOCK_S):
-            smask = s0 + offs_s < S
-            ls = tl.load(lse_ptr + row * stride_lr + (s0 + offs_s) * stride_ls, mask=smask, other=float("-inf"))
-            w = tl.exp2(ls * 1.4426950408889634 - m_safe)
-            # skip loading parts with zero weight: an empty split may hold no finite partial output
-            o = tl.load(o_ptr + row * stride_or + (s0 + offs_s)[:, None] * stride_os + (d0 + offs_d)[None, :],
-                        mask=smask[:, None] & dmask[None, :] & (w > 0)[:, None], other=0.0)
-            acc += tl.sum(o.to(tl.float32) * w[:, None], axis=0)
-        tl.store(out_ptr + row * stride_out_r + d0 + offs_d, (acc * inv).to(out_ptr.dtype.element_ty), mask=dmask)
+            ls = tl.load(lse_ptr + row * stride_lr + (s0 + offs_s) * stride_ls, mask=s0 + offs_s < S,
+                         other=float("-inf"))
+            m = tl.maximum(m, ls * 1.4426950408889634)
+        m_all = tl.max(m, axis=0)
+        m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+        denom = tl.zeros([BLOCK_S], tl.float32)
+        for s0 in range(0, S, BLOCK_S):
+            ls = tl.load(lse_ptr + row * stride_lr + (s0 + offs_s) * stride_ls, mask=s0 + offs_s < S,
+                         other=float("-inf"))
+            denom += tl.exp2(ls * 1.4426950408889634 - m_safe)
+        total = tl.sum(denom, axis=0)
+        inv = tl.where(total > 0, 1.0 / total, 0.0)
+        for d0 in range(0, D, BLOCK_D):
+            dmask = d0 + offs_d < D
+            acc = tl.zeros([BLOCK_D], tl.float32)
+            for s0 in range(0, S, BLOCK_S):
+                smask = s0 + offs_s < S
+                ls = tl.load(lse_ptr + row * stride_lr + (s0 + offs_s) * stride_ls, mask=smask, other=float("-inf"))
+                w = tl.exp2(ls * 1.4426950408889634 - m_safe)
+                # skip loading parts with zero weight: an empty split may hold no finite partial output
+                o = tl.load(o_ptr + row * stride_or + (s0 + offs_s)[:, None] * stride_os + (d0 + offs_d)[None, :],
+                            mask=smask[:, None] & dmask[None, :] & (w > 0)[:, None], other=0.0)
+                acc += tl.sum(o.to(tl.float32) * w[:, None], axis=0)
+            tl.store(out_ptr + row * stride_out_r + d0 + offs_d, (acc * inv).to(out_ptr.dtype.element_ty),
+                     mask=dmask)
     if HAS_LSE_OUT:
         lse = tl.where(total > 0, (m_safe + tl.log2(total)) / 1.4426950408889634, float("-inf"))
         tl.store(lse_out_ptr + row, lse)
@@ -49,17 +67,22 @@ def _combine_kernel(
     o_ptr, lse_ptr, out_ptr, lse_out_ptr,
     S, D,
     stride_os, stride_or, stride_ls, stride_lr, stride_out_r,
-    HAS_LSE_OUT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_GDC: tl.constexpr,
+    HAS_LSE_OUT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ONE_SHOT: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
     if USE_GDC:  # launched early (programmatic dependent launch): wait until the split kernel's writes land
         tl.extra.cuda.gdc_wait()
     merge_row(o_ptr, lse_ptr, out_ptr, lse_out_ptr, tl.program_id(0).to(tl.int64), S, D,
-              stride_os, stride_or, stride_ls, stride_lr, stride_out_r, HAS_LSE_OUT, BLOCK_S, BLOCK_D)
+              stride_os, stride_or, stride_ls, stride_lr, stride_out_r, HAS_LSE_OUT, BLOCK_S, BLOCK_D, ONE_SHOT)
 
 
 def combine_blocks(S: int, D: int):
-    """(BLOCK_S, BLOCK_D) for merging S parts of width D."""
-    return min(triton.next_power_of_2(max(S, 1)), 16), min(triton.next_power_of_2(D), 256)
+    """(BLOCK_S, BLOCK_D, ONE_SHOT) for merging S parts of width D: all parts at once while the [S, D] fp32 tile
+    stays within 64 registers a thread (4 warps), else 16 parts at a time."""
+    s_all, d_all = triton.next_power_of_2(max(S, 1)), triton.next_power_of_2(D)
+    if s_all * d_all <= 8192:
+        return s_all, d_all, True
+    return min(s_all, 16), min(d_all, 256), False
 
 
 def pdl_enabled(device: torch.device) -> bool:
@@ -79,12 +102,12 @@ def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse
     R, S, D = o_part.shape
     if R == 0:
         return
-    BLOCK_S, BLOCK_D = combine_blocks(S, D)
+    BLOCK_S, BLOCK_D, one_shot = combine_blocks(S, D)
     pdl = pdl_enabled(o_part.device)
     _combine_kernel[(R,)](
         o_part, lse_part, out, lse_out if lse_out is not None else lse_part,
         S, D,
         o_part.stride(1), o_part.stride(0), lse_part.stride(1), lse_part.stride(0), out.stride(0),
-        HAS_LSE_OUT=lse_out is not None, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D, USE_GDC=pdl, num_warps=4,
+        HAS_LSE_OUT=lse_out is not None, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D, ONE_SHOT=one_shot, USE_GDC=pdl, num_warps=4,
         **({"launch_pdl": True} if pdl else {}),
     )
