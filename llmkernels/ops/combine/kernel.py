@@ -70,8 +70,9 @@ def _combine_kernel(
     HAS_LSE_OUT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ONE_SHOT: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
-    if USE_GDC:  # launched early (programmatic dependent launch): wait until the split kernel's writes land
-        tl.extra.cuda.gdc_wait()
+    if USE_GDC:  # launched early (programmatic dependent launch): wait until the split kernel's writes land,
+        tl.extra.cuda.gdc_wait()  # then let the next kernel launch (a dependent one waits for our writes too)
+        tl.extra.cuda.gdc_launch_dependents()
     merge_row(o_ptr, lse_ptr, out_ptr, lse_out_ptr, tl.program_id(0).to(tl.int64), S, D,
               stride_os, stride_or, stride_ls, stride_lr, stride_out_r, HAS_LSE_OUT, BLOCK_S, BLOCK_D, ONE_SHOT)
 

@@ -75,7 +75,8 @@ def _split_kernel(
     HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     """Grid (splits, B * Hkv): program (s, r) takes tokens [s * chunk, (s + 1) * chunk) of row r."""
-    if USE_GDC:  # let the combine kernel launch now; it waits for this grid's writes before reading
+    if USE_GDC:  # launched early after the previous kernel: wait for its writes, then let the combine launch
+        tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     split = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
@@ -97,6 +98,7 @@ def _stream_kernel(
     every SM streams the same number of bytes in one wave (no split rounding, no second-wave ramp). A range
     may cross rows: each row segment becomes one part, stored at slot (program - first program of the row)."""
     if USE_GDC:
+        tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     p = tl.program_id(0).to(tl.int64)
     u = p * W // P
@@ -122,7 +124,7 @@ def _stream_kernel(
 # Launch configuration. "stream" cuts the work into one equal range per resident program; "split" gives every
 # (batch, kv head) the same number of splits, with (waves, num_stages) timed on the first call per shape class
 # (how many programs per SM balance ramp/tail against per-split overhead depends on B * Hkv and L).
-CONFIG = {"plan": "split", "block_n": 128, "num_warps": 4, "num_stages": 2, "waves": 2, "per_sm": 1}
+CONFIG = {"plan": "split", "block_n": 128, "num_warps": 4, "num_stages": 2, "waves": 2, "per_sm": 1, "pdl": True}
 CHOICES = ((1, 3), (2, 2), (3, 2), (4, 2), (6, 2), (8, 2))  # (waves, num_stages) tried on first call
 UNIT = 16  # tokens: granularity of the stream plan's ranges
 _TUNED = {}
@@ -174,10 +176,11 @@ def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float,
     drop = drop_mask.view(torch.uint8) if drop_mask is not None else q
     ms = drop_mask.stride() if drop_mask is not None else (0, 0, 0)
     args = (q, k, v, drop, kv_lens if kv_lens is not None else q)
+    pdl = pdl_enabled(q.device)
     strides = (q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], *ms)
     meta = dict(G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n,
-                HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl_enabled(q.device),
-                num_warps=cfg["num_warps"])
+                HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl,
+                num_warps=cfg["num_warps"], **({"launch_pdl": True} if pdl and cfg["pdl"] else {}))
 
     if cfg["plan"] == "stream":
         upr, W, P, s_max = stream_plan(B * Hkv, span, q.device, cfg["per_sm"])
