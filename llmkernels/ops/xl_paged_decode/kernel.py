@@ -20,15 +20,17 @@ def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_bloc
     blk = tl.load(tbl_base + (tok // BS) * s_tb, mask=live, other=-1)
     live = live & (blk >= 0) & (blk < num_blocks)  # out-of-range ids: never read, tokens skipped
     valid = live & (tok < end) if TAIL else live
-    kv_blk = tl.where(live, blk, 0).to(tl.int64)[:, None]
-    off = (tok % BS)[:, None]
+    kv_blk1 = tl.where(live, blk, 0).to(tl.int64)
+    off1 = tok % BS
+    kv_blk = kv_blk1[:, None]
+    off = off1[:, None]
     kmask = valid[:, None] & dmask[None, :]
     if LEGACY and K_NATIVE:  # load in memory order [D/KX, BLOCK_N, KX], then kT [D, BLOCK_N] for the dot
         NC: tl.constexpr = BLOCK_D // KX
         offs_c = tl.arange(0, NC)
         offs_e = tl.arange(0, KX)
-        k_off3 = (kv_blk[:, 0][None, :, None] * s_kb + offs_c[:, None, None] * (BS * KX)
-                  + off[:, 0][None, :, None] * KX + offs_e[None, None, :])
+        k_off3 = (kv_blk1[None, :, None] * s_kb + offs_c[:, None, None] * (BS * KX) + off1[None, :, None] * KX
+                  + offs_e[None, None, :])
         k3 = tl.load(k_base + k_off3, mask=(offs_c < D // KX)[:, None, None] & valid[None, :, None], other=0.0)
         kt = tl.reshape(tl.permute(k3, (0, 2, 1)), (BLOCK_D, BLOCK_N))
     else:
@@ -63,17 +65,27 @@ def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_bloc
 
 
 @triton.jit
-def _tile_mha(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb,
+def _table(n0, end, tbl_base, s_tb, BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Block ids of tile n0's tokens; runs starting at or past end are not read (-1)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    live = n0 + (offs_n // BSUB) * BSUB < end
+    return tl.load(tbl_base + ((n0 + offs_n) // BS) * s_tb, mask=live, other=-1)
+
+
+@triton.jit
+def _tile_mha(n0, end, blk, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb,
               s_vt, s_tb, s_bt, offs_d, dmask, D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
               BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr,
-              HAS_BD: tl.constexpr, TAIL: tl.constexpr):
+              HAS_BD: tl.constexpr, TAIL: tl.constexpr, HAVE_BLK: tl.constexpr):
     """G == 1: one head per program, so no padded dot. Scores and P.V as fp32 multiply + reductions on the K and
     V tiles in their memory order (no shared-memory transposition): q [BLOCK_D] fp32, m_i and l_i scalars,
-    acc [BLOCK_D]. Same masking contract as _tile (whole live runs loaded; the tail zeroes V past the context)."""
+    acc [BLOCK_D]. Same masking contract as _tile (whole live runs loaded; the tail zeroes V past the context).
+    HAVE_BLK: blk holds this tile's table entries (_table, loaded one tile ahead); else they are loaded here."""
     offs_n = tl.arange(0, BLOCK_N)
     tok = n0 + offs_n
     live = n0 + (offs_n // BSUB) * BSUB < end  # runs past the context: their table entries are never read
-    blk = tl.load(tbl_base + (tok // BS) * s_tb, mask=live, other=-1)
+    if not HAVE_BLK:
+        blk = _table(n0, end, tbl_base, s_tb, BS, BSUB, BLOCK_N)
     live = live & (blk >= 0) & (blk < num_blocks)  # out-of-range ids: never read, tokens skipped
     valid = live & (tok < end) if TAIL else live
     kv_blk = tl.where(live, blk, 0).to(tl.int64)
@@ -128,6 +140,7 @@ def _split_kernel(
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr,
     HAS_U: tl.constexpr, HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr, K_NATIVE: tl.constexpr, MHA_REDUCE: tl.constexpr,
+    PREFETCH_TBL: tl.constexpr,
 ):
     split = tl.program_id(0)
     sh = tl.program_id(1)
@@ -152,15 +165,26 @@ def _split_kernel(
         m_i = tl.full((), float("-inf"), tl.float32)
         l_i = tl.full((), 0.0, tl.float32)
         acc = tl.zeros([BLOCK_D], tl.float32)
-        for n0 in tl.range(start, full_end, BLOCK_N):
-            n0 = tl.multiple_of(n0, BLOCK_N)
-            m_i, l_i, acc = _tile_mha(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks,
-                                      qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, offs_d, dmask, D, BLOCK_D,
-                                      BS, BSUB, BLOCK_N, KX, LEGACY, HAS_BD, False)
+        if PREFETCH_TBL:  # the next tile's block ids are loaded one iteration ahead (the K/V loads wait on them)
+            blk = _table(start, full_end, tbl_base, s_tb, BS, BSUB, BLOCK_N)
+            for n0 in tl.range(start, full_end, BLOCK_N):
+                n0 = tl.multiple_of(n0, BLOCK_N)
+                blk_next = _table(n0 + BLOCK_N, full_end, tbl_base, s_tb, BS, BSUB, BLOCK_N)
+                m_i, l_i, acc = _tile_mha(n0, end, blk, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base,
+                                          num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, offs_d, dmask, D,
+                                          BLOCK_D, BS, BSUB, BLOCK_N, KX, LEGACY, HAS_BD, False, True)
+                blk = blk_next
+        else:
+            for n0 in tl.range(start, full_end, BLOCK_N):
+                n0 = tl.multiple_of(n0, BLOCK_N)
+                m_i, l_i, acc = _tile_mha(n0, end, 0, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base,
+                                          num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, offs_d, dmask, D,
+                                          BLOCK_D, BS, BSUB, BLOCK_N, KX, LEGACY, HAS_BD, False, False)
         for n0 in tl.range(full_end, end, TAIL_N):
-            m_i, l_i, acc = _tile_mha(tl.multiple_of(n0, TAIL_N), end, m_i, l_i, acc, q, k_base, v_base, tbl_base,
+            m_i, l_i, acc = _tile_mha(tl.multiple_of(n0, TAIL_N), end, 0, m_i, l_i, acc, q, k_base, v_base, tbl_base,
                                       bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, offs_d,
-                                      dmask, D, BLOCK_D, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, HAS_BD, True)
+                                      dmask, D, BLOCK_D, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, HAS_BD, True,
+                                      False)
         o = acc / tl.where(l_i > 0, l_i, 1.0)
         lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
         row = s * Hkv + hk
@@ -206,13 +230,15 @@ def default_config(D: int, esize: int, legacy: bool = False, G: int = 1) -> dict
     Variant keys (v4 candidates, selectable for a device sweep; the defaults are v2's measured path):
       mha_path: "dot" (the GQA group padded to 16 rows for tl.dot) or "reduce" (G == 1 only: fp32 multiply +
         reductions on K and V tiles in memory order, no padded dot); ignored when G > 1.
+      prefetch_table: reduce path only: load the next tile's block ids one iteration ahead (Triton does not
+        cp.async-pipeline loads that feed no dot, so the table -> K/V latency chain is otherwise exposed).
       legacy_k: "v2" (K tile [BLOCK_N, D] gathered along d) or "native" (loaded [D/x, BLOCK_N, x] in memory
         order, permuted to K^T for the dot); dot path, legacy layout only.
     legacy and G pick per-layout defaults (legacy_defaults overrides them after a measurement).
     """
     block_n = max(16, min(64, 16384 // (triton.next_power_of_2(D) * esize)))
     cfg = {"block_n": block_n, "num_warps": 8 if esize == 4 else 4, "num_stages": 2, "programs_per_sm": 16,
-           "mha_path": "dot", "legacy_k": "v2"}
+           "mha_path": "dot", "legacy_k": "v2", "prefetch_table": False}
     if legacy:
         cfg.update(LEGACY_DEFAULTS.get("mha" if G == 1 else "gqa", {}))
     else:
@@ -284,6 +310,7 @@ def xl_paged_decode_fwd(q, k_cache, v_cache, block_tables, context_lens, u, bd, 
         HAS_U=u is not None, HAS_BD=bd is not None,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         K_NATIVE=legacy and cfg["legacy_k"] == "native", MHA_REDUCE=G == 1 and cfg["mha_path"] == "reduce",
+        PREFETCH_TBL=bool(cfg["prefetch_table"]),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     combine(o_part, lse_part, out.view(S * H, D), lse.view(S * H))
