@@ -93,6 +93,7 @@ def v4_variants():
                     {"mha_path": "reduce", "block_n": 32}, {"mha_path": "reduce", "num_warps": 8},
                     {"mha_path": "reduce", "num_stages": 3}, {"mha_path": "reduce", "block_n": 128, "num_warps": 8}):
             report(f"{layout} fp16 D128 bs16 {cfg}", layout, **cfg)
+        report(f"{layout} fp16 D128 bs16 reduce+prefetch_table", layout, mha_path="reduce", prefetch_table=True)
     report("legacy fp16 D128 bs16 G=8 v2", "legacy", H=16, Hkv=2)
     report("legacy fp16 D128 bs16 G=8 native", "legacy", H=16, Hkv=2, legacy_k="native")
     report("legacy fp16 D128 bs16 G=1 native(dot)", "legacy", legacy_k="native")
