@@ -2,7 +2,7 @@
 
 Runs on a CPU-only machine: a stand-in Triton driver answers 'sm_90' so the real JIT specialisation
 (divisibility, unit strides) is used. Prints registers, spills, shared memory, the width of global
-loads and whether loads became cp.async. Usage: TRITON_INTERPRET=0 python scripts/xl_paged_decode_sass.py
+loads and whether loads became cp.async. Usage: TRITON_INTERPRET=0 python scripts/xl_paged_decode_sass.py [--v4 | nhd|legacy (dump its ttgir)]
 """
 import os
 import re
@@ -86,7 +86,25 @@ def report(name, layout, dtype=torch.float16, D=128, bs=16, H=16, Hkv=16, **cfg)
     return k
 
 
-if __name__ == "__main__":
+def v4_variants():
+    """The v4 candidates (mha_path / legacy_k) next to v2 at the bench config and a few tile/warp choices."""
+    for layout in ("nhd", "legacy"):
+        for cfg in ({}, {"mha_path": "reduce"}, {"mha_path": "reduce", "block_n": 128},
+                    {"mha_path": "reduce", "block_n": 32}, {"mha_path": "reduce", "num_warps": 8},
+                    {"mha_path": "reduce", "num_stages": 3}, {"mha_path": "reduce", "block_n": 128, "num_warps": 8}):
+            report(f"{layout} fp16 D128 bs16 {cfg}", layout, **cfg)
+        report(f"{layout} fp16 D128 bs16 reduce+prefetch_table", layout, mha_path="reduce", prefetch_table=True)
+    report("legacy fp16 D128 bs16 G=8 v2", "legacy", H=16, Hkv=2)
+    report("legacy fp16 D128 bs16 G=8 native", "legacy", H=16, Hkv=2, legacy_k="native")
+    report("legacy fp16 D128 bs16 G=1 native(dot)", "legacy", legacy_k="native")
+    report("legacy fp16 D80 bs16 reduce", "legacy", D=80, mha_path="reduce")
+    report("legacy fp32 D96 bs256 reduce", "legacy", dtype=torch.float32, D=96, bs=256, mha_path="reduce")
+    report("nhd bf16 D256 bs8 reduce", "nhd", dtype=torch.bfloat16, D=256, bs=8, mha_path="reduce")
+
+
+if __name__ == "__main__" and "--v4" in sys.argv:
+    v4_variants()
+elif __name__ == "__main__":
     for layout in ("nhd", "legacy"):
         for cfg in ({}, {"block_n": 128}, {"block_n": 32}, {"num_warps": 8}):
             report(f"{layout} fp16 D128 bs16 {cfg}", layout, **cfg)

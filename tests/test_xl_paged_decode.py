@@ -309,3 +309,81 @@ def test_nan_in_unwritten_cache_slots(layout, device):
         x["k_cache"][b] = float("nan")
         x["v_cache"][b] = float("nan")
     assert torch.equal(run(x), want)
+
+
+# v4 candidate variants (selected through the launcher's config; see kernel.default_config)
+VARIANTS = [{"mha_path": "reduce"}, {"mha_path": "reduce", "prefetch_table": True}, {"legacy_k": "native"},
+            {"mha_path": "reduce", "legacy_k": "native", "block_n": 16}]
+# S, H, Hkv, D, block_size, contexts, layout, dtype, u, bd: G == 1 and G > 1, tails, both layouts
+VARIANT_CASES = [
+    (3, 4, 4, 64, 16, [37, 1, 0], "legacy", torch.float16, "head", "strided"),
+    (3, 4, 4, 80, 8, [50, 17, 64], "nhd", torch.float16, "seq", "contig"),
+    (2, 2, 2, 96, 32, [65, 31], "legacy", torch.float32, None, None),
+    (2, 2, 2, 64, 8, [33, 16], "nhd", torch.float32, "head", "strided"),
+    (2, 4, 2, 128, 16, [70, 9], "legacy", torch.float16, "head", "contig"),
+    (2, 6, 2, 64, 64, [129, 3], "legacy", torch.float32, None, "strided"),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}={v[k]}" for k in v))
+@pytest.mark.parametrize("case", VARIANT_CASES, ids=lambda c: f"G{c[1] // c[2]}-D{c[3]}-bs{c[4]}-{c[6]}-{str(c[7])[6:]}")
+def test_variants_match_reference(case, variant, device, monkeypatch):
+    """Every variant, NaN-poisoned split buffers and outputs, small tiles so there are several splits and tails."""
+    S, H, Hkv, D, bs, ctx, layout, dtype, u, bd = case
+    _poison(monkeypatch)
+    x = make_inputs(S, H, Hkv, D, bs, ctx, layout, dtype, device, u=u, bd=bd)
+    out = torch.full((S, H, D), float("nan"), dtype=dtype, device=device)
+    lse = torch.full((S, H), float("nan"), device=device)
+    cfg = dict({"block_n": 32, "programs_per_sm": 8}, **variant)
+    K.xl_paged_decode_fwd(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["context_lens"], x["u"], x["bd"],
+                          D ** -0.5, out, lse, config=cfg)
+    _assert_close(x, out, lse, dtype)
+
+
+@pytest.mark.parametrize("variant", VARIANTS[:3], ids=lambda v: "-".join(f"{k}={v[k]}" for k in v))
+@pytest.mark.parametrize("layout", ["nhd", "legacy"])
+@pytest.mark.parametrize("G", [1, 2])
+def test_variants_bad_ids_and_nan_slots(variant, layout, G, device, monkeypatch):
+    """Out-of-range used ids skipped, garbage past the used blocks never read, NaN in unwritten slots ignored."""
+    H = 4
+    x = make_inputs(3, H, H // G, 64, 8, [30, 30, 21], layout, torch.float16, device, bd="contig", extra_blocks=2)
+    nb = x["k_cache"].shape[0]
+    x["block_tables"][0, 1] = nb
+    x["block_tables"][1, :4] = torch.tensor([-1, 2 ** 31 - 1, -(2 ** 31), nb + 7], dtype=torch.int32)
+    cfg = dict({"block_n": 16, "programs_per_sm": 4}, **variant)
+
+    def go():
+        S, _, D = x["q"].shape
+        out = torch.full((S, H, D), float("nan"), dtype=torch.float16, device=device)
+        lse = torch.full((S, H), float("nan"), device=device)
+        K.xl_paged_decode_fwd(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["context_lens"], x["u"],
+                              x["bd"], D ** -0.5, out, lse, config=cfg)
+        return out, lse
+
+    o, lse = go()
+    _assert_close(x, o, lse, torch.float16)
+    assert torch.equal(o[1], torch.zeros_like(o[1])) and torch.isneginf(lse[1]).all()
+    used = set()
+    for s, n in enumerate(x["context_lens"].tolist()):  # NaN past each context and in every unused block
+        nblk = (n + 7) // 8
+        ids = [b for b in x["block_tables"][s, :nblk].tolist() if 0 <= b < nb]
+        used.update(ids)
+        last, start = x["block_tables"][s, nblk - 1].item(), n - (nblk - 1) * 8
+        if 0 <= last < nb and start < 8:
+            for c in ("k_cache", "v_cache"):
+                if layout == "nhd":
+                    x[c][last, start:] = float("nan")
+                else:
+                    x[c][last, :, :, start:] = float("nan")
+    for b in set(range(nb)) - used:
+        x["k_cache"][b] = float("nan")
+        x["v_cache"][b] = float("nan")
+    assert torch.equal(go()[0], o)
+
+
+def test_unknown_variant_rejected(device):
+    x = make_inputs(1, 2, 2, 64, 16, [5], "nhd", torch.float16, device)
+    with pytest.raises(ValueError, match="unknown variant"):
+        K.xl_paged_decode_fwd(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["context_lens"], None, None,
+                              0.1, torch.empty_like(x["q"]), torch.empty(1, 2, device=device),
+                              config={"mha_path": "gemv"})

@@ -9,8 +9,9 @@ from ..combine.kernel import combine
 
 @triton.jit
 def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt,
-          s_tb, s_bt, gmask, offs_d, dmask, BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_N: tl.constexpr,
-          KX: tl.constexpr, LEGACY: tl.constexpr, HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr, TAIL: tl.constexpr):
+          s_tb, s_bt, gmask, offs_d, dmask, D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
+          BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr, K_NATIVE: tl.constexpr,
+          HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr, TAIL: tl.constexpr):
     """One tile of BLOCK_N tokens (runs of BSUB tokens, each inside one cache block) into the online softmax.
     TAIL: the tile may end inside a run (context end); otherwise every token of a live run is < end."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -19,14 +20,25 @@ def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_bloc
     blk = tl.load(tbl_base + (tok // BS) * s_tb, mask=live, other=-1)
     live = live & (blk >= 0) & (blk < num_blocks)  # out-of-range ids: never read, tokens skipped
     valid = live & (tok < end) if TAIL else live
-    kv_blk = tl.where(live, blk, 0).to(tl.int64)[:, None]
-    off = (tok % BS)[:, None]
+    kv_blk1 = tl.where(live, blk, 0).to(tl.int64)
+    off1 = tok % BS
+    kv_blk = kv_blk1[:, None]
+    off = off1[:, None]
     kmask = valid[:, None] & dmask[None, :]
-    if LEGACY:  # k [nb, Hkv, D/KX, BS, KX], each (block, head) slab contiguous: KX-wide runs along d
-        k_off = (offs_d[None, :] // KX) * (BS * KX) + off * KX + offs_d[None, :] % KX
-    else:  # NHD [nb, BS, Hkv, D]
-        k_off = off * s_kt + offs_d[None, :]
-    k = tl.load(k_base + kv_blk * s_kb + k_off, mask=kmask, other=0.0)
+    if LEGACY and K_NATIVE:  # load in memory order [D/KX, BLOCK_N, KX], then kT [D, BLOCK_N] for the dot
+        NC: tl.constexpr = BLOCK_D // KX
+        offs_c = tl.arange(0, NC)
+        offs_e = tl.arange(0, KX)
+        k_off3 = (kv_blk1[None, :, None] * s_kb + offs_c[:, None, None] * (BS * KX) + off1[None, :, None] * KX
+                  + offs_e[None, None, :])
+        k3 = tl.load(k_base + k_off3, mask=(offs_c < D // KX)[:, None, None] & valid[None, :, None], other=0.0)
+        kt = tl.reshape(tl.permute(k3, (0, 2, 1)), (BLOCK_D, BLOCK_N))
+    else:
+        if LEGACY:  # k [nb, Hkv, D/KX, BS, KX], each (block, head) slab contiguous: KX-wide runs along d
+            k_off = (offs_d[None, :] // KX) * (BS * KX) + off * KX + offs_d[None, :] % KX
+        else:  # NHD [nb, BS, Hkv, D]
+            k_off = off * s_kt + offs_d[None, :]
+        kt = tl.trans(tl.load(k_base + kv_blk * s_kb + k_off, mask=kmask, other=0.0))
     if LEGACY:
         # v [nb, Hkv, D, BS] is contiguous along tokens: per d, a run is BSUB consecutive elements starting at
         # a multiple of BSUB (the host checks the block/head strides). The table lookup hides this from the
@@ -39,7 +51,7 @@ def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_bloc
             v = tl.where(valid[:, None], v, 0.0)
     else:
         v = tl.load(v_base + kv_blk * s_vb + off * s_vt + offs_d[None, :], mask=kmask, other=0.0)
-    sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+    sc = tl.dot(q, kt, input_precision=DOT_PREC)
     if HAS_BD:  # positional term, inside the scale: scale * (ac + bd)
         sc += tl.load(bd_base + tok[None, :] * s_bt, mask=gmask[:, None] & valid[None, :], other=0.0).to(tl.float32)
     sc = tl.where(valid[None, :], sc * qk_scale, float("-inf"))
@@ -53,6 +65,73 @@ def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_bloc
 
 
 @triton.jit
+def _table(n0, end, tbl_base, s_tb, BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Block ids of tile n0's tokens; runs starting at or past end are not read (-1)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    live = n0 + (offs_n // BSUB) * BSUB < end
+    return tl.load(tbl_base + ((n0 + offs_n) // BS) * s_tb, mask=live, other=-1)
+
+
+@triton.jit
+def _tile_mha(n0, end, blk, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb,
+              s_vt, s_tb, s_bt, offs_d, dmask, D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
+              BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr,
+              HAS_BD: tl.constexpr, TAIL: tl.constexpr, HAVE_BLK: tl.constexpr):
+    """G == 1: one head per program, so no padded dot. Scores and P.V as fp32 multiply + reductions on the K and
+    V tiles in their memory order (no shared-memory transposition): q [BLOCK_D] fp32, m_i and l_i scalars,
+    acc [BLOCK_D]. Same masking contract as _tile (whole live runs loaded; the tail zeroes V past the context).
+    HAVE_BLK: blk holds this tile's table entries (_table, loaded one tile ahead); else they are loaded here."""
+    offs_n = tl.arange(0, BLOCK_N)
+    tok = n0 + offs_n
+    live = n0 + (offs_n // BSUB) * BSUB < end  # runs past the context: their table entries are never read
+    if not HAVE_BLK:
+        blk = _table(n0, end, tbl_base, s_tb, BS, BSUB, BLOCK_N)
+    live = live & (blk >= 0) & (blk < num_blocks)  # out-of-range ids: never read, tokens skipped
+    valid = live & (tok < end) if TAIL else live
+    kv_blk = tl.where(live, blk, 0).to(tl.int64)
+    off = tok % BS
+    lrun = tl.max_constancy(live, [BSUB])
+    if LEGACY:
+        # k [nb, Hkv, D/KX, BS, KX]: per (block, head), [D/KX][BS][KX] is contiguous, so a [D/KX, BLOCK_N, KX]
+        # tile puts consecutive tokens of one KX-chunk (BSUB * 16 contiguous bytes) on consecutive lanes.
+        NC: tl.constexpr = BLOCK_D // KX
+        offs_c = tl.arange(0, NC)
+        offs_e = tl.arange(0, KX)
+        k_off = (kv_blk[None, :, None] * s_kb + offs_c[:, None, None] * (BS * KX) + off[None, :, None] * KX
+                 + offs_e[None, None, :])
+        k = tl.load(k_base + k_off, mask=(offs_c < D // KX)[:, None, None] & lrun[None, :, None], other=0.0)
+        q3 = tl.reshape(q, (NC, KX))[:, None, :]
+        sc = tl.sum(tl.sum(k.to(tl.float32) * q3, axis=2), axis=0)
+    else:  # NHD [nb, BS, Hkv, D]: rows of D contiguous
+        k = tl.load(k_base + kv_blk[:, None] * s_kb + off[:, None] * s_kt + offs_d[None, :],
+                    mask=lrun[:, None] & dmask[None, :], other=0.0)
+        sc = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
+    if HAS_BD:  # positional term, inside the scale: scale * (ac + bd)
+        sc += tl.load(bd_base + tok * s_bt, mask=valid, other=0.0).to(tl.float32)
+    sc = tl.where(valid, sc * qk_scale, float("-inf"))  # also drops K slots past the context (maybe NaN)
+    m_new = tl.maximum(m_i, tl.max(sc, axis=0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing attended yet: avoid inf - inf
+    p = tl.exp2(sc - m_safe)
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=0)
+    if LEGACY:  # v [nb, Hkv, D, BS]: per d a run of BSUB contiguous tokens starting at a multiple of BSUB
+        v_off = kv_blk[None, :] * s_vb + offs_d[:, None] * BS + off[None, :]
+        v_off = tl.max_contiguous(tl.multiple_of(v_off, [1, BSUB]), [1, BSUB])
+        v = tl.load(v_base + v_off, mask=dmask[:, None] & lrun[None, :], other=0.0)
+        if TAIL:  # slots past the context may hold NaN (0 * NaN = NaN): zero them
+            v = tl.where(valid[None, :], v, 0.0)
+        pv = tl.sum(v.to(tl.float32) * p[None, :], axis=1)
+    else:
+        v = tl.load(v_base + kv_blk[:, None] * s_vb + off[:, None] * s_vt + offs_d[None, :],
+                    mask=lrun[:, None] & dmask[None, :], other=0.0)
+        if TAIL:
+            v = tl.where(valid[:, None], v, 0.0)
+        pv = tl.sum(v.to(tl.float32) * p[:, None], axis=0)
+    acc = acc * alpha + pv
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _split_kernel(
     q_ptr, u_ptr, bd_ptr, k_ptr, v_ptr, tbl_ptr, lens_ptr, o_ptr, lse_ptr,
     Hkv, num_blocks, max_len, chunk, qk_scale,
@@ -60,7 +139,8 @@ def _split_kernel(
     s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_ts, s_tb, s_or, s_os, s_lr,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr,
-    HAS_U: tl.constexpr, HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr,
+    HAS_U: tl.constexpr, HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr, K_NATIVE: tl.constexpr, MHA_REDUCE: tl.constexpr,
+    PREFETCH_TBL: tl.constexpr,
 ):
     split = tl.program_id(0)
     sh = tl.program_id(1)
@@ -72,46 +152,104 @@ def _split_kernel(
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
     TAIL_N: tl.constexpr = 16
 
-    offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
-    heads = hk * G + offs_g
-    gmask = offs_g < G
     dmask = offs_d < D
-    qmask = gmask[:, None] & dmask[None, :]
-    q = tl.load(q_ptr + s * s_qs + heads[:, None] * s_qh + offs_d[None, :], mask=qmask, other=0.0).to(tl.float32)
-    if HAS_U:  # content bias: (q + u) . k, rounded once to the cache dtype for the tensor-core dot
-        q += tl.load(u_ptr + s * s_us + heads[:, None] * s_uh + offs_d[None, :], mask=qmask, other=0.0).to(tl.float32)
-    q = q.to(k_ptr.dtype.element_ty)
-    bd_base = bd_ptr + s * s_bs + heads[:, None] * s_bh
     k_base = k_ptr + hk * s_kh
     v_base = v_ptr + hk * s_vh
     tbl_base = tbl_ptr + s * s_ts
+    if MHA_REDUCE:  # G == 1: (q + u) stays fp32; scalar softmax state
+        q = tl.load(q_ptr + s * s_qs + hk * s_qh + offs_d, mask=dmask, other=0.0).to(tl.float32)
+        if HAS_U:
+            q += tl.load(u_ptr + s * s_us + hk * s_uh + offs_d, mask=dmask, other=0.0).to(tl.float32)
+        bd_base = bd_ptr + s * s_bs + hk * s_bh
+        m_i = tl.full((), float("-inf"), tl.float32)
+        l_i = tl.full((), 0.0, tl.float32)
+        acc = tl.zeros([BLOCK_D], tl.float32)
+        if PREFETCH_TBL:  # the next tile's block ids are loaded one iteration ahead (the K/V loads wait on them)
+            blk = _table(start, full_end, tbl_base, s_tb, BS, BSUB, BLOCK_N)
+            for n0 in tl.range(start, full_end, BLOCK_N):
+                n0 = tl.multiple_of(n0, BLOCK_N)
+                blk_next = _table(n0 + BLOCK_N, full_end, tbl_base, s_tb, BS, BSUB, BLOCK_N)
+                m_i, l_i, acc = _tile_mha(n0, end, blk, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base,
+                                          num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, offs_d, dmask, D,
+                                          BLOCK_D, BS, BSUB, BLOCK_N, KX, LEGACY, HAS_BD, False, True)
+                blk = blk_next
+        else:
+            for n0 in tl.range(start, full_end, BLOCK_N):
+                n0 = tl.multiple_of(n0, BLOCK_N)
+                m_i, l_i, acc = _tile_mha(n0, end, 0, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base,
+                                          num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, offs_d, dmask, D,
+                                          BLOCK_D, BS, BSUB, BLOCK_N, KX, LEGACY, HAS_BD, False, False)
+        for n0 in tl.range(full_end, end, TAIL_N):
+            m_i, l_i, acc = _tile_mha(tl.multiple_of(n0, TAIL_N), end, 0, m_i, l_i, acc, q, k_base, v_base, tbl_base,
+                                      bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, offs_d,
+                                      dmask, D, BLOCK_D, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, HAS_BD, True,
+                                      False)
+        o = acc / tl.where(l_i > 0, l_i, 1.0)
+        lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
+        row = s * Hkv + hk
+        tl.store(o_ptr + row * s_or + split * s_os + offs_d, o, mask=dmask)
+        tl.store(lse_ptr + row * s_lr + split, lse)
+    else:
+        offs_g = tl.arange(0, BLOCK_G)
+        heads = hk * G + offs_g
+        gmask = offs_g < G
+        qmask = gmask[:, None] & dmask[None, :]
+        q = tl.load(q_ptr + s * s_qs + heads[:, None] * s_qh + offs_d[None, :], mask=qmask, other=0.0).to(tl.float32)
+        if HAS_U:  # content bias: (q + u) . k, rounded once to the cache dtype for the tensor-core dot
+            q += tl.load(u_ptr + s * s_us + heads[:, None] * s_uh + offs_d[None, :], mask=qmask,
+                         other=0.0).to(tl.float32)
+        q = q.to(k_ptr.dtype.element_ty)
+        bd_base = bd_ptr + s * s_bs + heads[:, None] * s_bh
 
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for n0 in tl.range(start, full_end, BLOCK_N):
-        n0 = tl.multiple_of(n0, BLOCK_N)  # start is a multiple of chunk, itself a multiple of BLOCK_N
-        m_i, l_i, acc = _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale,
-                              s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d, dmask,
-                              BS, BSUB, BLOCK_N, KX, LEGACY, HAS_BD, DOT_PREC, False)
-    # the last, partial tile, in 16-token steps (a small loop: the main loop's registers stay as they are)
-    for n0 in tl.range(full_end, end, TAIL_N):
-        m_i, l_i, acc = _tile(tl.multiple_of(n0, TAIL_N), end, m_i, l_i, acc, q, k_base, v_base, tbl_base,
-                              bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d,
-                              dmask, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, HAS_BD, DOT_PREC, True)
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
-    rows = (s * Hkv + hk) * G + offs_g
-    tl.store(o_ptr + rows[:, None] * s_or + split * s_os + offs_d[None, :], o, mask=qmask)
-    tl.store(lse_ptr + rows * s_lr + split, lse, mask=gmask)
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for n0 in tl.range(start, full_end, BLOCK_N):
+            n0 = tl.multiple_of(n0, BLOCK_N)  # start is a multiple of chunk, itself a multiple of BLOCK_N
+            m_i, l_i, acc = _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale,
+                                  s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d, dmask,
+                                  D, BLOCK_D, BS, BSUB, BLOCK_N, KX, LEGACY, K_NATIVE, HAS_BD, DOT_PREC, False)
+        # the last, partial tile, in 16-token steps (a small loop: the main loop's registers stay as they are)
+        for n0 in tl.range(full_end, end, TAIL_N):
+            m_i, l_i, acc = _tile(tl.multiple_of(n0, TAIL_N), end, m_i, l_i, acc, q, k_base, v_base, tbl_base,
+                                  bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d,
+                                  dmask, D, BLOCK_D, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, K_NATIVE, HAS_BD,
+                                  DOT_PREC, True)
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
+        rows = (s * Hkv + hk) * G + offs_g
+        tl.store(o_ptr + rows[:, None] * s_or + split * s_os + offs_d[None, :], o, mask=qmask)
+        tl.store(lse_ptr + rows * s_lr + split, lse, mask=gmask)
 
 
-def default_config(D: int, esize: int) -> dict:
+def default_config(D: int, esize: int, legacy: bool = False, G: int = 1) -> dict:
     """16 KiB K (and V) tiles, 4 warps (fp32: 8, else its IEEE dot spills), 2 stages (fp16 D=128: 119-128
-    registers, 4 programs per SM); split until ~16 programs per SM so the last wave is a small part of the run."""
+    registers, 4 programs per SM); split until ~16 programs per SM so the last wave is a small part of the run.
+
+    Variant keys (v4 candidates, selectable for a device sweep; the defaults are v2's measured path):
+      mha_path: "dot" (the GQA group padded to 16 rows for tl.dot) or "reduce" (G == 1 only: fp32 multiply +
+        reductions on K and V tiles in memory order, no padded dot); ignored when G > 1.
+      prefetch_table: reduce path only: load the next tile's block ids one iteration ahead (Triton does not
+        cp.async-pipeline loads that feed no dot, so the table -> K/V latency chain is otherwise exposed).
+      legacy_k: "v2" (K tile [BLOCK_N, D] gathered along d) or "native" (loaded [D/x, BLOCK_N, x] in memory
+        order, permuted to K^T for the dot); dot path, legacy layout only.
+    legacy and G pick per-layout defaults (legacy_defaults overrides them after a measurement).
+    """
     block_n = max(16, min(64, 16384 // (triton.next_power_of_2(D) * esize)))
-    return {"block_n": block_n, "num_warps": 8 if esize == 4 else 4, "num_stages": 2, "programs_per_sm": 16}
+    cfg = {"block_n": block_n, "num_warps": 8 if esize == 4 else 4, "num_stages": 2, "programs_per_sm": 16,
+           "mha_path": "dot", "legacy_k": "v2", "prefetch_table": False}
+    if legacy:
+        cfg.update(LEGACY_DEFAULTS.get("mha" if G == 1 else "gqa", {}))
+    else:
+        cfg.update(NHD_DEFAULTS.get("mha" if G == 1 else "gqa", {}))
+    return cfg
+
+
+# Per-layout overrides of default_config, keyed by "mha" (G == 1) / "gqa" (G > 1): empty until a device sweep
+# (scripts/xl_legacy_sweep.py) measures a better variant, e.g. LEGACY_DEFAULTS["mha"] = {"mha_path": "reduce"}.
+LEGACY_DEFAULTS = {"mha": {}, "gqa": {}}
+NHD_DEFAULTS = {"mha": {}, "gqa": {}}
 
 
 def _plan(S: int, Hkv: int, span: int, device: torch.device, block_n: int, programs_per_sm: int):
@@ -142,8 +280,10 @@ def xl_paged_decode_fwd(q, k_cache, v_cache, block_tables, context_lens, u, bd, 
     bs = k_cache.shape[3] if legacy else k_cache.shape[1]
     if S == 0 or H == 0:
         return
-    cfg = dict(default_config(D, q.element_size()), **(config or {}))
     G = H // Hkv
+    cfg = dict(default_config(D, q.element_size(), legacy, G), **(config or {}))
+    if cfg["mha_path"] not in ("dot", "reduce") or cfg["legacy_k"] not in ("v2", "native"):
+        raise ValueError(f"unknown variant mha_path={cfg['mha_path']!r} legacy_k={cfg['legacy_k']!r}")
     block_n = cfg["block_n"]
     bsub = min(bs, block_n)
     max_len = block_tables.shape[1] * bs
@@ -169,6 +309,8 @@ def xl_paged_decode_fwd(q, k_cache, v_cache, block_tables, context_lens, u, bd, 
         BS=bs, BSUB=bsub, BLOCK_N=block_n, KX=k_cache.shape[4] if legacy else 1, LEGACY=legacy,
         HAS_U=u is not None, HAS_BD=bd is not None,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        K_NATIVE=legacy and cfg["legacy_k"] == "native", MHA_REDUCE=G == 1 and cfg["mha_path"] == "reduce",
+        PREFETCH_TBL=bool(cfg["prefetch_table"]),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     combine(o_part, lse_part, out.view(S * H, D), lse.view(S * H))
