@@ -183,6 +183,33 @@ def test_gemv_launch_configs_poisoned(device, cfg):
     assert rel_err(out, _ref(x, 0.5)) <= GEMV_TOL
 
 
+@pytest.mark.parametrize("cfg", [
+    dict(BM=8, BB=16, num_warps=4, split=1, pdl=True, pre=1, trigger="entry"),
+    dict(BM=8, BB=16, num_warps=4, split=1, pdl=True, pre=2, trigger="last_load"),
+    dict(BM=4, BB=32, num_warps=2, split=3, pdl=True, pre=2, trigger="wait"),        # split: partials after the wait
+    dict(BM=4, BB=64, num_warps=2, split=1, pdl=True, pre=2, trigger="last_load"),   # PRE 2 > tiles per program
+    dict(BM=2, BB=16, num_warps=1, split=1, pdl=True, pre=1, prefetch=True, trigger="last_load"),
+    dict(BM=8, BB=32, num_warps=4, split=1, pdl=True, pre=0, trigger="none"),
+    dict(BM=4, BB=32, num_warps=2, split=1, persistent=1),                           # 4 programs, 16 row tiles
+    dict(BM=4, BB=32, num_warps=2, split=1, persistent=2, pdl=True, pre=1, trigger="entry"),
+    dict(BM=4, BB=32, num_warps=2, split=2, persistent=1),                           # split: not persistent
+])
+def test_gemv_pdl_order_and_persistent_bit_identical(device, cfg):
+    # the PDL code order (first weight tiles loaded before the wait, peeled) and the persistent grid sum the
+    # tiles in the same order as the default kernel: equal bit for bit, and to the reference within GEMV_TOL
+    M, K, L = 29, 480, 2  # 30 blocks: a partial last tile for every BB
+    x = make_inputs(M, K, L, device, n_pad=2)
+    args = [x[k].view(torch.uint8) for k in ("a", "b", "sfa", "sfb")]
+    base = {k: cfg[k] for k in ("BM", "BB", "num_warps", "split")}
+    base["prefetch"] = cfg.get("prefetch", False)
+    want = torch.full((M, 1, L), float("nan"), dtype=torch.float16, device=device)
+    gemv_launch(*args, want, 0.5, cfg=base)
+    out = torch.full((M, 1, L), float("nan"), dtype=torch.float16, device=device)
+    gemv_launch(*args, out, 0.5, cfg=cfg)
+    assert torch.equal(out, want)
+    assert rel_err(out, _ref(x, 0.5)) <= GEMV_TOL
+
+
 def test_gemv_nan_scale_and_overflow(device):
     M, K, L = 6, 64, 1
     x = make_inputs(M, K, L, device, n_pad=1)
