@@ -8,7 +8,7 @@ from llmkernels import (NVFP4Linear, from_blocked, nvfp4_dequantize, nvfp4_gemv,
 from llmkernels.checking import rel_err
 from llmkernels.ops.nvfp4_gemv import custom_kernel
 from llmkernels.ops.nvfp4_gemv.format import E2M1_VALUES, pack_codes, unpack_e2m1
-from llmkernels.ops.nvfp4_gemv.kernel import dequant_launch, gemv_launch, gemv_tile, linear_launch
+from llmkernels.ops.nvfp4_gemv.kernel import dequant_launch, gemv_launch, gemv_plan, gemv_tile, linear_launch
 from llmkernels.ops.nvfp4_gemv.reference import nvfp4_gemv_ref, nvfp4_linear_ref
 from llmkernels.ops.nvfp4_gemv.spec import GEMV_TOL, LINEAR_TOL, make_inputs, make_linear_inputs, random_scales
 
@@ -417,3 +417,39 @@ def test_gpu_cuda_graph():
     torch.cuda.synchronize()
     assert rel_err(x["c"], _ref(x)) <= GEMV_TOL
     assert rel_err(y, nvfp4_linear_ref(lx["x"], lx["packed"], lx["scales"], lx["gs"])) <= LINEAR_TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("extra", [dict(pdl=True, pre=1, trigger="entry"), dict(pdl=True, pre=2, trigger="last_load"),
+                                   dict(pdl=True, pre=0, trigger="none"), dict(persistent=16),
+                                   dict(persistent=16, pdl=True, pre=1, trigger="entry"),
+                                   dict(pdl=True, pre=1, trigger="wait", split=3)])
+def test_gpu_pdl_variants_graph(extra):
+    # back-to-back PDL launches captured in a graph, each call on its own inputs, one of them split K:
+    # every output equals the default kernel's bit for bit
+    dev = torch.device("cuda")
+    M, K, L = 1000, 2048 + 16, 3
+    xs = [make_inputs(M, K, L, dev) for _ in range(3)]
+    plan = gemv_plan(M, K // 16, L, dev)
+    cfg = {**plan, **extra}
+
+    def call(x, out, c):
+        gemv_launch(*(x[k].view(torch.uint8) for k in ("a", "b", "sfa", "sfb")), out, 1.0, cfg=c)
+
+    want = [torch.full_like(x["c"], float("nan")) for x in xs]
+    for x, w in zip(xs, want):
+        call(x, w, plan)
+    outs = [torch.full_like(x["c"], float("nan")) for x in xs]
+    for x, o in zip(xs, outs):
+        call(x, o, cfg)  # compile before capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(2):
+            for x, o in zip(xs, outs):
+                call(x, o, cfg)
+    for o in outs:
+        o.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    for x, o, w in zip(xs, outs, want):
+        assert torch.equal(o, w) and rel_err(o, _ref(x)) <= GEMV_TOL
