@@ -230,7 +230,9 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
     if PERSISTENT:
         for t in range(tl.program_id(0), n_mtiles * L, tl.num_programs(0)):
             _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, t % n_mtiles, (t // n_mtiles).to(tl.int64),
-                      0, M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
+                      # split 0 as a runtime value: with a constant 0 the K offsets look fully contiguous and
+                      # the weight loads get a wider layout than the math (shared-memory shuffles)
+                      tl.program_id(2), M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
                       BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT)
     else:
         _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, tl.program_id(0),
