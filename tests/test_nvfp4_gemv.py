@@ -8,7 +8,7 @@ from llmkernels import (NVFP4Linear, from_blocked, nvfp4_dequantize, nvfp4_gemv,
 from llmkernels.checking import rel_err
 from llmkernels.ops.nvfp4_gemv import custom_kernel
 from llmkernels.ops.nvfp4_gemv.format import E2M1_VALUES, pack_codes, unpack_e2m1
-from llmkernels.ops.nvfp4_gemv.kernel import dequant_launch, gemv_launch, gemv_tile, linear_launch
+from llmkernels.ops.nvfp4_gemv.kernel import dequant_launch, gemv_launch, gemv_plan, gemv_tile, linear_launch
 from llmkernels.ops.nvfp4_gemv.reference import nvfp4_gemv_ref, nvfp4_linear_ref
 from llmkernels.ops.nvfp4_gemv.spec import GEMV_TOL, LINEAR_TOL, make_inputs, make_linear_inputs, random_scales
 
@@ -180,6 +180,33 @@ def test_gemv_launch_configs_poisoned(device, cfg):
     out = torch.full((M, 1, L), float("nan"), dtype=torch.float16, device=device)
     gemv_launch(x["a"].view(torch.uint8), x["b"].view(torch.uint8), x["sfa"].view(torch.uint8),
                 x["sfb"].view(torch.uint8), out, 0.5, cfg=cfg)
+    assert rel_err(out, _ref(x, 0.5)) <= GEMV_TOL
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(BM=8, BB=16, num_warps=4, split=1, pdl=True, pre=1, trigger="entry"),
+    dict(BM=8, BB=16, num_warps=4, split=1, pdl=True, pre=2, trigger="last_load"),
+    dict(BM=4, BB=32, num_warps=2, split=3, pdl=True, pre=2, trigger="wait"),        # split: partials after the wait
+    dict(BM=4, BB=64, num_warps=2, split=1, pdl=True, pre=2, trigger="last_load"),   # PRE 2 > tiles per program
+    dict(BM=2, BB=16, num_warps=1, split=1, pdl=True, pre=1, prefetch=True, trigger="last_load"),
+    dict(BM=8, BB=32, num_warps=4, split=1, pdl=True, pre=0, trigger="none"),
+    dict(BM=4, BB=32, num_warps=2, split=1, persistent=1),                           # 4 programs, 16 row tiles
+    dict(BM=4, BB=32, num_warps=2, split=1, persistent=2, pdl=True, pre=1, trigger="entry"),
+    dict(BM=4, BB=32, num_warps=2, split=2, persistent=1),                           # split: not persistent
+])
+def test_gemv_pdl_order_and_persistent_bit_identical(device, cfg):
+    # the PDL code order (first weight tiles loaded before the wait, peeled) and the persistent grid sum the
+    # tiles in the same order as the default kernel: equal bit for bit, and to the reference within GEMV_TOL
+    M, K, L = 29, 480, 2  # 30 blocks: a partial last tile for every BB
+    x = make_inputs(M, K, L, device, n_pad=2)
+    args = [x[k].view(torch.uint8) for k in ("a", "b", "sfa", "sfb")]
+    base = {k: cfg[k] for k in ("BM", "BB", "num_warps", "split")}
+    base["prefetch"] = cfg.get("prefetch", False)
+    want = torch.full((M, 1, L), float("nan"), dtype=torch.float16, device=device)
+    gemv_launch(*args, want, 0.5, cfg=base)
+    out = torch.full((M, 1, L), float("nan"), dtype=torch.float16, device=device)
+    gemv_launch(*args, out, 0.5, cfg=cfg)
+    assert torch.equal(out, want)
     assert rel_err(out, _ref(x, 0.5)) <= GEMV_TOL
 
 
@@ -390,3 +417,39 @@ def test_gpu_cuda_graph():
     torch.cuda.synchronize()
     assert rel_err(x["c"], _ref(x)) <= GEMV_TOL
     assert rel_err(y, nvfp4_linear_ref(lx["x"], lx["packed"], lx["scales"], lx["gs"])) <= LINEAR_TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("extra", [dict(pdl=True, pre=1, trigger="entry"), dict(pdl=True, pre=2, trigger="last_load"),
+                                   dict(pdl=True, pre=0, trigger="none"), dict(persistent=16),
+                                   dict(persistent=16, pdl=True, pre=1, trigger="entry"),
+                                   dict(pdl=True, pre=1, trigger="wait", split=3)])
+def test_gpu_pdl_variants_graph(extra):
+    # back-to-back PDL launches captured in a graph, each call on its own inputs, one of them split K:
+    # every output equals the default kernel's bit for bit
+    dev = torch.device("cuda")
+    M, K, L = 1000, 2048 + 16, 3
+    xs = [make_inputs(M, K, L, dev) for _ in range(3)]
+    plan = gemv_plan(M, K // 16, L, dev)
+    cfg = {**plan, **extra}
+
+    def call(x, out, c):
+        gemv_launch(*(x[k].view(torch.uint8) for k in ("a", "b", "sfa", "sfb")), out, 1.0, cfg=c)
+
+    want = [torch.full_like(x["c"], float("nan")) for x in xs]
+    for x, w in zip(xs, want):
+        call(x, w, plan)
+    outs = [torch.full_like(x["c"], float("nan")) for x in xs]
+    for x, o in zip(xs, outs):
+        call(x, o, cfg)  # compile before capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(2):
+            for x, o in zip(xs, outs):
+                call(x, o, cfg)
+    for o in outs:
+        o.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    for x, o, w in zip(xs, outs, want):
+        assert torch.equal(o, w) and rel_err(o, _ref(x)) <= GEMV_TOL

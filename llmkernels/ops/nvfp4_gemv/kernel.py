@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from ..._runtime import interpreting, num_sms
+from ..combine.kernel import pdl_enabled
 
 # byte lookup tables for prmt: 2*|e2m1| of codes 0..3 and 4..7 (0, 1, 2, 3 | 4, 6, 8, 12)
 _LUT = "mov.b32 qk0, 0x03020100;\nmov.b32 qk1, 0x0C080604;\n"
@@ -113,14 +114,52 @@ def _tile_term(a, sa, b, sb, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr):
 
 
 @triton.jit
-def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
-                 M, L, KB, per_split,
-                 s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
-                 BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
-                 USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr):
-    pid_m = tl.program_id(0)
-    l = tl.program_id(1).to(tl.int64)
-    split = tl.program_id(2)
+def _gdc_wait(EMIT: tl.constexpr):
+    if EMIT:  # griddepcontrol.* is inline PTX: absent under the interpreter (the code order is still tested)
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _gdc_trigger(EMIT: tl.constexpr):
+    if EMIT:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def _load_weights(a_rows, sa_rows, row_ok, k0, k_hi, s_sak, BB: tl.constexpr):
+    """a and sfa of one tile (model weights: safe to read before griddepcontrol.wait)."""
+    kk = k0 + tl.arange(0, BB)
+    m2 = row_ok[:, None] & (kk < k_hi)[None, :]
+    a = tl.load(a_rows + kk[None, :], mask=m2, other=0)
+    sa = tl.load(sa_rows + tl.max_contiguous(kk, 2)[None, :] * s_sak, mask=m2, other=0)
+    return a, sa
+
+
+@triton.jit
+def _load_act(b_row, sb_row, k0, k_hi, s_sbk, BB: tl.constexpr):
+    """b and sfb of one tile (activations: possibly written by the preceding kernel)."""
+    kk = k0 + tl.arange(0, BB)
+    k_ok = kk < k_hi
+    b = tl.load(b_row + kk[None, :], mask=k_ok[None, :], other=0)
+    sb = tl.load(sb_row + tl.max_contiguous(kk, 2)[None, :] * s_sbk, mask=k_ok[None, :], other=0)
+    return b, sb
+
+
+@triton.jit
+def _trigger_if_last(k0, k_hi, BB: tl.constexpr, TRIGGER: tl.constexpr, EMIT: tl.constexpr):
+    if TRIGGER == 2:  # after the program's last load is issued (one thread per CTA suffices; repeats are no-ops)
+        if k0 + BB >= k_hi:
+            _gdc_trigger(EMIT)
+
+
+@triton.jit
+def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, split,
+              M, L, KB, per_split,
+              s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
+              BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
+              USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr,
+              TRIGGER: tl.constexpr, EMIT: tl.constexpr):
+    """Output rows pid_m*BM.. of batch l over the K range of `split`."""
     rows = pid_m * BM + tl.arange(0, BM)
     row_ok = rows < M
     k_lo = split * per_split
@@ -130,15 +169,42 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
     b_row = b_ptr + l * s_bl
     sb_row = sb_ptr + l * s_sbl
     acc = tl.zeros([BM, BB], tl.float32)  # per-thread partials; one cross-thread reduction at the end
+    k_start = k_lo
+    if USE_GDC:
+        # programmatic dependent launch: the preceding kernel may still run. The first PRE tiles of the
+        # weights (a, sfa) are loaded before the wait; b, sfb, the stores (and partials) only after it.
+        # The tiles are summed in the same order as below (bit-identical results).
+        if PRE >= 1:
+            a0, sa0 = _load_weights(a_rows, sa_rows, row_ok, k_lo, k_hi, s_sak, BB)
+        if PRE >= 2:
+            a1, sa1 = _load_weights(a_rows, sa_rows, row_ok, k_lo + BB, k_hi, s_sak, BB)
+        _gdc_wait(EMIT)
+        if TRIGGER == 1:  # once the preceding kernel is done: the next one may start
+            _gdc_trigger(EMIT)
+        if PRE >= 1:
+            b0, sb0 = _load_act(b_row, sb_row, k_lo, k_hi, s_sbk, BB)
+            if PRE >= 2:
+                b1, sb1 = _load_act(b_row, sb_row, k_lo + BB, k_hi, s_sbk, BB)
+                _trigger_if_last(k_lo + BB, k_hi, BB, TRIGGER, EMIT)
+            else:
+                _trigger_if_last(k_lo, k_hi, BB, TRIGGER, EMIT)
+            acc += _tile_term(a0, sa0, b0, sb0, USE_ASM, FIX_NAN)
+            if PRE >= 2:
+                acc += _tile_term(a1, sa1, b1, sb1, USE_ASM, FIX_NAN)
+            k_start = k_lo + PRE * BB
     if PREFETCH:  # issue tile i+1's loads before decoding tile i (masked past the end: no traffic)
-        a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k_lo, k_hi, s_sak, s_sbk, BB)
-        for k0 in range(k_lo, k_hi, BB):
+        a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k_start, k_hi, s_sak, s_sbk, BB)
+        for k0 in range(k_start, k_hi, BB):
             a2, sa2, b2, sb2 = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0 + BB, k_hi, s_sak, s_sbk, BB)
+            if USE_GDC:
+                _trigger_if_last(k0 + BB, k_hi, BB, TRIGGER, EMIT)
             acc += _tile_term(a, sa, b, sb, USE_ASM, FIX_NAN)
             a, sa, b, sb = a2, sa2, b2, sb2
     else:
-        for k0 in range(k_lo, k_hi, BB):
+        for k0 in range(k_start, k_hi, BB):
             a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0, k_hi, s_sak, s_sbk, BB)
+            if USE_GDC:
+                _trigger_if_last(k0, k_hi, BB, TRIGGER, EMIT)
             acc += _tile_term(a, sa, b, sb, USE_ASM, FIX_NAN)
     total = tl.sum(acc, axis=1)
     if PARTIAL:  # split K: fp32 partial sums, reduced in a fixed order by _reduce_kernel
@@ -148,9 +214,43 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
 
 
 @triton.jit
+def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
+                 M, L, KB, per_split, n_mtiles,
+                 s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
+                 BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
+                 USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr,
+                 TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr, EMIT: tl.constexpr):
+    """USE_GDC (launched with programmatic dependent launch): TRIGGER 0 = no explicit trigger (the next
+    kernel may start when this grid's programs have exited), 1 = right after griddepcontrol.wait, 2 = after
+    the program's last load is issued, 3 = at entry. PERSISTENT: grid (P, 1, 1), program p handles the row
+    tiles p, p + P, ... (split 1 only)."""
+    if USE_GDC:
+        if TRIGGER == 3:
+            _gdc_trigger(EMIT)
+    if PERSISTENT:
+        for t in range(tl.program_id(0), n_mtiles * L, tl.num_programs(0)):
+            _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, t % n_mtiles, (t // n_mtiles).to(tl.int64),
+                      # split 0 as a runtime value: with a constant 0 the K offsets look fully contiguous and
+                      # the weight loads get a wider layout than the math (shared-memory shuffles)
+                      tl.program_id(2), M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
+                      BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT)
+    else:
+        _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, tl.program_id(0),
+                  tl.program_id(1).to(tl.int64), tl.program_id(2),
+                  M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
+                  BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT)
+
+
+@triton.jit
 def _reduce_kernel(part_ptr, out_ptr, scale_ptr, bias_ptr, alpha, R, C, s_or, s_oc,
-                   SPLIT: tl.constexpr, BLOCK: tl.constexpr, HAS_SCALE_PTR: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """out[r, c] = alpha * (scale) * sum_s part[s, r, c] (+ bias[c]), in a fixed order (deterministic)."""
+                   SPLIT: tl.constexpr, BLOCK: tl.constexpr, HAS_SCALE_PTR: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   USE_GDC: tl.constexpr = False):
+    """out[r, c] = alpha * (scale) * sum_s part[s, r, c] (+ bias[c]), in a fixed order (deterministic).
+
+    USE_GDC: launched with programmatic dependent launch after the split kernel: wait for its partials."""
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     r = tl.program_id(1).to(tl.int64)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < C
@@ -256,6 +356,11 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device) -> dict:
     Measured on H100 (benchmarks/notes/nvfp4_gemv.md): 2-warp programs over 128 blocks win when there are few
     row tiles per SM, 4-warp programs over 256 blocks when there are many (>= 16 per SM); K is split only
     when the row tiles cannot fill the GPU.
+
+    Optional keys read by gemv_launch (defaults = the measured v2 kernel): prefetch (bool); pdl (bool:
+    programmatic dependent launch, Hopper+ only, ignored elsewhere), pre (0/1/2: weight tiles loaded
+    before griddepcontrol.wait), trigger ("none" | "wait" | "last_load" | "entry": where the next kernel is
+    allowed to launch); persistent (int, 0 = off: programs per SM of a grid-stride loop over row tiles).
     """
     sms = num_sms(device)
     R = 4
@@ -271,8 +376,20 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device) -> dict:
     return dict(BM=BM, BB=BB, num_warps=nw, split=split, num_stages=1)
 
 
+TRIGGERS = {"none": 0, "wait": 1, "last_load": 2, "entry": 3}
+
+
 def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None):
-    """a8 uint8 [M, K/2, L]; b8 uint8 [N, K/2, L] (row 0 used); sa8/sb8 uint8 [., K/16, L]; out fp16 [M, 1, L]."""
+    """a8 uint8 [M, K/2, L]; b8 uint8 [N, K/2, L] (row 0 used); sa8/sb8 uint8 [., K/16, L]; out fp16 [M, 1, L].
+
+    With cfg["pdl"] (Hopper+, not the interpreter) the kernel is launched with programmatic dependent launch:
+    it may start while the preceding kernel on the stream is still running, and reads a8/sa8 (its first
+    cfg["pre"] tiles) before griddepcontrol.wait; b8, sb8, out and the split-K partials are touched only after
+    the wait (which returns once the preceding kernel has completed and its writes are visible). Contract:
+    a8 and sa8 (weights) must not be written by a kernel that may still be running when this one starts: the
+    preceding kernel on the stream, and, if that one lets its dependents launch early (trigger before its own
+    end), the kernels before it back to the first that does not.
+    """
     M, KH, L = a8.shape
     KB = KH // 8
     if M == 0 or L == 0:
@@ -286,20 +403,31 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None):
     BM, BB = cfg["BM"], cfg["BB"]
     per = -(-(-(-KB // cfg["split"])) // BB) * BB  # blocks per split, a multiple of BB
     split = -(-KB // per)
+    # cfg["pdl"] under the interpreter: the PDL code order (weights before the wait) without the launch
+    order = bool(cfg.get("pdl", False)) and (interpreting() or pdl_enabled(a8.device))
+    pdl = order and not interpreting()
+    n_mtiles = triton.cdiv(M, BM)
+    persistent = int(cfg.get("persistent", 0)) if split == 1 else 0
+    if persistent:
+        grid = (min(n_mtiles * L, persistent * num_sms(a8.device)), 1, 1)
+    else:
+        grid = (n_mtiles, L, split)
     part = torch.empty(split, L, M, dtype=torch.float32, device=a8.device) if split > 1 else out
     if use_asm is None:
         use_asm = not interpreting()
-    _gemv_kernel[(triton.cdiv(M, BM), L, split)](
+    _gemv_kernel[grid](
         a64, sa8, b64, sb8, out, part, alpha if split == 1 else 1.0,
-        M, L, KB, per,
+        M, L, KB, per, n_mtiles,
         a64.stride(0), a64.stride(1), *sa8.stride(), *b64.stride()[:1], *sb8.stride(), out.stride(0), out.stride(2),
         BM=BM, BB=BB, PARTIAL=split > 1, PREFETCH=cfg.get("prefetch", False), USE_ASM=use_asm,
-        FIX_NAN=interpreting(),
-        num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1))
+        FIX_NAN=interpreting(), USE_GDC=order, PRE=int(cfg.get("pre", 1)) if order else 0,
+        TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0, PERSISTENT=bool(persistent), EMIT=pdl,
+        num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1), **({"launch_pdl": True} if pdl else {}))
     if split > 1:
         blk = 256
         _reduce_kernel[(triton.cdiv(M, blk), L)](part, out, part, part, alpha, L, M, out.stride(2), out.stride(0),
-                                                 SPLIT=split, BLOCK=blk, HAS_SCALE_PTR=False, HAS_BIAS=False)
+                                                 SPLIT=split, BLOCK=blk, HAS_SCALE_PTR=False, HAS_BIAS=False,
+                                                 USE_GDC=pdl, **({"launch_pdl": True} if pdl else {}))
     return out
 
 
