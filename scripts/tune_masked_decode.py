@@ -40,6 +40,10 @@ if "--round2" in sys.argv:  # PDL chain on/off, deeper pipelines, and the cost o
                 for ps, ns, bn in ((2, 3, 64), (2, 2, 128)) for p in (False, True)]
     configs += [dict(plan="stream", per_sm=2, num_stages=4, block_n=64), dict(plan="stream", per_sm=1, num_stages=4, block_n=128),
                 dict(plan="stream", per_sm=3, num_stages=3, block_n=32), dict(plan="stream", per_sm=2, num_stages=3, block_n=64, num_warps=8)]
+if "--round3" in sys.argv:  # the split plan with the tile/depth that won the sparse cases of round 2
+    configs = [dict(plan="split", waves=w, num_stages=ns, block_n=bn, num_warps=nw)
+               for w, ns, bn, nw in itertools.product([2, 3], [2, 3], [64, 128], [2, 4])]
+    configs += [dict(plan="stream", per_sm=2, num_stages=3, block_n=64, num_warps=nw) for nw in (2, 4)]
 if "--quick" in sys.argv:
     shapes = shapes[:2]
 

@@ -32,6 +32,14 @@ VARIANTS = {
     "reduce-pf-w8": ({"mha_path": "reduce", "prefetch_table": True, "num_warps": 8}, ("nhd", "legacy")),
     "reduce-pf-pps32": ({"mha_path": "reduce", "prefetch_table": True, "programs_per_sm": 32}, ("nhd", "legacy")),
 }
+if "--round2" in sys.argv:  # more programs in flight for the reduce path (it is not cp.async-pipelined)
+    sys.argv.remove("--round2")
+    VARIANTS = {"v2": ({}, ("nhd",))}
+    for pps in (32, 48, 64):
+        for bn, nw in ((64, 4), (32, 4), (64, 8), (32, 2)):
+            VARIANTS[f"reduce-pf-pps{pps}-n{bn}w{nw}"] = (
+                {"mha_path": "reduce", "prefetch_table": True, "programs_per_sm": pps, "block_n": bn, "num_warps": nw},
+                ("legacy",))
 if len(sys.argv) > 1:  # optional subset: python scripts/xl_legacy_sweep.py v2 reduce-pf
     VARIANTS = {k: v for k, v in VARIANTS.items() if k in sys.argv[1:]}
 

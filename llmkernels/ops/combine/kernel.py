@@ -6,6 +6,16 @@ import triton.language as tl
 from ..._runtime import interpreting
 
 @triton.jit
+def pdl_enter(USE_GDC: tl.constexpr):
+    """Entry of a split kernel launched with programmatic dependent launch: wait until the preceding kernel's
+    writes are visible (it may still have been running when this grid started), then let the dependent merge
+    launch (it waits for this grid's writes in turn)."""
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def merge_row(
     o_ptr, lse_ptr, out_ptr, lse_out_ptr, row, S, D,
     stride_os, stride_or, stride_ls, stride_lr, stride_out_r,

@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 from ..._runtime import num_sms
-from ..combine.kernel import combine, pdl_enabled
+from ..combine.kernel import combine, pdl_enabled, pdl_enter
 
 
 @triton.jit
@@ -75,9 +75,7 @@ def _split_kernel(
     HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     """Grid (splits, B * Hkv): program (s, r) takes tokens [s * chunk, (s + 1) * chunk) of row r."""
-    if USE_GDC:  # launched early after the previous kernel: wait for its writes, then let the combine launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_GDC)
     split = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     _row_part(q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr, r, split * chunk, split * chunk + chunk,
@@ -97,9 +95,7 @@ def _stream_kernel(
     """Grid (P,): the W = B * Hkv * upr units of UNIT tokens are cut into P equal ranges, one per program, so
     every SM streams the same number of bytes in one wave (no split rounding, no second-wave ramp). A range
     may cross rows: each row segment becomes one part, stored at slot (program - first program of the row)."""
-    if USE_GDC:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_GDC)
     p = tl.program_id(0).to(tl.int64)
     u = p * W // P
     u_end = (p + 1) * W // P

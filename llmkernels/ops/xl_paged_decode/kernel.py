@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 from ..._runtime import num_sms
-from ..combine.kernel import combine
+from ..combine.kernel import combine, pdl_enabled, pdl_enter
 
 
 @triton.jit
@@ -140,8 +140,9 @@ def _split_kernel(
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr,
     HAS_U: tl.constexpr, HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr, K_NATIVE: tl.constexpr, MHA_REDUCE: tl.constexpr,
-    PREFETCH_TBL: tl.constexpr,
+    PREFETCH_TBL: tl.constexpr, USE_GDC: tl.constexpr,
 ):
+    pdl_enter(USE_GDC)
     split = tl.program_id(0)
     sh = tl.program_id(1)
     s = (sh // Hkv).to(tl.int64)
@@ -238,7 +239,7 @@ def default_config(D: int, esize: int, legacy: bool = False, G: int = 1) -> dict
     """
     block_n = max(16, min(64, 16384 // (triton.next_power_of_2(D) * esize)))
     cfg = {"block_n": block_n, "num_warps": 8 if esize == 4 else 4, "num_stages": 2, "programs_per_sm": 16,
-           "mha_path": "dot", "legacy_k": "v2", "prefetch_table": False}
+           "mha_path": "dot", "legacy_k": "v2", "prefetch_table": False, "pdl": True}
     if legacy:
         cfg.update(LEGACY_DEFAULTS.get("mha" if G == 1 else "gqa", {}))
     else:
@@ -310,7 +311,8 @@ def xl_paged_decode_fwd(q, k_cache, v_cache, block_tables, context_lens, u, bd, 
         HAS_U=u is not None, HAS_BD=bd is not None,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         K_NATIVE=legacy and cfg["legacy_k"] == "native", MHA_REDUCE=G == 1 and cfg["mha_path"] == "reduce",
-        PREFETCH_TBL=bool(cfg["prefetch_table"]),
+        PREFETCH_TBL=bool(cfg["prefetch_table"]), USE_GDC=pdl_enabled(q.device),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **({"launch_pdl": True} if pdl_enabled(q.device) and cfg["pdl"] else {}),
     )
     combine(o_part, lse_part, out.view(S * H, D), lse.view(S * H))
