@@ -89,22 +89,19 @@ def test_every_output_written(device):
     assert rel_err(out, ro) <= OUT_TOL[torch.float16] and rel_err(lse, rl) <= LSE_TOL
 
 
-@pytest.mark.parametrize("B,Hkv,G,L,D,per_sm,lens", [
-    (2, 2, 4, 157, 64, 1, None), (3, 2, 4, 90, 64, 2, [90, 1, 0]), (1, 1, 16, 300, 128, 3, None),
-    (5, 2, 2, 20, 64, 4, None), (2, 1, 1, 500, 64, 1, [10, 400])])
-def test_stream_plan(device, B, Hkv, G, L, D, per_sm, lens):
-    # the stream plan cuts B * Hkv * L into one equal range per program (4 "SMs" under the interpreter):
-    # ranges cross rows and rows are shared by several programs; NaN-poisoned outputs catch unwritten rows
+@pytest.mark.parametrize("cfg", [{"block_n": 128, "num_stages": 2}, {"block_n": 64, "num_stages": 3}])
+def test_both_tile_configs(device, cfg):
+    # the no-mask and the mask configs, each on masked and varlen data; NaN-poisoned outputs
+    B, Hkv, G, L, D = 3, 2, 4, 300, 64
     x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device, kept=0.6)
     x["drop"][-1, -1] = True
-    kl = None if lens is None else torch.tensor(lens, dtype=torch.int32, device=device)
-    out = torch.full((B, Hkv * G, D), float("nan"), dtype=torch.float16, device=device)
-    lse = torch.full((B, Hkv * G), float("nan"), dtype=torch.float32, device=device)
-    masked_decode_fwd(x["q"], x["k"], x["v"], x["drop"], kl, L, D ** -0.5, out, lse,
-                      {"plan": "stream", "per_sm": per_sm})
-    ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"], kl)
-    assert rel_err(out, ro) <= OUT_TOL[torch.float16] and rel_err(lse, rl) <= LSE_TOL
-    assert torch.all(lse[-1, -G:] == -math.inf) and torch.all(out[-1, -G:] == 0)
+    for kl in (None, torch.tensor([300, 1, 0], dtype=torch.int32, device=device)):
+        out = torch.full((B, Hkv * G, D), float("nan"), dtype=torch.float16, device=device)
+        lse = torch.full((B, Hkv * G), float("nan"), dtype=torch.float32, device=device)
+        masked_decode_fwd(x["q"], x["k"], x["v"], x["drop"], kl, L, D ** -0.5, out, lse, cfg)
+        ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"], kl)
+        assert rel_err(out, ro) <= OUT_TOL[torch.float16] and rel_err(lse, rl) <= LSE_TOL
+        assert torch.all(lse[-1, -G:] == -math.inf) and torch.all(out[-1, -G:] == 0)
 
 
 def test_empty_batch(device):
@@ -229,17 +226,17 @@ def test_gpu_matrix(dtype, G, D):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("plan", ["split", "stream"])
+@pytest.mark.parametrize("cfg", [{"block_n": 128, "num_stages": 2}, {"block_n": 64, "num_stages": 3}])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("G,D", [(1, 64), (4, 128), (8, 256), (16, 128)])
-def test_gpu_plans_poisoned(plan, dtype, G, D):
+def test_gpu_configs_poisoned(cfg, dtype, G, D):
     B, Hkv, L = 3, 2, 30001
     x = make_inputs(B, Hkv, Hkv * G, L, D, dtype, torch.device("cuda"), kept=0.6, cache_len=32768)
     x["drop"][1, 0] = True
     for lens in (None, torch.tensor([30001, 1234, 0], dtype=torch.int32, device="cuda")):
         out = torch.full((B, Hkv * G, D), float("nan"), dtype=dtype, device="cuda")
         lse = torch.full((B, Hkv * G), float("nan"), device="cuda")
-        masked_decode_fwd(x["q"], x["k"], x["v"], x["drop"], lens, L, D ** -0.5, out, lse, {"plan": plan, "waves": 2})
+        masked_decode_fwd(x["q"], x["k"], x["v"], x["drop"], lens, L, D ** -0.5, out, lse, cfg)
         ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"], lens)
         assert rel_err(out, ro) <= OUT_TOL[dtype] and rel_err(lse, rl) <= LSE_TOL
 

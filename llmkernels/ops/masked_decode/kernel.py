@@ -40,33 +40,6 @@ def _attend(q, k_base, v_base, m_base, s_kl, s_vl, s_ml, lo, hi, qk_scale,
 
 
 @triton.jit
-def _row_part(q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr, r, lo, hi, slot, Hkv, L, kv_len, qk_scale,
-              s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
-              G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-              HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr):
-    """Attend the G query heads of (batch, kv head) r = b * Hkv + h to tokens [lo, hi) and store the part
-    (normalised out, natural-log lse; -inf when nothing is kept) at index `slot` of its rows."""
-    b = r // Hkv
-    h = r % Hkv
-    if HAS_LENS:
-        hi = tl.minimum(hi, tl.minimum(tl.maximum(tl.load(lens_ptr + b), 0), L))
-    else:
-        hi = tl.minimum(hi, kv_len)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, D)
-    q = tl.load(q_ptr + b * s_qb + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :],
-                mask=(offs_g < G)[:, None], other=0.0)
-    m_i, l_i, acc = _attend(q, k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh,
-                            drop_ptr + b * s_mb + h * s_mh, s_kl, s_vl, s_ml, lo, hi, qk_scale,
-                            BLOCK_G, D, BLOCK_N, HAS_DROP)
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
-    rows = r * G + offs_g
-    tl.store(o_ptr + rows[:, None] * s_or + slot * s_os + offs_d[None, :], o, mask=(offs_g < G)[:, None])
-    tl.store(lse_ptr + rows * s_lr + slot, lse, mask=offs_g < G)
-
-
-@triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr,
     Hkv, L, kv_len, chunk, qk_scale,
@@ -74,56 +47,38 @@ def _split_kernel(
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr,
 ):
-    """Grid (splits, B * Hkv): program (s, r) takes tokens [s * chunk, (s + 1) * chunk) of row r."""
+    """Grid (splits, B * Hkv): program (s, b * Hkv + h) attends the G query heads of kv head h to tokens
+    [s * chunk, (s + 1) * chunk) of sequence b and stores that part (normalised out; lse, -inf if empty)."""
     pdl_enter(USE_GDC)
     split = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
-    _row_part(q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr, r, split * chunk, split * chunk + chunk,
-              split, Hkv, L, kv_len, qk_scale, s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml,
-              s_or, s_os, s_lr, G, BLOCK_G, D, BLOCK_N, HAS_DROP, HAS_LENS)
+    b = r // Hkv
+    h = r % Hkv
+    if HAS_LENS:
+        length = tl.minimum(tl.maximum(tl.load(lens_ptr + b), 0), L)
+    else:
+        length = kv_len
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * s_qb + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :],
+                mask=(offs_g < G)[:, None], other=0.0)
+    m_i, l_i, acc = _attend(q, k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh,
+                            drop_ptr + b * s_mb + h * s_mh, s_kl, s_vl, s_ml,
+                            split * chunk, tl.minimum(split * chunk + chunk, length), qk_scale,
+                            BLOCK_G, D, BLOCK_N, HAS_DROP)
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
+    rows = r * G + offs_g
+    tl.store(o_ptr + rows[:, None] * s_or + split * s_os + offs_d[None, :], o, mask=(offs_g < G)[:, None])
+    tl.store(lse_ptr + rows * s_lr + split, lse, mask=offs_g < G)
 
 
-@triton.jit
-def _stream_kernel(
-    q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr,
-    Hkv, L, kv_len, upr, W, P, qk_scale,
-    s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
-    G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, UNIT: tl.constexpr,
-    S_MAX: tl.constexpr, BLOCK_S: tl.constexpr,
-    HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr,
-):
-    """Grid (P,): the W = B * Hkv * upr units of UNIT tokens are cut into P equal ranges, one per program, so
-    every SM streams the same number of bytes in one wave (no split rounding, no second-wave ramp). A range
-    may cross rows: each row segment becomes one part, stored at slot (program - first program of the row)."""
-    pdl_enter(USE_GDC)
-    p = tl.program_id(0).to(tl.int64)
-    u = p * W // P
-    u_end = (p + 1) * W // P
-    while u < u_end:
-        r = u // upr
-        row_end = (r + 1) * upr
-        seg_end = tl.minimum(u_end, row_end)
-        first = ((r * upr + 1) * P - 1) // W  # the program that holds unit r * upr
-        _row_part(q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr, r, (u - r * upr) * UNIT,
-                  (seg_end - r * upr) * UNIT, p - first, Hkv, L, kv_len, qk_scale,
-                  s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
-                  G, BLOCK_G, D, BLOCK_N, HAS_DROP, HAS_LENS)
-        if seg_end == row_end:  # this program closes row r: mark the row's unused slots empty for the merge
-            n_parts = p - first + 1
-            offs_s = tl.arange(0, BLOCK_S)
-            offs_g = tl.arange(0, BLOCK_G)
-            tl.store(lse_ptr + (r * G + offs_g)[:, None] * s_lr + offs_s[None, :], float("-inf"),
-                     mask=(offs_g < G)[:, None] & ((offs_s >= n_parts) & (offs_s < S_MAX))[None, :])
-        u = seg_end
-
-
-# Launch configuration. "stream" cuts the work into one equal range per resident program; "split" gives every
-# (batch, kv head) the same number of splits, with (waves, num_stages) timed on the first call per shape class
-# (how many programs per SM balance ramp/tail against per-split overhead depends on B * Hkv and L).
-CONFIG = {"plan": "split", "block_n": 128, "num_warps": 4, "num_stages": 2, "waves": 2, "per_sm": 1, "pdl": True}
-CHOICES = ((1, 3), (2, 2), (3, 2), (4, 2), (6, 2), (8, 2))  # (waves, num_stages) tried on first call
-UNIT = 16  # tokens: granularity of the stream plan's ranges
-_TUNED = {}
+# Launch configuration (benchmarks/notes/masked_decode.md, sweep rounds 1-3 on the H100): B * Hkv * splits ~ 2
+# programs per SM, all resident in one wave. With a drop mask, 64-token tiles in a 3-stage pipeline (two tiles in
+# flight per program) keep enough bytes in flight when rows are dropped; with no mask, 128-token tiles in one
+# buffer stream ~1.5 % faster.
+CONFIG = {"block_n": 128, "num_warps": 4, "num_stages": 2, "waves": 2, "pdl": True}
+MASKED_CONFIG = {**CONFIG, "block_n": 64, "num_stages": 3}
 
 
 def _plan(B: int, Hkv: int, L: int, device: torch.device, waves: int):
@@ -133,35 +88,13 @@ def _plan(B: int, Hkv: int, L: int, device: torch.device, waves: int):
     return triton.cdiv(max(L, 1), chunk), chunk
 
 
-def stream_plan(rows: int, span: int, device: torch.device, per_sm: int):
-    """(units per row, total units W, programs P, most parts of one row) for the stream plan."""
-    upr = triton.cdiv(max(span, 1), UNIT)
-    W = rows * upr
-    P = max(1, min(W, per_sm * num_sms(device)))
-    # a row of upr units meets at most ceil(upr / min range) + 1 ranges (and never more than P)
-    return upr, W, P, min(P, triton.cdiv(upr, W // P) + 1)
-
-
-def _choose(key, device, launch, cfg, tune: bool):
-    """(waves, num_stages): the config's, or on first sight of a shape class on a GPU, the fastest candidate."""
-    default = (cfg["waves"], cfg["num_stages"])
-    if not tune:
-        return default
-    if key not in _TUNED:
-        if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-            return default  # nothing to time (interpreter), or timing would break the capture
-        times = {c: triton.testing.do_bench(lambda: launch(*c), warmup=3, rep=15, return_mode="median") for c in CHOICES}
-        _TUNED[key] = min(times, key=times.get)
-    return _TUNED[key]
-
-
 def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, out, lse, config=None):
     """q [B, Hq, D] (unit last stride); k, v [B, Hkv, L, D]; writes out [B, Hq, D] and lse [B, Hq] (contiguous).
 
-    config may override CONFIG's keys; with the split plan, giving "waves" skips the first-call tuning.
+    config may override the keys of CONFIG (no mask) / MASKED_CONFIG (with a drop mask).
     """
     assert out.is_contiguous() and lse.is_contiguous()
-    cfg = CONFIG if config is None else {**CONFIG, **config}
+    cfg = {**(CONFIG if drop_mask is None else MASKED_CONFIG), **(config or {})}
     B, Hq, D = q.shape
     Hkv, L = k.shape[1], k.shape[2]
     G = Hq // Hkv
@@ -171,32 +104,18 @@ def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float,
     span = L if kv_lens is not None else kv_len
     drop = drop_mask.view(torch.uint8) if drop_mask is not None else q
     ms = drop_mask.stride() if drop_mask is not None else (0, 0, 0)
-    args = (q, k, v, drop, kv_lens if kv_lens is not None else q)
     pdl = pdl_enabled(q.device)
-    strides = (q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], *ms)
-    meta = dict(G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n,
-                HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl,
-                num_warps=cfg["num_warps"], **({"launch_pdl": True} if pdl and cfg["pdl"] else {}))
-
-    if cfg["plan"] == "stream":
-        upr, W, P, s_max = stream_plan(B * Hkv, span, q.device, cfg["per_sm"])
-        o_part = torch.empty(B * Hq, s_max, D, dtype=torch.float32, device=q.device)
-        lse_part = torch.empty(B * Hq, s_max, dtype=torch.float32, device=q.device)
-        _stream_kernel[(P,)](*args, o_part, lse_part, Hkv, L, kv_len, upr, W, P, sm_scale * 1.4426950408889634,
-                             *strides, o_part.stride(0), o_part.stride(1), lse_part.stride(0),
-                             UNIT=UNIT, S_MAX=s_max, BLOCK_S=triton.next_power_of_2(s_max),
-                             num_stages=cfg["num_stages"], **meta)
-        combine(o_part, lse_part, out.view(B * Hq, D), lse.view(B * Hq))
-        return
-
-    def launch(waves, num_stages):
-        splits, chunk = _plan(B, Hkv, span, q.device, waves)
-        o_part = torch.empty(B * Hq, splits, D, dtype=torch.float32, device=q.device)
-        lse_part = torch.empty(B * Hq, splits, dtype=torch.float32, device=q.device)
-        _split_kernel[(splits, B * Hkv)](*args, o_part, lse_part, Hkv, L, kv_len, chunk, sm_scale * 1.4426950408889634,
-                                         *strides, o_part.stride(0), o_part.stride(1), lse_part.stride(0),
-                                         num_stages=num_stages, **meta)
-        combine(o_part, lse_part, out.view(B * Hq, D), lse.view(B * Hq))
-
-    key = (q.device.index, q.dtype, B * Hkv, G, D, triton.next_power_of_2(max(span, 1)), drop_mask is not None)
-    launch(*_choose(key, q.device, launch, cfg, tune=not (config and "waves" in config)))
+    splits, chunk = _plan(B, Hkv, span, q.device, cfg["waves"])
+    o_part = torch.empty(B * Hq, splits, D, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(B * Hq, splits, dtype=torch.float32, device=q.device)
+    _split_kernel[(splits, B * Hkv)](
+        q, k, v, drop, kv_lens if kv_lens is not None else q, o_part, lse_part,
+        Hkv, L, kv_len, chunk, sm_scale * 1.4426950408889634,
+        q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], *ms,
+        o_part.stride(0), o_part.stride(1), lse_part.stride(0),
+        G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n,
+        HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **({"launch_pdl": True} if pdl and cfg["pdl"] else {}),
+    )
+    combine(o_part, lse_part, out.view(B * Hq, D), lse.view(B * Hq))
