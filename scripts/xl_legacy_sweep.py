@@ -40,6 +40,14 @@ if "--round2" in sys.argv:  # more programs in flight for the reduce path (it is
             VARIANTS[f"reduce-pf-pps{pps}-n{bn}w{nw}"] = (
                 {"mha_path": "reduce", "prefetch_table": True, "programs_per_sm": pps, "block_n": bn, "num_warps": nw},
                 ("legacy",))
+if "--round3" in sys.argv:  # around round 2's best (32 programs per SM, 32-token tiles, 2 warps)
+    sys.argv.remove("--round3")
+    VARIANTS = {"v2": ({}, ("nhd",))}
+    for pps in (16, 24, 32):
+        for bn, nw in ((32, 2), (32, 1), (16, 1), (64, 2), (16, 2)):
+            VARIANTS[f"reduce-pf-pps{pps}-n{bn}w{nw}"] = (
+                {"mha_path": "reduce", "prefetch_table": True, "programs_per_sm": pps, "block_n": bn, "num_warps": nw},
+                ("legacy",))
 if len(sys.argv) > 1:  # optional subset: python scripts/xl_legacy_sweep.py v2 reduce-pf
     VARIANTS = {k: v for k, v in VARIANTS.items() if k in sys.argv[1:]}
 
