@@ -242,6 +242,70 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
 
 
 @triton.jit
+def _gemv_pipe_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, alpha, M, KB, NK, G, n_mtiles,
+                      s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
+                      BM: tl.constexpr, BB: tl.constexpr, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr,
+                      USE_GDC: tl.constexpr, PRE: tl.constexpr, TRIGGER: tl.constexpr, EMIT: tl.constexpr):
+    """v4 candidate ("pipe"): program (p, l) handles the G consecutive row tiles p*G.. of batch l, each over
+    all NK = cdiv(KB, BB) K tiles; its G*NK (row tile, K tile) items run through a 2-stage register pipeline:
+    the loads of item i+1 (a, sfa, b, sfb) are issued before item i is decoded.
+
+    Under PDL (USE_GDC), item 0's weights are loaded before griddepcontrol.wait (PRE=1), item 0's b right
+    after it, then item 1's loads are in flight while item 0 is decoded: the programs released together by
+    the wait keep DRAM busy instead of decoding in lockstep with nothing in flight. Each row tile sums its K
+    tiles in the same order and with the same [BM, BB] layout as _row_tile: bit-identical results.
+    TRIGGER as in _gemv_kernel (2 = once the last item's loads are issued)."""
+    if USE_GDC:
+        if TRIGGER == 3:
+            _gdc_trigger(EMIT)
+    pid = tl.program_id(0)
+    l = tl.program_id(1).to(tl.int64)
+    t0 = pid * G
+    n_items = tl.minimum(G, n_mtiles - t0) * NK
+    r = tl.arange(0, BM)
+    a_base = a_ptr + l * s_al
+    sa_base = sa_ptr + l * s_sal
+    b_row = b_ptr + l * s_bl
+    sb_row = sb_ptr + l * s_sbl
+    # K offsets from a runtime 0 (grid is 2-D): with constant-divisible offsets the weight loads get a wider
+    # layout than the math (8 blocks per thread) and shared-memory shuffles every item (seen in ttgir/SASS)
+    kz = tl.program_id(2)
+    rows = t0 * BM + r
+    a, sa = _load_weights(a_base + rows[:, None].to(tl.int64) * s_am, sa_base + rows[:, None].to(tl.int64) * s_sam,
+                          rows < M, kz, KB, s_sak, BB)
+    if USE_GDC:
+        _gdc_wait(EMIT)
+        if TRIGGER == 1:
+            _gdc_trigger(EMIT)
+    b, sb = _load_act(b_row, sb_row, kz, KB, s_sbk, BB)  # activations first after the wait
+    acc = tl.zeros([BM, BB], tl.float32)
+    for i in range(0, n_items):
+        # issue item i+1 (masked past the last item: no traffic)
+        i1 = i + 1
+        t1 = i1 // NK
+        k1 = (i1 - t1 * NK) * BB + kz
+        rows1 = (t0 + t1) * BM + r
+        more = i1 < n_items
+        a2, sa2 = _load_weights(a_base + rows1[:, None].to(tl.int64) * s_am,
+                                sa_base + rows1[:, None].to(tl.int64) * s_sam,
+                                (rows1 < M) & more, k1, KB, s_sak, BB)
+        b2, sb2 = _load_act(b_row, sb_row, k1, tl.where(more, KB, 0), s_sbk, BB)
+        if USE_GDC:
+            if TRIGGER == 2:
+                if i + 2 >= n_items:
+                    _gdc_trigger(EMIT)
+        acc += _tile_term(a, sa, b, sb, USE_ASM, FIX_NAN)
+        t = i // NK
+        if i - t * NK == NK - 1:  # last K tile of row tile t: reduce and store
+            rows_t = (t0 + t) * BM + r
+            total = tl.sum(acc, axis=1)
+            tl.store(out_ptr + l * s_ol + rows_t * s_om, (total * alpha).to(out_ptr.dtype.element_ty),
+                     mask=rows_t < M)
+            acc = tl.zeros([BM, BB], tl.float32)
+        a, sa, b, sb = a2, sa2, b2, sb2
+
+
+@triton.jit
 def _reduce_kernel(part_ptr, out_ptr, scale_ptr, bias_ptr, alpha, R, C, s_or, s_oc,
                    SPLIT: tl.constexpr, BLOCK: tl.constexpr, HAS_SCALE_PTR: tl.constexpr, HAS_BIAS: tl.constexpr,
                    USE_GDC: tl.constexpr = False):
@@ -362,6 +426,11 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device) -> dict:
     before griddepcontrol.wait), trigger ("none" | "wait" | "last_load" | "entry": where the next kernel is
     allowed to launch); persistent (int, 0 = off: programs per SM of a grid-stride loop over row tiles).
     """
+    return gemv_plan_v4(M, KB, L, device) if PLAN_V4 else gemv_plan_v2(M, KB, L, device)
+
+
+def gemv_plan_v2(M: int, KB: int, L: int, device: torch.device) -> dict:
+    """The measured v2 plan (see gemv_plan)."""
     sms = num_sms(device)
     R = 4
     if KB >= 256 and -(-M // R) * L >= 16 * sms:
@@ -374,6 +443,25 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device) -> dict:
     tiles = -(-M // BM) * L
     split = 1 if tiles >= sms else min(-(-2 * sms // tiles), -(-KB // BB))
     return dict(BM=BM, BB=BB, num_warps=nw, split=split, num_stages=1)
+
+
+PLAN_V4 = False  # one-line switch: gemv_plan returns gemv_plan_v4 (PDL + pipelined programs), see below
+
+
+def gemv_plan_v4(M: int, KB: int, L: int, device: torch.device) -> dict:
+    """v4 candidate plan (benchmarks/notes/nvfp4_gemv.md, "v4 candidates"; not measured yet).
+
+    The v2 layout of gemv_plan, launched with PDL (trigger at entry, first weight tile before the wait) through
+    the pipelined kernel: every program owns >= 2 (row tile, K tile) items (G = 2 row tiles when a row is one
+    K tile), so the programs released together by griddepcontrol.wait have their next loads in flight while
+    they decode, instead of decoding in lockstep with DRAM idle. maxnreg 72 keeps the double-buffered tiles
+    without spills (SASS, sm_90: 72 registers, 14 two-warp programs per SM, vs 93-128 unbounded).
+    Bit-identical to gemv_plan (same per-row tile order and layout)."""
+    cfg = gemv_plan_v2(M, KB, L, device)
+    if cfg["split"] != 1 or KB < 128:
+        return cfg
+    nk = -(-KB // cfg["BB"])
+    return {**cfg, "pdl": True, "pre": 1, "trigger": "entry", "pipe": 1 if nk >= 2 else 2, "maxnreg": 72}
 
 
 TRIGGERS = {"none": 0, "wait": 1, "last_load": 2, "entry": 3}
@@ -407,6 +495,19 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None):
     order = bool(cfg.get("pdl", False)) and (interpreting() or pdl_enabled(a8.device))
     pdl = order and not interpreting()
     n_mtiles = triton.cdiv(M, BM)
+    if cfg.get("pipe", 0) and split == 1:  # v4 candidate: G = cfg["pipe"] row tiles per program, pipelined
+        G = int(cfg["pipe"])
+        grid = (triton.cdiv(n_mtiles, G), L)
+        _gemv_pipe_kernel[grid](
+            a64, sa8, b64, sb8, out, alpha, M, KB, triton.cdiv(KB, BB), G, n_mtiles,
+            a64.stride(0), a64.stride(1), *sa8.stride(), *b64.stride()[:1], *sb8.stride(), out.stride(0),
+            out.stride(2), BM=BM, BB=BB, USE_ASM=not interpreting() if use_asm is None else use_asm,
+            FIX_NAN=interpreting(), USE_GDC=order, PRE=1,
+            TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0, EMIT=pdl,
+            num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1),
+            **({"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") and not interpreting() else {}),
+            **({"launch_pdl": True} if pdl else {}))
+        return out
     persistent = int(cfg.get("persistent", 0)) if split == 1 else 0
     if persistent:
         grid = (min(n_mtiles * L, persistent * num_sms(a8.device)), 1, 1)
