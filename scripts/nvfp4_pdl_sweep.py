@@ -145,15 +145,16 @@ def variants_r3(plan, KB):
     if plan["split"] != 1 or KB < 128:
         return v
     for G in (1, 2, 4):
-        for mr in (0, 72, 64):
+        for mr in (0, 80):
             v.append((f"pipe{G} pdl entry" + (f" mr{mr}" if mr else ""), {**plan, **pdl, "pipe": G, "maxnreg": mr}))
     v += [("pipe2 pdl last mr72", {**plan, **pdl, "trigger": "last_load", "pipe": 2, "maxnreg": 72}),
           ("pipe2 nopdl mr72", {**plan, "pipe": 2, "maxnreg": 72}),
-          ("R2 pipe4 pdl entry mr56", {**lay(2, 128, 2), **pdl, "pipe": 4, "maxnreg": 56}),
-          ("R2 pipe8 pdl entry mr56", {**lay(2, 128, 2), **pdl, "pipe": 8, "maxnreg": 56})]
+          ("R2 pipe2 pdl entry", {**lay(2, 128, 2), **pdl, "pipe": 2}),
+          ("R2 pipe4 pdl entry", {**lay(2, 128, 2), **pdl, "pipe": 4}),
+          ("R2 pipe2 pdl last", {**lay(2, 128, 2), **pdl, "pipe": 2, "trigger": "last_load"})]
     if KB >= 256:
         for G in (1, 2):
-            v.append((f"R4 BB256 4w pipe{G} pdl entry mr72", {**lay(4, 256, 4), **pdl, "pipe": G, "maxnreg": 72}))
+            v.append((f"R2 BB256 4w pipe{G} pdl entry", {**lay(2, 256, 4), **pdl, "pipe": G}))
     return v
 
 

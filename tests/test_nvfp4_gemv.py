@@ -470,7 +470,7 @@ def test_gemv_plan_v4_bit_identical_and_switch(device, monkeypatch):
     args = [x[k].view(torch.uint8) for k in ("a", "b", "sfa", "sfb")]
     v2 = K.gemv_plan_v2(M, Kd // 16, L, device)
     v4 = K.gemv_plan_v4(M, Kd // 16, L, device)
-    assert v4["pipe"] >= 1 and v4["pdl"] and {k: v4[k] for k in v2} == v2
+    assert v4["pipe"] == 2 and v4["pdl"] and {k: v4[k] for k in v2 if k != "BM"} == {k: v2[k] for k in v2 if k != "BM"}
     monkeypatch.setattr(K, "PLAN_V4", True)
     assert K.gemv_plan(M, Kd // 16, L, device) == v4
     want = torch.full((M, 1, L), float("nan"), dtype=torch.float16, device=device)

@@ -267,9 +267,10 @@ def _gemv_pipe_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, alpha, M, KB, NK, G
     sa_base = sa_ptr + l * s_sal
     b_row = b_ptr + l * s_bl
     sb_row = sb_ptr + l * s_sbl
-    # K offsets from a runtime 0 (grid is 2-D): with constant-divisible offsets the weight loads get a wider
-    # layout than the math (8 blocks per thread) and shared-memory shuffles every item (seen in ttgir/SASS)
-    kz = tl.program_id(2)
+    # K offsets from a runtime 0 that is known divisible by 16 (grid is 2-D), as k_lo = split * per_split in
+    # _row_tile: with a constant 0 the weight loads get a wider layout than the math (8 blocks per thread,
+    # shared-memory shuffles every item); with a plain runtime 0 they lose 16-byte vectors (LDG.64 + LDG.U8)
+    kz = tl.program_id(2) * 16
     rows = t0 * BM + r
     a, sa = _load_weights(a_base + rows[:, None].to(tl.int64) * s_am, sa_base + rows[:, None].to(tl.int64) * s_sam,
                           rows < M, kz, KB, s_sak, BB)
@@ -451,17 +452,22 @@ PLAN_V4 = False  # one-line switch: gemv_plan returns gemv_plan_v4 (PDL + pipeli
 def gemv_plan_v4(M: int, KB: int, L: int, device: torch.device) -> dict:
     """v4 candidate plan (benchmarks/notes/nvfp4_gemv.md, "v4 candidates"; not measured yet).
 
-    The v2 layout of gemv_plan, launched with PDL (trigger at entry, first weight tile before the wait) through
-    the pipelined kernel: every program owns >= 2 (row tile, K tile) items (G = 2 row tiles when a row is one
-    K tile), so the programs released together by griddepcontrol.wait have their next loads in flight while
-    they decode, instead of decoding in lockstep with DRAM idle. maxnreg 72 keeps the double-buffered tiles
-    without spills (SASS, sm_90: 72 registers, 14 two-warp programs per SM, vs 93-128 unbounded).
-    Bit-identical to gemv_plan (same per-row tile order and layout)."""
+    PDL with the trigger at entry and the first weight tile loaded before griddepcontrol.wait, and, where the v2
+    plan has 2-warp programs over 128 blocks, the pipelined kernel ("pipe"): every program owns 2 row tiles, so
+    the programs that the wait releases together have their next loads in flight while they decode, instead
+    of decoding in lockstep with DRAM idle. Rows of one K tile keep 4 rows per thread (SASS, sm_90: 64
+    registers, 16 programs per SM, no spills); longer rows take 2 rows per thread (the runtime K-tile loop
+    costs registers: 96 with 4 rows, 64 with 2). Where v2 has 4-warp programs over 256 blocks (many row tiles
+    per SM) it keeps them with "pdl entry pre1" (96.9 % at (4096, 7168, 8), run 1).
+    Bit-identical to gemv_plan_v2 (same per-row tile order and per-row layout; the sweep checks it)."""
     cfg = gemv_plan_v2(M, KB, L, device)
     if cfg["split"] != 1 or KB < 128:
         return cfg
-    nk = -(-KB // cfg["BB"])
-    return {**cfg, "pdl": True, "pre": 1, "trigger": "entry", "pipe": 1 if nk >= 2 else 2, "maxnreg": 72}
+    pdl = {"pdl": True, "pre": 1, "trigger": "entry"}
+    if cfg["BB"] != 128 or cfg["num_warps"] != 2:
+        return {**cfg, **pdl}
+    R = 4 if KB <= 128 else 2
+    return {**cfg, **pdl, "BM": gemv_tile(128, R, 2), "pipe": 2}
 
 
 TRIGGERS = {"none": 0, "wait": 1, "last_load": 2, "entry": 3}
