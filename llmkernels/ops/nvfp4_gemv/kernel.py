@@ -425,7 +425,9 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device) -> dict:
     Optional keys read by gemv_launch (defaults = the measured v2 kernel): prefetch (bool); pdl (bool:
     programmatic dependent launch, Hopper+ only, ignored elsewhere), pre (0/1/2: weight tiles loaded
     before griddepcontrol.wait), trigger ("none" | "wait" | "last_load" | "entry": where the next kernel is
-    allowed to launch); persistent (int, 0 = off: programs per SM of a grid-stride loop over row tiles).
+    allowed to launch); persistent (int, 0 = off: programs per SM of a grid-stride loop over row tiles);
+    pipe (int, 0 = off: row tiles per program of the pipelined kernel, split 1 only; with pdl its first weight
+    tile is loaded before the wait, "pre" is ignored); maxnreg (int: register cap for the pipelined kernel).
     """
     return gemv_plan_v4(M, KB, L, device) if PLAN_V4 else gemv_plan_v2(M, KB, L, device)
 
