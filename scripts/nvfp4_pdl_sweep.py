@@ -1,8 +1,6 @@
 """nvfp4_gemv v3 candidates on the GPU: programmatic dependent launch (PDL), persistent grid, layouts.
 
-Run from the repo root: `python scripts/nvfp4_pdl_sweep.py [budget_seconds] [--r3]` (PYTHONPATH = repo root);
---r3: round 3 (v4 candidates: the pipelined kernel, cfg "pipe"/"maxnreg", and gemv_plan_v4) next to the current
-best variants instead of the round-1 list.
+Run from the repo root: `python scripts/nvfp4_pdl_sweep.py [budget_seconds]` (PYTHONPATH = repo root).
 1. Probes whether PDL works eagerly and inside a captured CUDA graph (globaltimer stamps: the dependent
    kernel's entry must precede the primary's end, and its griddepcontrol.wait must return after it).
 2. Per shape (3 contest + 3 Llama): every variant on fresh full-range random inputs against the fp32 reference
@@ -25,14 +23,12 @@ import triton.language as tl
 from llmkernels.bench.ceilings import copy_bandwidth
 from llmkernels.bench.harness import _graph_time_ms
 from llmkernels.checking import rel_err
-from llmkernels.ops.nvfp4_gemv.kernel import gemv_launch, gemv_plan, gemv_plan_v4, gemv_tile
+from llmkernels.ops.nvfp4_gemv.kernel import gemv_launch, gemv_plan, gemv_tile
 from llmkernels.ops.nvfp4_gemv.reference import nvfp4_gemv_ref
 from llmkernels.ops.nvfp4_gemv.spec import GEMV_SHAPES, GEMV_TOL, gemv_bytes, make_inputs
 
 T0 = time.monotonic()
-ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
-BUDGET = float(ARGS[0]) if ARGS else 140.0
-ROUND3 = "--r3" in sys.argv  # round 3: the v4 candidates (pipelined kernel) next to the current best
+BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 else 140.0
 OUT = os.environ.get("OUT")
 LOG = []
 
@@ -131,40 +127,8 @@ def read_call(x, pdl):
 
 # ---- variants ----------------------------------------------------------------------------------------------
 
-def variants_r3(plan, KB):
-    """Round 3 (v4 candidates): the current best per shape, then the pipelined kernel (cfg key "pipe" = row
-    tiles per program; the next item's loads in flight while one is decoded) under PDL. Bit-identical to the plan."""
-    lay = lambda R, BB, w: dict(BM=gemv_tile(BB, R, w), BB=BB, num_warps=w, split=1, num_stages=1)  # noqa: E731
-    pdl = dict(pdl=True, pre=1, trigger="entry")
-    v = [("plan", dict(plan)),
-         ("pdl entry pre1", {**plan, **pdl}),
-         ("pdl last pre1", {**plan, **pdl, "trigger": "last_load"})]
-    if KB >= 128:
-        v.append(("R4 BB256 4w pdl entry pre1", {**lay(4, 256, 4), **pdl}))
-    v.append(("v4 plan", gemv_plan_v4(*PLAN_ARGS[0])))
-    if plan["split"] != 1 or KB < 128:
-        return v
-    for G in (1, 2, 4):
-        for mr in (0, 80):
-            v.append((f"pipe{G} pdl entry" + (f" mr{mr}" if mr else ""), {**plan, **pdl, "pipe": G, "maxnreg": mr}))
-    v += [("pipe2 pdl last mr72", {**plan, **pdl, "trigger": "last_load", "pipe": 2, "maxnreg": 72}),
-          ("pipe2 nopdl mr72", {**plan, "pipe": 2, "maxnreg": 72}),
-          ("R2 pipe2 pdl entry", {**lay(2, 128, 2), **pdl, "pipe": 2}),
-          ("R2 pipe4 pdl entry", {**lay(2, 128, 2), **pdl, "pipe": 4}),
-          ("R2 pipe2 pdl last", {**lay(2, 128, 2), **pdl, "pipe": 2, "trigger": "last_load"})]
-    if KB >= 256:
-        for G in (1, 2):
-            v.append((f"R2 BB256 4w pipe{G} pdl entry", {**lay(2, 256, 4), **pdl, "pipe": G}))
-    return v
-
-
-PLAN_ARGS = [None]
-
-
 def variants(plan, KB):
     """(name, cfg or None for the plan itself); every key is documented in gemv_plan."""
-    if ROUND3:
-        return variants_r3(plan, KB)
     nw = plan["num_warps"]
     pdl = lambda pre, trig, **kw: {**plan, "pdl": True, "pre": pre, "trigger": trig, **kw}  # noqa: E731
     v = [("plan", dict(plan)),
@@ -204,7 +168,6 @@ def main():
         xs = [make_inputs(M, K, L, dev) for _ in range(sets)]  # fresh full-range random bytes
         ref = nvfp4_gemv_ref(xs[0]["a"], xs[0]["b"], xs[0]["sfa"], xs[0]["sfb"])
         plan = gemv_plan(M, K // 16, L, dev)
-        PLAN_ARGS[0] = (M, K // 16, L, dev)
         base_out = None
         log(f"-- M={M} K={K} L={L}: floor {floor_us:.2f} us, {sets} input sets, plan {plan}")
         todo = [(n, c) for n, c in variants(plan, K // 16)] + [("read-only", "read"), ("read-only pdl", "read-pdl")]
@@ -258,9 +221,9 @@ def main():
     log(f"total {time.monotonic() - T0:.0f} s")
     if OUT:
         os.makedirs(OUT, exist_ok=True)
-        with open(os.path.join(OUT, "nvfp4_pdl_sweep" + ("_r3" if ROUND3 else "") + ".txt"), "w") as f:
+        with open(os.path.join(OUT, "nvfp4_pdl_sweep.txt"), "w") as f:
             f.write("\n".join(LOG) + "\n")
-        with open(os.path.join(OUT, "nvfp4_pdl_sweep" + ("_r3" if ROUND3 else "") + ".json"), "w") as f:
+        with open(os.path.join(OUT, "nvfp4_pdl_sweep.json"), "w") as f:
             json.dump(dict(probe=probe, copy_bw=bw, rows=rows), f, indent=1)
 
 

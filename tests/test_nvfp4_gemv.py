@@ -193,12 +193,6 @@ def test_gemv_launch_configs_poisoned(device, cfg):
     dict(BM=4, BB=32, num_warps=2, split=1, persistent=1),                           # 4 programs, 16 row tiles
     dict(BM=4, BB=32, num_warps=2, split=1, persistent=2, pdl=True, pre=1, trigger="entry"),
     dict(BM=4, BB=32, num_warps=2, split=2, persistent=1),                           # split: not persistent
-    # v4 "pipe": G row tiles per program, item i+1 loaded before item i is decoded (M=29, BM=4: 8 row tiles)
-    dict(BM=4, BB=16, num_warps=2, split=1, pipe=1, pdl=True, trigger="entry"),      # 2 K tiles per row tile
-    dict(BM=4, BB=16, num_warps=2, split=1, pipe=3, pdl=True, trigger="last_load"),  # 3+3+2 row tiles, 2 K tiles
-    dict(BM=4, BB=32, num_warps=2, split=1, pipe=2, pdl=True, trigger="wait"),       # 1 K tile: rows pipelined
-    dict(BM=8, BB=64, num_warps=4, split=1, pipe=8, pdl=True, trigger="entry"),      # G > row tiles: one program
-    dict(BM=2, BB=16, num_warps=1, split=1, pipe=4),                                 # no PDL
 ])
 def test_gemv_pdl_order_and_persistent_bit_identical(device, cfg):
     # the PDL code order (first weight tiles loaded before the wait, peeled) and the persistent grid sum the
@@ -228,6 +222,16 @@ def test_gemv_nan_scale_and_overflow(device):
     ref = _ref(y)
     c = _gemv(y)
     assert torch.equal(torch.isinf(c), torch.isinf(ref.half()))
+
+
+@pytest.mark.parametrize("M,K,L", [(37, 4096 + 32, 2), (20, 160, 3)])
+def test_gemv_static_weights_bit_identical(device, M, K, L):
+    # static_weights runs the PDL code order (first weight tile before the wait; under the interpreter without
+    # the launch) and, for rows of >= 256 blocks, the 4-warp layout: the same sums in the same order
+    x = make_inputs(M, K, L, device)
+    c0 = nvfp4_gemv(x["a"], x["b"], x["sfa"], x["sfb"])
+    c1 = nvfp4_gemv(x["a"], x["b"], x["sfa"], x["sfb"], static_weights=True)
+    assert torch.equal(c0.view(torch.int16), c1.view(torch.int16)) and rel_err(c1, _ref(x)) <= GEMV_TOL
 
 
 def test_custom_kernel_entry(device):
@@ -263,6 +267,8 @@ def test_gemv_bad_inputs(device):
         nvfp4_gemv(a, b, sfa, sfb.to("meta"))
     with pytest.raises(ValueError, match="alpha must be finite"):
         nvfp4_gemv(a, b, sfa, sfb, alpha=float("nan"))
+    with pytest.raises(TypeError, match="static_weights must be a bool"):
+        nvfp4_gemv(a, b, sfa, sfb, static_weights=1)
 
 
 # ---- linear ------------------------------------------------------------------------------------
@@ -426,6 +432,31 @@ def test_gpu_cuda_graph():
 
 
 @pytest.mark.gpu
+def test_gpu_static_weights_graph():
+    # back-to-back calls in a graph, each reading an activation the previous kernel (a copy) just wrote: the
+    # early-launched GEMV must wait for it before reading b; weights were written long before
+    dev = torch.device("cuda")
+    x = make_inputs(7168, 2048, 4, dev)
+    b_next = [torch.empty_like(x["b"]) for _ in range(3)]
+    outs = [torch.empty_like(x["c"]) for _ in range(3)]
+    nvfp4_gemv(x["a"], x["b"], x["sfa"], x["sfb"], out=outs[0], static_weights=True)  # compile
+    srcs = [make_inputs(7168, 2048, 4, dev)["b"] for _ in range(3)]
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(3):
+            b_next[i].copy_(srcs[i])
+            nvfp4_gemv(x["a"], b_next[i], x["sfa"], x["sfb"], out=outs[i], static_weights=True)
+    for o in outs:
+        o.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    for i in range(3):
+        want = nvfp4_gemv(x["a"], srcs[i], x["sfa"], x["sfb"])
+        assert torch.equal(outs[i].view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("extra", [dict(pdl=True, pre=1, trigger="entry"), dict(pdl=True, pre=2, trigger="last_load"),
                                    dict(pdl=True, pre=0, trigger="none"), dict(persistent=16),
                                    dict(persistent=16, pdl=True, pre=1, trigger="entry"),
@@ -459,24 +490,3 @@ def test_gpu_pdl_variants_graph(extra):
     torch.cuda.synchronize()
     for x, o, w in zip(xs, outs, want):
         assert torch.equal(o, w) and rel_err(o, _ref(x)) <= GEMV_TOL
-
-
-def test_gemv_plan_v4_bit_identical_and_switch(device, monkeypatch):
-    # gemv_plan_v4 (PDL + pipelined kernel, 2 row tiles per program when a row is one K tile) sums in the
-    # plan's order: equal bit for bit to gemv_plan's v2 config; PLAN_V4 switches gemv_plan to it
-    from llmkernels.ops.nvfp4_gemv import kernel as K
-    M, Kd, L = 37, 2048 + 160, 2  # KB = 138: BB 128, two K tiles with a partial last one
-    x = make_inputs(M, Kd, L, device, n_pad=2)
-    args = [x[k].view(torch.uint8) for k in ("a", "b", "sfa", "sfb")]
-    v2 = K.gemv_plan_v2(M, Kd // 16, L, device)
-    v4 = K.gemv_plan_v4(M, Kd // 16, L, device)
-    assert v4["pipe"] == 2 and v4["pdl"] and {k: v4[k] for k in v2 if k != "BM"} == {k: v2[k] for k in v2 if k != "BM"}
-    monkeypatch.setattr(K, "PLAN_V4", True)
-    assert K.gemv_plan(M, Kd // 16, L, device) == v4
-    want = torch.full((M, 1, L), float("nan"), dtype=torch.float16, device=device)
-    gemv_launch(*args, want, 0.5, cfg=v2)
-    for cfg in (v4, {**v4, "pipe": 2}):
-        out = torch.full((M, 1, L), float("nan"), dtype=torch.float16, device=device)
-        gemv_launch(*args, out, 0.5, cfg=cfg)
-        assert torch.equal(out, want)
-    assert rel_err(want, _ref(x, 0.5)) <= GEMV_TOL

@@ -242,71 +242,6 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
 
 
 @triton.jit
-def _gemv_pipe_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, alpha, M, KB, NK, G, n_mtiles,
-                      s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
-                      BM: tl.constexpr, BB: tl.constexpr, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr,
-                      USE_GDC: tl.constexpr, PRE: tl.constexpr, TRIGGER: tl.constexpr, EMIT: tl.constexpr):
-    """v4 candidate ("pipe"): program (p, l) handles the G consecutive row tiles p*G.. of batch l, each over
-    all NK = cdiv(KB, BB) K tiles; its G*NK (row tile, K tile) items run through a 2-stage register pipeline:
-    the loads of item i+1 (a, sfa, b, sfb) are issued before item i is decoded.
-
-    Under PDL (USE_GDC), item 0's weights are loaded before griddepcontrol.wait (PRE=1), item 0's b right
-    after it, then item 1's loads are in flight while item 0 is decoded: the programs released together by
-    the wait keep DRAM busy instead of decoding in lockstep with nothing in flight. Each row tile sums its K
-    tiles in the same order and with the same [BM, BB] layout as _row_tile: bit-identical results.
-    TRIGGER as in _gemv_kernel (2 = once the last item's loads are issued)."""
-    if USE_GDC:
-        if TRIGGER == 3:
-            _gdc_trigger(EMIT)
-    pid = tl.program_id(0)
-    l = tl.program_id(1).to(tl.int64)
-    t0 = pid * G
-    n_items = tl.minimum(G, n_mtiles - t0) * NK
-    r = tl.arange(0, BM)
-    a_base = a_ptr + l * s_al
-    sa_base = sa_ptr + l * s_sal
-    b_row = b_ptr + l * s_bl
-    sb_row = sb_ptr + l * s_sbl
-    # K offsets from a runtime 0 that is known divisible by 16 (grid is 2-D), as k_lo = split * per_split in
-    # _row_tile: with a constant 0 the weight loads get a wider layout than the math (8 blocks per thread,
-    # shared-memory shuffles every item); with a plain runtime 0 they lose 16-byte vectors (LDG.64 + LDG.U8)
-    kz = tl.program_id(2) * 16
-    rows = t0 * BM + r
-    a, sa = _load_weights(a_base + rows[:, None].to(tl.int64) * s_am, sa_base + rows[:, None].to(tl.int64) * s_sam,
-                          rows < M, kz, KB, s_sak, BB)
-    if USE_GDC:
-        _gdc_wait(EMIT)
-        if TRIGGER == 1:
-            _gdc_trigger(EMIT)
-    b, sb = _load_act(b_row, sb_row, kz, KB, s_sbk, BB)  # activations first after the wait
-    acc = tl.zeros([BM, BB], tl.float32)
-    for i in range(0, n_items):
-        # issue item i+1 (masked past the last item: no traffic)
-        i1 = i + 1
-        t1 = i1 // NK
-        k1 = (i1 - t1 * NK) * BB + kz
-        rows1 = (t0 + t1) * BM + r
-        more = i1 < n_items
-        a2, sa2 = _load_weights(a_base + rows1[:, None].to(tl.int64) * s_am,
-                                sa_base + rows1[:, None].to(tl.int64) * s_sam,
-                                (rows1 < M) & more, k1, KB, s_sak, BB)
-        b2, sb2 = _load_act(b_row, sb_row, k1, tl.where(more, KB, 0), s_sbk, BB)
-        if USE_GDC:
-            if TRIGGER == 2:
-                if i + 2 >= n_items:
-                    _gdc_trigger(EMIT)
-        acc += _tile_term(a, sa, b, sb, USE_ASM, FIX_NAN)
-        t = i // NK
-        if i - t * NK == NK - 1:  # last K tile of row tile t: reduce and store
-            rows_t = (t0 + t) * BM + r
-            total = tl.sum(acc, axis=1)
-            tl.store(out_ptr + l * s_ol + rows_t * s_om, (total * alpha).to(out_ptr.dtype.element_ty),
-                     mask=rows_t < M)
-            acc = tl.zeros([BM, BB], tl.float32)
-        a, sa, b, sb = a2, sa2, b2, sb2
-
-
-@triton.jit
 def _reduce_kernel(part_ptr, out_ptr, scale_ptr, bias_ptr, alpha, R, C, s_or, s_oc,
                    SPLIT: tl.constexpr, BLOCK: tl.constexpr, HAS_SCALE_PTR: tl.constexpr, HAS_BIAS: tl.constexpr,
                    USE_GDC: tl.constexpr = False):
@@ -415,8 +350,12 @@ def gemv_tile(BB: int, R: int, nw: int) -> int:
     return max(1, R * (nw // warps_k) * max(1, 64 // BB))
 
 
-def gemv_plan(M: int, KB: int, L: int, device: torch.device) -> dict:
+def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: bool = False) -> dict:
     """4 rows per thread (4 independent 16-byte loads in flight), warps side by side along K.
+
+    static_weights (a and sfa not written by a kernel that may still run when this one starts): launch with
+    programmatic dependent launch, first weight tile loaded before griddepcontrol.wait, and 4-warp programs over
+    256 blocks whenever rows are that long (H100 sweeps, benchmarks/notes/nvfp4_pdl_sweep_run1/2.txt).
 
     Measured on H100 (benchmarks/notes/nvfp4_gemv.md): 2-warp programs over 128 blocks win when there are few
     row tiles per SM, 4-warp programs over 256 blocks when there are many (>= 16 per SM); K is split only
@@ -425,18 +364,11 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device) -> dict:
     Optional keys read by gemv_launch (defaults = the measured v2 kernel): prefetch (bool); pdl (bool:
     programmatic dependent launch, Hopper+ only, ignored elsewhere), pre (0/1/2: weight tiles loaded
     before griddepcontrol.wait), trigger ("none" | "wait" | "last_load" | "entry": where the next kernel is
-    allowed to launch); persistent (int, 0 = off: programs per SM of a grid-stride loop over row tiles);
-    pipe (int, 0 = off: row tiles per program of the pipelined kernel, split 1 only; with pdl its first weight
-    tile is loaded before the wait, "pre" is ignored); maxnreg (int: register cap for the pipelined kernel).
+    allowed to launch); persistent (int, 0 = off: programs per SM of a grid-stride loop over row tiles).
     """
-    return gemv_plan_v4(M, KB, L, device) if PLAN_V4 else gemv_plan_v2(M, KB, L, device)
-
-
-def gemv_plan_v2(M: int, KB: int, L: int, device: torch.device) -> dict:
-    """The measured v2 plan (see gemv_plan)."""
     sms = num_sms(device)
     R = 4
-    if KB >= 256 and -(-M // R) * L >= 16 * sms:
+    if KB >= 256 and (static_weights or -(-M // R) * L >= 16 * sms):
         BB, nw = 256, 4
     elif KB >= 128:
         BB, nw = 128, 2
@@ -445,37 +377,16 @@ def gemv_plan_v2(M: int, KB: int, L: int, device: torch.device) -> dict:
     BM = gemv_tile(BB, R, nw)
     tiles = -(-M // BM) * L
     split = 1 if tiles >= sms else min(-(-2 * sms // tiles), -(-KB // BB))
-    return dict(BM=BM, BB=BB, num_warps=nw, split=split, num_stages=1)
-
-
-PLAN_V4 = False  # one-line switch: gemv_plan returns gemv_plan_v4 (PDL + pipelined programs), see below
-
-
-def gemv_plan_v4(M: int, KB: int, L: int, device: torch.device) -> dict:
-    """v4 candidate plan (benchmarks/notes/nvfp4_gemv.md, "v4 candidates"; not measured yet).
-
-    PDL with the trigger at entry and the first weight tile loaded before griddepcontrol.wait, and, where the v2
-    plan has 2-warp programs over 128 blocks, the pipelined kernel ("pipe"): every program owns 2 row tiles, so
-    the programs that the wait releases together have their next loads in flight while they decode, instead
-    of decoding in lockstep with DRAM idle. Rows of one K tile keep 4 rows per thread (SASS, sm_90: 64
-    registers, 16 programs per SM, no spills); longer rows take 2 rows per thread (the runtime K-tile loop
-    costs registers: 96 with 4 rows, 64 with 2). Where v2 has 4-warp programs over 256 blocks (many row tiles
-    per SM) it keeps them with "pdl entry pre1" (96.9 % at (4096, 7168, 8), run 1).
-    Bit-identical to gemv_plan_v2 (same per-row tile order and per-row layout; the sweep checks it)."""
-    cfg = gemv_plan_v2(M, KB, L, device)
-    if cfg["split"] != 1 or KB < 128:
-        return cfg
-    pdl = {"pdl": True, "pre": 1, "trigger": "entry"}
-    if cfg["BB"] != 128 or cfg["num_warps"] != 2:
-        return {**cfg, **pdl}
-    R = 4 if KB <= 128 else 2
-    return {**cfg, **pdl, "BM": gemv_tile(128, R, 2), "pipe": 2}
+    plan = dict(BM=BM, BB=BB, num_warps=nw, split=split, num_stages=1)
+    if static_weights:  # read the first weight tile before waiting on the previous kernel (PDL), release the next at once
+        plan.update(pdl=True, pre=1, trigger="entry")
+    return plan
 
 
 TRIGGERS = {"none": 0, "wait": 1, "last_load": 2, "entry": 3}
 
 
-def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None):
+def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, static_weights: bool = False):
     """a8 uint8 [M, K/2, L]; b8 uint8 [N, K/2, L] (row 0 used); sa8/sb8 uint8 [., K/16, L]; out fp16 [M, 1, L].
 
     With cfg["pdl"] (Hopper+, not the interpreter) the kernel is launched with programmatic dependent launch:
@@ -495,7 +406,7 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None):
     a64 = _blocks(a8)
     b64 = _blocks(b8[:1])[:, 0]
     sb8 = sb8[0]
-    cfg = cfg or gemv_plan(M, KB, L, a8.device)
+    cfg = cfg or gemv_plan(M, KB, L, a8.device, static_weights)
     BM, BB = cfg["BM"], cfg["BB"]
     per = -(-(-(-KB // cfg["split"])) // BB) * BB  # blocks per split, a multiple of BB
     split = -(-KB // per)
@@ -503,19 +414,6 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None):
     order = bool(cfg.get("pdl", False)) and (interpreting() or pdl_enabled(a8.device))
     pdl = order and not interpreting()
     n_mtiles = triton.cdiv(M, BM)
-    if cfg.get("pipe", 0) and split == 1:  # v4 candidate: G = cfg["pipe"] row tiles per program, pipelined
-        G = int(cfg["pipe"])
-        grid = (triton.cdiv(n_mtiles, G), L)
-        _gemv_pipe_kernel[grid](
-            a64, sa8, b64, sb8, out, alpha, M, KB, triton.cdiv(KB, BB), G, n_mtiles,
-            a64.stride(0), a64.stride(1), *sa8.stride(), *b64.stride()[:1], *sb8.stride(), out.stride(0),
-            out.stride(2), BM=BM, BB=BB, USE_ASM=not interpreting() if use_asm is None else use_asm,
-            FIX_NAN=interpreting(), USE_GDC=order, PRE=1,
-            TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0, EMIT=pdl,
-            num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1),
-            **({"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") and not interpreting() else {}),
-            **({"launch_pdl": True} if pdl else {}))
-        return out
     persistent = int(cfg.get("persistent", 0)) if split == 1 else 0
     if persistent:
         grid = (min(n_mtiles * L, persistent * num_sms(a8.device)), 1, 1)

@@ -20,26 +20,27 @@ def _new_out(a: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("llmkernels::nvfp4_gemv", mutates_args=())
-def _gemv_op(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.Tensor, alpha: float) -> torch.Tensor:
+def _gemv_op(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.Tensor, alpha: float,
+             static_weights: bool) -> torch.Tensor:
     out = _new_out(a)
-    gemv_launch(_u8(a), _u8(b), _u8(sfa), _u8(sfb), out, alpha)
+    gemv_launch(_u8(a), _u8(b), _u8(sfa), _u8(sfb), out, alpha, static_weights=static_weights)
     return out
 
 
 @_gemv_op.register_fake
-def _(a, b, sfa, sfb, alpha):
+def _(a, b, sfa, sfb, alpha, static_weights):
     M, _, L = a.shape
     return a.new_empty((L, M, 1), dtype=torch.float16).permute(1, 2, 0)
 
 
 @torch.library.custom_op("llmkernels::nvfp4_gemv_out", mutates_args=("out",))
 def _gemv_out_op(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.Tensor, alpha: float,
-                 out: torch.Tensor) -> None:
-    gemv_launch(_u8(a), _u8(b), _u8(sfa), _u8(sfb), out, alpha)
+                 out: torch.Tensor, static_weights: bool) -> None:
+    gemv_launch(_u8(a), _u8(b), _u8(sfa), _u8(sfb), out, alpha, static_weights=static_weights)
 
 
 @_gemv_out_op.register_fake
-def _(a, b, sfa, sfb, alpha, out):
+def _(a, b, sfa, sfb, alpha, out, static_weights):
     return None
 
 
@@ -66,7 +67,8 @@ def _check_gemv(a, b, sfa, sfb, out):
 
 
 def nvfp4_gemv(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.Tensor,
-               out: Optional[torch.Tensor] = None, alpha: Optional[float] = None) -> torch.Tensor:
+               out: Optional[torch.Tensor] = None, alpha: Optional[float] = None,
+               static_weights: bool = False) -> torch.Tensor:
     """Batched NVFP4 matrix-vector product in the GPU MODE `nvfp4_gemv` layout.
 
     c[m, 0, l] = alpha * sum_k a[m, k, l] * sfa[m, k // 16, l] * b[0, k, l] * sfb[0, k // 16, l]
@@ -79,14 +81,21 @@ def nvfp4_gemv(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.T
         sfa: [M, K/16, L] float8_e4m3fn, plain (not swizzled) layout, any strides. sfb: [N', K/16, L], row 0 read.
         out: optional fp16 [M, 1, L] (any strides) written in place and returned.
         alpha: optional float multiplier applied in fp32 before the fp16 rounding.
+        static_weights: promise that a and sfa are not written by a kernel that may still be running when this
+            one starts (true of model weights loaded once). On Hopper the GEMV then starts while the previous
+            kernel on the stream finishes (programmatic dependent launch) and reads its first weight tile
+            before waiting for it; b, sfb and out are touched only after the wait. Off by default, because
+            weights written by the kernel just before (e.g. a quantize) could otherwise be read stale.
     K must be a multiple of 16 (any M and L). Products and block sums are exact; blocks are accumulated in fp32;
     the result is rounded once to fp16 (overflow gives +-inf; a NaN scale (0x7f/0xff) makes its output NaN).
     """
     _check_gemv(a, b, sfa, sfb, out)
     al = 1.0 if alpha is None else check_scale("alpha", alpha)
+    if not isinstance(static_weights, bool):
+        raise TypeError(f"static_weights must be a bool, got {type(static_weights).__name__}")
     if out is None:
-        return _gemv_op(a, b, sfa, sfb, al)
-    _gemv_out_op(a, b, sfa, sfb, al, out)
+        return _gemv_op(a, b, sfa, sfb, al, static_weights)
+    _gemv_out_op(a, b, sfa, sfb, al, out, static_weights)
     return out
 
 

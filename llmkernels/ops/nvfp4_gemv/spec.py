@@ -119,6 +119,10 @@ def _gemv_ours(x):
     return lambda: nvfp4_gemv(x["a"], x["b"], x["sfa"], x["sfb"], out=x["c"])
 
 
+def _gemv_ours_static(x):  # model weights: the GEMV may start reading them while the previous call finishes
+    return lambda: nvfp4_gemv(x["a"], x["b"], x["sfa"], x["sfb"], out=x["c"], static_weights=True)
+
+
 def _gemv_dequant_torch(x):
     lut = _lut_bf16(x["a"].device)
     a8, b8 = x["a"].view(torch.uint8).permute(2, 0, 1), x["b"].view(torch.uint8)[:1].permute(2, 0, 1)
@@ -195,6 +199,7 @@ def benches():
     return [
         OpBench("nvfp4_gemv", _gemv_cases, [
             Impl("llmkernels", _gemv_ours),
+            Impl("llmkernels-static-weights", _gemv_ours_static),
             Impl("torch-dequant-bf16-bmm", _gemv_dequant_torch),
             Impl("torch-bf16-dense", _gemv_dense_bf16),
             Impl("torch-scaled-mm", _gemv_scaled_mm, _scaled_mm_available),

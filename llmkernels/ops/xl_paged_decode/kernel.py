@@ -247,9 +247,12 @@ def default_config(D: int, esize: int, legacy: bool = False, G: int = 1) -> dict
     return cfg
 
 
-# Per-layout overrides of default_config, keyed by "mha" (G == 1) / "gqa" (G > 1): empty until a device sweep
-# (scripts/xl_legacy_sweep.py) measures a better variant, e.g. LEGACY_DEFAULTS["mha"] = {"mha_path": "reduce"}.
-LEGACY_DEFAULTS = {"mha": {}, "gqa": {}}
+# Per-layout overrides of default_config, keyed by "mha" (G == 1) / "gqa" (G > 1), from the device sweeps of
+# scripts/xl_legacy_sweep.py (benchmarks/notes/xl_legacy_sweep_run*.txt): legacy MHA reads K and V in memory order
+# with the reduce path, one 16-token tile per iteration, 2 warps, 32 programs per SM (occupancy hides the latency
+# that the missing cp.async pipeline leaves): 92.0 / 92.2 % of the floor against v2's 74 / 76 %.
+LEGACY_DEFAULTS = {"mha": {"mha_path": "reduce", "prefetch_table": True, "programs_per_sm": 32, "block_n": 16,
+                           "num_warps": 2}, "gqa": {}}
 NHD_DEFAULTS = {"mha": {}, "gqa": {}}
 
 
