@@ -13,9 +13,9 @@ from llmkernels.checking import rel_err
 from llmkernels.ops.xl_paged_decode.spec import OUT_TOL, make_inputs, ref, run
 
 ok = True
-for layout in ("nhd", "legacy"):
+for layout, H, Hkv in (("nhd", 8, 4), ("legacy", 8, 4), ("nhd", 4, 4), ("legacy", 4, 4)):  # GQA and MHA paths
     for dtype, D, bs in ((torch.float16, 128, 16), (torch.float32, 80, 8)):
-        x = make_inputs(4, 8, 4, D, bs, [70, 5, 0, 40], layout, dtype, "cuda", bd="contig", table_pad=2,
+        x = make_inputs(4, H, Hkv, D, bs, [70, 5, 0, 40], layout, dtype, "cuda", bd="contig", table_pad=2,
                         extra_blocks=0, garbage=True)
         nb = x["k_cache"].shape[0]
         x["block_tables"][0, 1] = nb              # just past the last block
@@ -29,6 +29,6 @@ for layout in ("nhd", "legacy"):
         err = rel_err(o, ref(x)[0])
         good = err <= OUT_TOL[dtype]
         ok &= good
-        print(f"memcheck case {layout} {str(dtype)[6:]} D={D} bs={bs}: err {err:.2e} {'OK' if good else 'MISMATCH'}")
+        print(f"memcheck case {layout} H={H} Hkv={Hkv} {str(dtype)[6:]} D={D} bs={bs}: err {err:.2e} {'OK' if good else 'MISMATCH'}")
 print("memcheck script:", "all OK" if ok else "MISMATCH")
 sys.exit(0 if ok else 1)
