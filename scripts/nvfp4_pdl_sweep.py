@@ -28,7 +28,7 @@ from llmkernels.ops.nvfp4_gemv.reference import nvfp4_gemv_ref
 from llmkernels.ops.nvfp4_gemv.spec import GEMV_SHAPES, GEMV_TOL, gemv_bytes, make_inputs
 
 T0 = time.monotonic()
-BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else 140.0
+BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 else 140.0
 OUT = os.environ.get("OUT")
 LOG = []
 
@@ -127,18 +127,6 @@ def read_call(x, pdl):
 
 # ---- variants ----------------------------------------------------------------------------------------------
 
-def variants_r4(M, KB, L, dev):
-    """Round 4: L2 prefetch of the program's own later tiles (l2_own) and of a later wave's tiles (l2_ahead)."""
-    plan, static = gemv_plan(M, KB, L, dev), gemv_plan(M, KB, L, dev, True)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    v = [("plan", plan), ("static", static), ("static own", {**static, "l2_own": True}),
-         ("plan own", {**plan, "l2_own": True}), ("plan ahead18", {**plan, "l2_ahead": 18 * sms})]
-    for k in (9, 18, 36):
-        v.append((f"static ahead{k}", {**static, "l2_ahead": k * sms}))
-    v.append(("static own ahead18", {**static, "l2_own": True, "l2_ahead": 18 * sms}))
-    return v
-
-
 def variants(plan, KB):
     """(name, cfg or None for the plan itself); every key is documented in gemv_plan."""
     nw = plan["num_warps"]
@@ -182,8 +170,7 @@ def main():
         plan = gemv_plan(M, K // 16, L, dev)
         base_out = None
         log(f"-- M={M} K={K} L={L}: floor {floor_us:.2f} us, {sets} input sets, plan {plan}")
-        vs = variants_r4(M, K // 16, L, dev) if "--r4" in sys.argv else variants(plan, K // 16)
-        todo = [(n, c) for n, c in vs] + [("read-only", "read"), ("read-only pdl", "read-pdl")]
+        todo = [(n, c) for n, c in variants(plan, K // 16)] + [("read-only", "read"), ("read-only pdl", "read-pdl")]
         for name, cfg in todo:
             if time.monotonic() - T0 > BUDGET:
                 log(f"   {name:<30} skipped (budget {BUDGET:.0f} s spent)")

@@ -33,9 +33,6 @@ say(f"copy {bw / 1e12:.3f} TB/s")
 shapes = [(1, 65536), (2, 65536), (4, 65536), (8, 65536), (32, 8192), (1, 1048576)]
 configs = [dict(waves=w, block_n=bn, num_stages=ns, num_warps=nw)
            for w, (bn, ns), nw in itertools.product([1, 2, 3], [(128, 2), (64, 3), (64, 2)], [2, 4])]
-if "--l2" in sys.argv:  # L2 prefetch of q, mask and the first tile before waiting on the preceding kernel
-    configs = [dict(block_n=64, num_stages=3, l2_pre=p) for p in (0, 1, 2, 3)]
-    configs += [dict(block_n=128, num_stages=2, l2_pre=p) for p in (0, 3)]
 if "--quick" in sys.argv:
     shapes = shapes[:2]
 

@@ -3,8 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._jit import prefetch_l2
-from ..._runtime import interpreting, num_sms
+from ..._runtime import num_sms
 from ..combine.kernel import combine, pdl_enabled, pdl_enter
 
 
@@ -46,33 +45,15 @@ def _split_kernel(
     Hkv, L, kv_len, chunk, qk_scale,
     s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr, L2_PRE: tl.constexpr,
+    HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     """Grid (splits, B * Hkv): program (s, b * Hkv + h) attends the G query heads of kv head h to tokens
-    [s * chunk, (s + 1) * chunk) of sequence b and stores that part (normalised out; lse, -inf if empty).
-
-    L2_PRE (GPU only): before waiting on the preceding kernel, prefetch into L2 q and the first tile's mask
-    (1), and K (2) and V (3) rows of the first tile, whatever the mask says (wasted bytes for dropped rows)."""
+    [s * chunk, (s + 1) * chunk) of sequence b and stores that part (normalised out; lse, -inf if empty)."""
+    pdl_enter(USE_GDC)
     split = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     b = r // Hkv
     h = r % Hkv
-    if L2_PRE >= 1:
-        LPR: tl.constexpr = D // 64  # 128-byte lines per 16-bit row of D
-        lines = tl.arange(0, LPR) * 64
-        offs_n = split * chunk + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < L
-        qrow = h * G + tl.arange(0, BLOCK_G)
-        prefetch_l2(q_ptr + b * s_qb + qrow[:, None] * s_qh + lines[None, :], (qrow < (h + 1) * G)[:, None])
-        if HAS_DROP:
-            prefetch_l2(drop_ptr + b * s_mb + h * s_mh + offs_n * s_ml, n_ok & (offs_n % 128 == 0))
-        if L2_PRE >= 2:
-            prefetch_l2(k_ptr + b * s_kb + h * s_kh + offs_n[:, None].to(tl.int64) * s_kl + lines[None, :],
-                        n_ok[:, None])
-        if L2_PRE >= 3:
-            prefetch_l2(v_ptr + b * s_vb + h * s_vh + offs_n[:, None].to(tl.int64) * s_vl + lines[None, :],
-                        n_ok[:, None])
-    pdl_enter(USE_GDC)
     if HAS_LENS:
         length = tl.minimum(tl.maximum(tl.load(lens_ptr + b), 0), L)
     else:
@@ -96,7 +77,7 @@ def _split_kernel(
 # programs per SM, all resident in one wave. With a drop mask, 64-token tiles in a 3-stage pipeline (two tiles in
 # flight per program) keep enough bytes in flight when rows are dropped; with no mask, 128-token tiles in one
 # buffer stream ~1.5 % faster.
-CONFIG = {"block_n": 128, "num_warps": 4, "num_stages": 2, "waves": 2, "pdl": True, "l2_pre": 0}
+CONFIG = {"block_n": 128, "num_warps": 4, "num_stages": 2, "waves": 2, "pdl": True}
 MASKED_CONFIG = {**CONFIG, "block_n": 64, "num_stages": 3}
 
 
@@ -134,7 +115,6 @@ def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float,
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
         G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n,
         HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl,
-        L2_PRE=0 if interpreting() else cfg["l2_pre"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"launch_pdl": True} if pdl and cfg["pdl"] else {}),
     )

@@ -9,7 +9,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._jit import prefetch_l2
 from ..._runtime import interpreting, num_sms
 from ..combine.kernel import pdl_enabled
 
@@ -154,30 +153,13 @@ def _trigger_if_last(k0, k_hi, BB: tl.constexpr, TRIGGER: tl.constexpr, EMIT: tl
 
 
 @triton.jit
-def _prefetch_weights(a_rows, sa_rows, row_ok, k_lo, k_hi, s_sak):
-    """L2 prefetch of weight blocks [k_lo, k_hi) of the rows: a has 16 blocks per 128-byte line, sfa 128."""
-    NL: tl.constexpr = 16
-    offs = tl.arange(0, NL)
-    for k0 in range(k_lo, k_hi, NL * 16):
-        kk = k0 + offs * 16
-        prefetch_l2(a_rows + kk[None, :], row_ok[:, None] & (kk < k_hi)[None, :])
-    for k0 in range(k_lo, k_hi, NL * 128):
-        kk = k0 + offs * 128
-        prefetch_l2(sa_rows + kk[None, :] * s_sak, row_ok[:, None] & (kk < k_hi)[None, :])
-
-
-@triton.jit
 def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, split,
-              M, L, KB, per_split, n_mtiles, l2_ahead,
+              M, L, KB, per_split,
               s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
               BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
               USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr,
-              TRIGGER: tl.constexpr, EMIT: tl.constexpr, L2_OWN: tl.constexpr, L2_AHEAD: tl.constexpr):
-    """Output rows pid_m*BM.. of batch l over the K range of `split`.
-
-    L2_OWN: prefetch this program's weight tiles (past the first PRE) into L2 at entry; L2_AHEAD: also those of
-    the row tile l2_ahead tiles further on (a program of a later wave), so memory stays busy while this wave
-    decodes."""
+              TRIGGER: tl.constexpr, EMIT: tl.constexpr):
+    """Output rows pid_m*BM.. of batch l over the K range of `split`."""
     rows = pid_m * BM + tl.arange(0, BM)
     row_ok = rows < M
     k_lo = split * per_split
@@ -188,15 +170,6 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
     sb_row = sb_ptr + l * s_sbl
     acc = tl.zeros([BM, BB], tl.float32)  # per-thread partials; one cross-thread reduction at the end
     k_start = k_lo
-    if L2_OWN:
-        _prefetch_weights(a_rows, sa_rows, row_ok, k_lo + PRE * BB, k_hi, s_sak)
-    if L2_AHEAD:
-        t = l * n_mtiles + pid_m + l2_ahead
-        if t < n_mtiles * L:
-            rows2 = (t % n_mtiles) * BM + tl.arange(0, BM)
-            l2 = t // n_mtiles
-            _prefetch_weights(a_ptr + l2 * s_al + rows2[:, None].to(tl.int64) * s_am,
-                              sa_ptr + l2 * s_sal + rows2[:, None].to(tl.int64) * s_sam, rows2 < M, k_lo, k_hi, s_sak)
     if USE_GDC:
         # programmatic dependent launch: the preceding kernel may still run. The first PRE tiles of the
         # weights (a, sfa) are loaded before the wait; b, sfb, the stores (and partials) only after it.
@@ -242,12 +215,11 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
 
 @triton.jit
 def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
-                 M, L, KB, per_split, n_mtiles, l2_ahead,
+                 M, L, KB, per_split, n_mtiles,
                  s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
                  BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
                  USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr,
-                 TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr, EMIT: tl.constexpr, L2_OWN: tl.constexpr,
-                 L2_AHEAD: tl.constexpr):
+                 TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr, EMIT: tl.constexpr):
     """USE_GDC (launched with programmatic dependent launch): TRIGGER 0 = no explicit trigger (the next
     kernel may start when this grid's programs have exited), 1 = right after griddepcontrol.wait, 2 = after
     the program's last load is issued, 3 = at entry. PERSISTENT: grid (P, 1, 1), program p handles the row
@@ -260,14 +232,13 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
             _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, t % n_mtiles, (t // n_mtiles).to(tl.int64),
                       # split 0 as a runtime value: with a constant 0 the K offsets look fully contiguous and
                       # the weight loads get a wider layout than the math (shared-memory shuffles)
-                      tl.program_id(2), M, L, KB, per_split, n_mtiles, l2_ahead,
-                      s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
-                      BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, L2_OWN, L2_AHEAD)
+                      tl.program_id(2), M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
+                      BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT)
     else:
         _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, tl.program_id(0),
                   tl.program_id(1).to(tl.int64), tl.program_id(2),
-                  M, L, KB, per_split, n_mtiles, l2_ahead, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om,
-                  s_ol, BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, L2_OWN, L2_AHEAD)
+                  M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
+                  BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT)
 
 
 @triton.jit
@@ -453,12 +424,11 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
         use_asm = not interpreting()
     _gemv_kernel[grid](
         a64, sa8, b64, sb8, out, part, alpha if split == 1 else 1.0,
-        M, L, KB, per, n_mtiles, int(cfg.get("l2_ahead", 0)),
+        M, L, KB, per, n_mtiles,
         a64.stride(0), a64.stride(1), *sa8.stride(), *b64.stride()[:1], *sb8.stride(), out.stride(0), out.stride(2),
         BM=BM, BB=BB, PARTIAL=split > 1, PREFETCH=cfg.get("prefetch", False), USE_ASM=use_asm,
         FIX_NAN=interpreting(), USE_GDC=order, PRE=int(cfg.get("pre", 1)) if order else 0,
         TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0, PERSISTENT=bool(persistent), EMIT=pdl,
-        L2_OWN=bool(cfg.get("l2_own", False)) and use_asm, L2_AHEAD=bool(cfg.get("l2_ahead", 0)) and use_asm,
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1), **({"launch_pdl": True} if pdl else {}))
     if split > 1:
         blk = 256
