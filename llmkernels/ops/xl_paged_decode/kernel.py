@@ -8,6 +8,20 @@ from ..combine.kernel import combine, pdl_enabled, pdl_enter
 
 
 @triton.jit
+def _legacy_k_tile(k_base, kv_blk, off, tok_ok, s_kb, D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
+                   KX: tl.constexpr):
+    """Legacy K [nb, Hkv, D/KX, BS, KX] loaded in memory order as [D/KX, BLOCK_N, KX]: per (block, head) the slab
+    [D/KX][BS][KX] is contiguous, so consecutive tokens of one KX-chunk (whole runs of BS * 16 bytes) sit on
+    consecutive lanes. kv_blk / off / tok_ok: per-token block id, offset in the block, load mask."""
+    NC: tl.constexpr = BLOCK_D // KX
+    offs_c = tl.arange(0, NC)
+    offs_e = tl.arange(0, KX)
+    k_off = (kv_blk[None, :, None] * s_kb + offs_c[:, None, None] * (BS * KX) + off[None, :, None] * KX
+             + offs_e[None, None, :])
+    return tl.load(k_base + k_off, mask=(offs_c < D // KX)[:, None, None] & tok_ok[None, :, None], other=0.0)
+
+
+@triton.jit
 def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt,
           s_tb, s_bt, gmask, offs_d, dmask, D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
           BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr, K_NATIVE: tl.constexpr,
@@ -26,12 +40,7 @@ def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_bloc
     off = off1[:, None]
     kmask = valid[:, None] & dmask[None, :]
     if LEGACY and K_NATIVE:  # load in memory order [D/KX, BLOCK_N, KX], then kT [D, BLOCK_N] for the dot
-        NC: tl.constexpr = BLOCK_D // KX
-        offs_c = tl.arange(0, NC)
-        offs_e = tl.arange(0, KX)
-        k_off3 = (kv_blk1[None, :, None] * s_kb + offs_c[:, None, None] * (BS * KX) + off1[None, :, None] * KX
-                  + offs_e[None, None, :])
-        k3 = tl.load(k_base + k_off3, mask=(offs_c < D // KX)[:, None, None] & valid[None, :, None], other=0.0)
+        k3 = _legacy_k_tile(k_base, kv_blk1, off1, valid, s_kb, D, BLOCK_D, BS, KX)
         kt = tl.reshape(tl.permute(k3, (0, 2, 1)), (BLOCK_D, BLOCK_N))
     else:
         if LEGACY:  # k [nb, Hkv, D/KX, BS, KX], each (block, head) slab contiguous: KX-wide runs along d
@@ -92,15 +101,8 @@ def _tile_mha(n0, end, blk, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base,
     off = tok % BS
     lrun = tl.max_constancy(live, [BSUB])
     if LEGACY:
-        # k [nb, Hkv, D/KX, BS, KX]: per (block, head), [D/KX][BS][KX] is contiguous, so a [D/KX, BLOCK_N, KX]
-        # tile puts consecutive tokens of one KX-chunk (BSUB * 16 contiguous bytes) on consecutive lanes.
-        NC: tl.constexpr = BLOCK_D // KX
-        offs_c = tl.arange(0, NC)
-        offs_e = tl.arange(0, KX)
-        k_off = (kv_blk[None, :, None] * s_kb + offs_c[:, None, None] * (BS * KX) + off[None, :, None] * KX
-                 + offs_e[None, None, :])
-        k = tl.load(k_base + k_off, mask=(offs_c < D // KX)[:, None, None] & lrun[None, :, None], other=0.0)
-        q3 = tl.reshape(q, (NC, KX))[:, None, :]
+        k = _legacy_k_tile(k_base, kv_blk, off, lrun, s_kb, D, BLOCK_D, BS, KX)
+        q3 = tl.reshape(q, (BLOCK_D // KX, KX))[:, None, :]
         sc = tl.sum(tl.sum(k.to(tl.float32) * q3, axis=2), axis=0)
     else:  # NHD [nb, BS, Hkv, D]: rows of D contiguous
         k = tl.load(k_base + kv_blk[:, None] * s_kb + off[:, None] * s_kt + offs_d[None, :],
