@@ -219,8 +219,9 @@ def test_torch_compile_fullgraph(device):
     backend = "inductor" if device.type == "cuda" else "aot_eager"
     got = torch.compile(f, fullgraph=True, backend=backend)(q, kv, idx, logits)
     want = f(q, kv, idx, logits)
-    for a, b in zip(got, want):
-        assert torch.equal(a, b)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])  # our kernels: the same launches
+    # the loss is torch arithmetic around the op, which inductor fuses and reassociates: fp32 rounding only
+    assert torch.isfinite(got[2]) and rel_err(got[2], want[2]) <= 1e-5
 
 
 def test_opcheck(device):
