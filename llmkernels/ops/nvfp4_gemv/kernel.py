@@ -92,21 +92,6 @@ def _block_dot(a, b, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0, k_hi, s_sak, s_sbk, BB: tl.constexpr):
-    kk = k0 + tl.arange(0, BB)
-    k_ok = kk < k_hi
-    m2 = row_ok[:, None] & k_ok[None, :]
-    a = tl.load(a_rows + kk[None, :], mask=m2, other=0)
-    # scales: claim only 2-wide contiguity so they take the layout of a (2 blocks = 16 bytes per thread)
-    ks = tl.max_contiguous(kk, 2)
-    sa = tl.load(sa_rows + ks[None, :] * s_sak, mask=m2, other=0)
-    # b row loaded as [1, BB] in the layout of a (1-D loads get their own layout: smem shuffles)
-    b = tl.load(b_row + kk[None, :], mask=k_ok[None, :], other=0)
-    sb = tl.load(sb_row + ks[None, :] * s_sbk, mask=k_ok[None, :], other=0)
-    return a, sa, b, sb
-
-
-@triton.jit
 def _tile_term(a, sa, b, sb, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr):
     dot = _block_dot(a, b, USE_ASM)
     scale = _e4m3_f32(sa, FIX_NAN) * (_e4m3_f32(sb, FIX_NAN) * 0.25)
@@ -127,22 +112,31 @@ def _gdc_trigger(EMIT: tl.constexpr):
 
 @triton.jit
 def _load_weights(a_rows, sa_rows, row_ok, k0, k_hi, s_sak, BB: tl.constexpr):
-    """a and sfa of one tile (model weights: safe to read before griddepcontrol.wait)."""
+    """a and sfa of one tile (weights: with static_weights, read before griddepcontrol.wait)."""
     kk = k0 + tl.arange(0, BB)
     m2 = row_ok[:, None] & (kk < k_hi)[None, :]
     a = tl.load(a_rows + kk[None, :], mask=m2, other=0)
+    # scales: claim only 2-wide contiguity so they take the layout of a (2 blocks = 16 bytes per thread)
     sa = tl.load(sa_rows + tl.max_contiguous(kk, 2)[None, :] * s_sak, mask=m2, other=0)
     return a, sa
 
 
 @triton.jit
 def _load_act(b_row, sb_row, k0, k_hi, s_sbk, BB: tl.constexpr):
-    """b and sfb of one tile (activations: possibly written by the preceding kernel)."""
+    """b and sfb of one tile (activations: possibly written by the preceding kernel). The b row is loaded as
+    [1, BB] in the layout of a (1-D loads get their own layout: shared-memory shuffles)."""
     kk = k0 + tl.arange(0, BB)
     k_ok = kk < k_hi
     b = tl.load(b_row + kk[None, :], mask=k_ok[None, :], other=0)
     sb = tl.load(sb_row + tl.max_contiguous(kk, 2)[None, :] * s_sbk, mask=k_ok[None, :], other=0)
     return b, sb
+
+
+@triton.jit
+def _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0, k_hi, s_sak, s_sbk, BB: tl.constexpr):
+    a, sa = _load_weights(a_rows, sa_rows, row_ok, k0, k_hi, s_sak, BB)
+    b, sb = _load_act(b_row, sb_row, k0, k_hi, s_sbk, BB)
+    return a, sa, b, sb
 
 
 @triton.jit
