@@ -1,0 +1,179 @@
+"""attn_dist for Hopper in Gluon: q held in the wgmma A-operand registers, kv rows gathered by cp.async
+into a STAGES-deep shared-memory ring, so the smem budget goes to gathers in flight, not to q.
+
+One program per (query row, block of 64 * num_warps / 4 heads). Gluon has no interpreter: the plain-Triton
+kernel in attn_dist.py is the portable path (and what CPU tests cover); this one is tested on the GPU.
+"""
+import torch
+import triton
+
+try:  # Gluon ships with Triton >= 3.5; without it the Triton path is used
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
+                                                                   warpgroup_mma, warpgroup_mma_wait)
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover
+    HAVE_GLUON = False
+
+from ..._runtime import interpreting
+
+LOG2E = 1.4426950408889634
+
+if HAVE_GLUON:
+    @gluon.jit
+    def _load_idx(idx_ptr, row, t0, n_len, s_im, BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
+        """Indices [t0, t0 + BLOCK_N) of the row (-1 past n_len), in the gather layout's row slice."""
+        g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+        offs = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_l))
+        return gl.load(idx_ptr + row * s_im + offs, mask=offs < n_len, other=-1)
+
+    @gluon.jit
+    def _gather(kv_ptr, idx, idx_s, klo_s, khi_s, stage, s_kv, limit, s_kvn,
+                BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr,
+                num_warps: gl.constexpr):
+        """cp.async the kv rows `idx` lists into ring slot `stage`, as one commit group.
+
+        Invalid entries (out of [0, s_kv), past the causal limit, or -1 past n_len) are never read; their
+        slot rows are zero-filled and their indices stored as -1 so the consumer masks them.
+        """
+        # 8 lanes x 16 B per 128-byte line, 4 rows per warp: coalesced, and one layout for both parts
+        g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+        valid = (idx >= 0) & (idx < s_kv)
+        if CAUSAL:
+            valid = valid & (idx <= limit)
+        idx_s.index(stage).store(gl.where(valid, idx, -1))
+        base = kv_ptr + gl.where(valid, idx, 0).to(gl.int64)[:, None] * s_kvn
+        d_lo = gl.arange(0, D_V, layout=gl.SliceLayout(0, g_l))
+        async_copy.async_copy_global_to_shared(klo_s.index(stage), base + d_lo[None, :], mask=valid[:, None])
+        if D_T > 0:
+            d_hi = gl.arange(0, D_T, layout=gl.SliceLayout(0, g_l))
+            async_copy.async_copy_global_to_shared(khi_s.index(stage), base + D_V + d_hi[None, :],
+                                                   mask=valid[:, None])
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _dist_wgmma_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
+                           s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
+                           s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om,
+                           BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
+                           HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
+                           ATOMIC: gl.constexpr, num_warps: gl.constexpr, MMA: gl.constexpr = True):
+        # MMA=False: gathers only (scripts/sparse_mla_dist_device.py measures the L2 gather ceiling with it)
+        BLOCK_H: gl.constexpr = 16 * num_warps  # one wgmma M row block of 16 per warp
+        pid = gl.program_id(0)
+        row = (pid // n_hb).to(gl.int64)
+        hb = pid % n_hb
+        dtype: gl.constexpr = kv_ptr.dtype.element_ty
+
+        mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, BLOCK_N, 16])
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
+        col_l: gl.constexpr = gl.SliceLayout(0, mma_l)
+        head_l: gl.constexpr = gl.SliceLayout(1, mma_l)
+
+        # q for this head block, loaded once straight into registers (a [BLOCK_H, 576] bf16 A operand is
+        # 144 registers per thread): shared memory then holds only gathered kv tiles
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+        offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_l))
+        q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
+        hmask = offs_h[:, None] < h_q
+        q_lo = gl.convert_layout(gl.load(q_rows + gl.arange(0, D_V, layout=gl.SliceLayout(0, ld_l))[None, :],
+                                         mask=hmask, other=0.0), a_l)
+        if D_T > 0:
+            q_hi = gl.convert_layout(gl.load(q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :],
+                                             mask=hmask, other=0.0), a_l)
+        offs_hm = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=head_l)
+        # padded heads get lse = +inf, so their probabilities are exactly 0
+        lse2 = gl.load(lse_ptr + row * s_lm + offs_hm * s_lh, mask=offs_hm < h_q, other=float("inf")) * 1.4426950408889634
+
+        n_len = topk
+        if HAS_TLEN:
+            n_len = gl.minimum(gl.maximum(gl.load(tlen_ptr + row), 0), topk)
+        limit = 2147483647
+        if CAUSAL:
+            if QS_TENSOR:
+                num = row + gl.load(qs_ptr) + 1 - k_stride
+            else:
+                num = row + q_start + 1 - k_stride
+            limit = gl.where(num >= 0, num // k_stride, -1)
+
+        lo_s: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        klo_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_V], lo_s)
+        if D_T > 0:
+            khi_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_T], lo_s)
+        else:
+            khi_s = klo_s
+        idx_s = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N],
+                                          gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+
+        n_tiles = gl.cdiv(n_len, BLOCK_N)
+        for s in gl.static_range(STAGES - 1):
+            idx = _load_idx(idx_ptr, row, s * BLOCK_N, n_len, s_im, BLOCK_N, num_warps)
+            _gather(kv_ptr, idx, idx_s, klo_s, khi_s, s, s_kv, limit, s_kvn, BLOCK_N, D_V, D_T, CAUSAL, num_warps)
+        # the indices of the tile issued next are loaded one iteration early, off the critical path
+        idx_next = _load_idx(idx_ptr, row, (STAGES - 1) * BLOCK_N, n_len, s_im, BLOCK_N, num_warps)
+        zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, mma_l)
+        cols = gl.arange(0, BLOCK_N, layout=col_l)
+        for j in range(n_tiles):
+            gl.thread_barrier()  # every warp is done with the slot refilled now (it was read at j - 1)
+            t = j + STAGES - 1
+            _gather(kv_ptr, idx_next, idx_s, klo_s, khi_s, t % STAGES, s_kv, limit, s_kvn,
+                    BLOCK_N, D_V, D_T, CAUSAL, num_warps)
+            idx_next = _load_idx(idx_ptr, row, (t + 1) * BLOCK_N, n_len, s_im, BLOCK_N, num_warps)
+            async_copy.wait_group(STAGES - 1)  # this thread's copies of tile j have landed ...
+            gl.thread_barrier()  # ... and everyone's
+            fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+            cs = j % STAGES
+            if MMA:
+                acc = warpgroup_mma(q_lo, klo_s.index(cs).permute((1, 0)), zero, use_acc=False, is_async=True)
+                if D_T > 0:
+                    acc = warpgroup_mma(q_hi, khi_s.index(cs).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            else:
+                acc = zero
+            valid = idx_s.index(cs).load(col_l) >= 0
+            p = gl.exp2(acc * qk_scale - lse2[:, None])
+            col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
+            offs = j * BLOCK_N + cols
+            if ATOMIC:
+                gl.atomic_add(out_ptr + row * s_om + offs, col, mask=offs < n_len, sem="relaxed")
+            else:
+                gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
+        async_copy.wait_group(0)
+
+
+def wgmma_usable(a) -> bool:
+    """True where the Gluon kernel applies: an sm_90 GPU, 16-bit inputs, kv rows 16-byte aligned (cp.async)."""
+    q, kv = a.q, a.kv
+    if not HAVE_GLUON or interpreting() or q.device.type != "cuda":
+        return False
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False
+    esz = kv.element_size()
+    return (kv.stride(0) * esz) % 16 == 0 and kv.data_ptr() % 16 == 0
+
+
+def dist_wgmma_config(h_q: int) -> dict:
+    # 4 warps = 64 heads, 8 warps = 128 heads per program; BLOCK_N 32 keeps q (144 regs) + S + addresses
+    # under 255 registers, and 6 slots of 36 KB fill the shared memory with gathers in flight
+    return dict(num_warps=4 if h_q <= 64 else 8, BLOCK_N=32, STAGES=6)
+
+
+def attn_dist_wgmma_launch(a, lse, out, config=None) -> None:
+    q, kv, idx = a.q, a.kv, a.indices
+    s_q, h_q, d_qk = q.shape
+    topk = idx.shape[1]
+    cfg = dict(config or dist_wgmma_config(h_q))
+    bh = 16 * cfg["num_warps"]
+    n_hb = triton.cdiv(h_q, bh)
+    dummy = idx
+    _dist_wgmma_kernel[(s_q * n_hb,)](
+        q, kv, idx, lse, out,
+        a.topk_length if a.topk_length is not None else dummy,
+        a.q_start_t if a.q_start_t is not None else dummy,
+        kv.shape[0], h_q, topk, n_hb, a.sm_scale * LOG2E, a.q_start_int, a.k_stride,
+        q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0),
+        D_V=a.d_v, D_T=d_qk - a.d_v,
+        HAS_TLEN=a.topk_length is not None, CAUSAL=a.causal, QS_TENSOR=a.q_start_t is not None,
+        ATOMIC=n_hb > 1, **cfg)
