@@ -85,3 +85,7 @@ if __name__ == "__main__":
     dist("dist h128 576", dump=dump)
     dist("dist h64 576", h_q=64)
     dist("dist h128 512", d_qk=512)
+    for bn, st in ((64, 3), (32, 4)):
+        for ov in (False, True):
+            dist(f"dist h128 576 bn{bn} st{st} ov{int(ov)}", num_warps=8, BLOCK_N=bn, STAGES=st, OVERLAP=ov)
+            dist(f"dist h64 576 bn{bn} st{st} ov{int(ov)}", h_q=64, num_warps=4, BLOCK_N=bn, STAGES=st, OVERLAP=ov)

@@ -53,12 +53,22 @@ if HAVE_GLUON:
         async_copy.commit_group()
 
     @gluon.jit
+    def _colsum_store(acc, valid, lse2, qk_scale, out_ptr, row, s_om, offs, n_len, ATOMIC: gl.constexpr):
+        p = gl.exp2(acc * qk_scale - lse2[:, None])
+        col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
+        if ATOMIC:
+            gl.atomic_add(out_ptr + row * s_om + offs, col, mask=(offs >= 0) & (offs < n_len), sem="relaxed")
+        else:
+            gl.store(out_ptr + row * s_om + offs, col, mask=(offs >= 0) & (offs < n_len))
+
+    @gluon.jit
     def _dist_wgmma_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
                            s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
                            s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om,
                            BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
                            HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
-                           ATOMIC: gl.constexpr, num_warps: gl.constexpr, MMA: gl.constexpr = True):
+                           ATOMIC: gl.constexpr, num_warps: gl.constexpr, OVERLAP: gl.constexpr = True,
+                           MMA: gl.constexpr = True):
         # MMA=False: gathers only (scripts/sparse_mla_dist_device.py measures the L2 gather ceiling with it)
         BLOCK_H: gl.constexpr = 16 * num_warps  # one wgmma M row block of 16 per warp
         pid = gl.program_id(0)
@@ -115,6 +125,10 @@ if HAVE_GLUON:
         idx_next = _load_idx(idx_ptr, row, (STAGES - 1) * BLOCK_N, n_len, s_im, BLOCK_N, num_warps)
         zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, mma_l)
         cols = gl.arange(0, BLOCK_N, layout=col_l)
+        # the tensor cores run tile j while the exp2 / column sums of tile j - 1 execute (acc_p, valid_p);
+        # at j = 0 there is no previous tile: valid_p is all false and its store is masked off
+        acc_p = zero
+        valid_p = cols < 0
         for j in range(n_tiles):
             gl.thread_barrier()  # every warp is done with the slot refilled now (it was read at j - 1)
             t = j + STAGES - 1
@@ -129,17 +143,22 @@ if HAVE_GLUON:
                 acc = warpgroup_mma(q_lo, klo_s.index(cs).permute((1, 0)), zero, use_acc=False, is_async=True)
                 if D_T > 0:
                     acc = warpgroup_mma(q_hi, khi_s.index(cs).permute((1, 0)), acc, is_async=True)
+            valid = idx_s.index(cs).load(col_l) >= 0
+            if OVERLAP:
+                _colsum_store(acc_p, valid_p, lse2, qk_scale, out_ptr, row, s_om, (j - 1) * BLOCK_N + cols,
+                              n_len, ATOMIC)
+            if MMA:
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             else:
                 acc = zero
-            valid = idx_s.index(cs).load(col_l) >= 0
-            p = gl.exp2(acc * qk_scale - lse2[:, None])
-            col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
-            offs = j * BLOCK_N + cols
-            if ATOMIC:
-                gl.atomic_add(out_ptr + row * s_om + offs, col, mask=offs < n_len, sem="relaxed")
+            if OVERLAP:
+                acc_p = acc
+                valid_p = valid
             else:
-                gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
+                _colsum_store(acc, valid, lse2, qk_scale, out_ptr, row, s_om, j * BLOCK_N + cols, n_len, ATOMIC)
+        if OVERLAP:
+            _colsum_store(acc_p, valid_p, lse2, qk_scale, out_ptr, row, s_om, (n_tiles - 1) * BLOCK_N + cols,
+                          n_len, ATOMIC)
         async_copy.wait_group(0)
 
 
