@@ -20,6 +20,11 @@ OUT = os.environ.get("OUT", "/tmp")
 CFGS = [None, dict(num_warps=None, BLOCK_N=32, STAGES=4, OVERLAP=False), dict(num_warps=None, BLOCK_N=64, STAGES=3)]
 SHAPES = [(128, 2048, 576), (64, 2048, 576), (16, 2048, 576), (128, 2048, 512), (128, 512, 576)]
 CANDS = [dict(BLOCK_N=32, STAGES=st) for st in (4, 5, 6)] + [dict(BLOCK_N=64, STAGES=3), dict(BLOCK_N=16, STAGES=8)]
+WS_CFGS = [dict(ws={}), dict(ws=dict(BLOCK_N=32, STAGES=4))]
+if os.environ.get("ROUND") == "3":
+    SHAPES = SHAPES[:2]
+    CANDS = [dict(BLOCK_N=64, STAGES=3, OVERLAP=False)] + [
+        dict(ws=dict(BLOCK_N=bn, STAGES=st)) for bn, st in ((64, 2), (64, 3), (32, 4), (32, 6))]
 if os.environ.get("ROUND") == "2":
     SHAPES = SHAPES[:2]
     CANDS = [dict(BLOCK_N=bn, STAGES=st, OVERLAP=ov) for bn, st in ((64, 3), (64, 2), (32, 4), (32, 6))
@@ -38,6 +43,12 @@ def cfg_for(c, h_q):
 def gluon(a, lse, cfg=None):
     out = torch.zeros(a.indices.shape, dtype=torch.float32, device=dev)
     W.attn_dist_wgmma_launch(a, lse, out, config=cfg)
+    return out
+
+
+def gluon_ws(a, lse, cfg=None):
+    out = torch.zeros(a.indices.shape, dtype=torch.float32, device=dev)
+    W.attn_dist_ws_launch(a, lse, out, config=cfg)
     return out
 
 
@@ -84,8 +95,8 @@ def correctness():
                                        k_stride=kw.get("k_stride", 1), topk_length=kw.get("topk_length"))
         a = prepare(q, kv, idx, sc, topk_length=kw.get("topk_length"), q_start=kw.get("q_start"),
                     k_stride=kw.get("k_stride", 1))
-        for c in CFGS:
-            out = gluon(a, lse, cfg_for(c, h_q))
+        for c in CFGS + WS_CFGS:
+            out = gluon_ws(a, lse, c["ws"]) if c and "ws" in c else gluon(a, lse, cfg_for(c, h_q))
             # probabilities summed over heads: fp32 logits of exact inputs, only summation order and exp2
             # differ, so 1e-4 of the row scale (values are <= h_q) is generous; NaN fails
             err = ((out - ref).abs() / (1 + ref.abs())).max().item()
@@ -110,6 +121,9 @@ def timings():
         ref = triton_path(a, lse)
         variants = [("triton", lambda: triton_path(a, lse), None)]
         for c in [dict(c) for c in CANDS]:
+            if "ws" in c:
+                variants.append((f"ws {c['ws']}", (lambda c=c: gluon_ws(a, lse, c["ws"])), c))
+                continue
             c["num_warps"] = W.dist_wgmma_config(h_q)["num_warps"]
             variants.append((f"gluon {c}", (lambda c=c: gluon(a, lse, c)), c))
         for nw in [n for n in (4, 8) if 16 * n >= h_q]:  # one program per row: each kv row gathered once

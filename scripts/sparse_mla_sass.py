@@ -89,3 +89,22 @@ if __name__ == "__main__":
         for ov in (False, True):
             dist(f"dist h128 576 bn{bn} st{st} ov{int(ov)}", num_warps=8, BLOCK_N=bn, STAGES=st, OVERLAP=ov)
             dist(f"dist h64 576 bn{bn} st{st} ov{int(ov)}", h_q=64, num_warps=4, BLOCK_N=bn, STAGES=st, OVERLAP=ov)
+
+
+def ws(name, h_q=128, d_qk=576, dump=None, **cfg):
+    s_q, s_kv, topk = 4, 64, 96
+    q = torch.empty(s_q, h_q, d_qk, dtype=torch.bfloat16)
+    kv = torch.empty(s_kv, 1, d_qk, dtype=torch.bfloat16)
+    idx = torch.zeros(s_q, topk, dtype=torch.int32)
+    a = common.prepare(q, kv, idx, 0.1, q_start=s_kv - s_q, k_stride=1)
+    captured = {}
+    orig = W._dist_ws_kernel.run
+
+    def run(*args, grid, warmup, **kw):
+        captured["k"] = orig(*args, grid=grid, warmup=True, **kw)
+    W._dist_ws_kernel.run = run
+    try:
+        W.attn_dist_ws_launch(a, torch.empty(s_q, h_q), torch.empty(s_q, topk), config=cfg or None)
+    finally:
+        W._dist_ws_kernel.run = orig
+    sass_report(name, captured["k"], dump)

@@ -10,7 +10,7 @@ import triton
 try:  # Gluon ships with Triton >= 3.5; without it the Triton path is used
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,
+    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
                                                                    warpgroup_mma, warpgroup_mma_wait)
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover
@@ -162,6 +162,148 @@ if HAVE_GLUON:
         async_copy.wait_group(0)
 
 
+    @gluon.jit
+    def _ws_valid(idx_ptr, row, t0, n_len, s_im, s_kv, limit, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                  layout: gl.constexpr):
+        offs = t0 + gl.arange(0, BLOCK_N, layout=layout)
+        idx = gl.load(idx_ptr + row * s_im + offs, mask=offs < n_len, other=-1)
+        valid = (idx >= 0) & (idx < s_kv)
+        if CAUSAL:
+            valid = valid & (idx <= limit)
+        return valid
+
+    @gluon.jit
+    def _ws_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
+                     BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
+                     CAUSAL: gl.constexpr):
+        """4 warps: cp.async the rows of tile j into slot j % STAGES once its readers released it."""
+        g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        n_tiles = gl.cdiv(n_len, BLOCK_N)
+        d_lo = gl.arange(0, D_V, layout=gl.SliceLayout(0, g_l))
+        valid_n = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, gl.SliceLayout(1, g_l))
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_l))
+        idx_n = gl.load(idx_ptr + row * s_im + offs_n, mask=offs_n < n_len, other=-1)
+        for j in range(n_tiles):
+            s = j % STAGES
+            mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1, pred=j >= STAGES)
+            valid = valid_n
+            idx = idx_n
+            # next tile's indices now, so its addresses are ready when its slot frees
+            offs_n = (j + 1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_l))
+            idx_n = gl.load(idx_ptr + row * s_im + offs_n, mask=offs_n < n_len, other=-1)
+            valid_n = (idx_n >= 0) & (idx_n < s_kv)
+            if CAUSAL:
+                valid_n = valid_n & (idx_n <= limit)
+            base = kv_ptr + gl.where(valid, idx, 0).to(gl.int64)[:, None] * s_kvn
+            async_copy.async_copy_global_to_shared(klo_s.index(s), base + d_lo[None, :], mask=valid[:, None])
+            if D_T > 0:
+                d_hi = gl.arange(0, D_T, layout=gl.SliceLayout(0, g_l))
+                async_copy.async_copy_global_to_shared(khi_s.index(s), base + D_V + d_hi[None, :],
+                                                       mask=valid[:, None])
+            # each producer thread arrives once its own copies have landed (count = 128)
+            async_copy.mbarrier_arrive(full.index(s), increment_count=False)
+
+    @gluon.jit
+    def _ws_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, row, hb, h_q, n_len, s_kv,
+                     limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
+                     CID: gl.constexpr, SPLIT_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
+                     D_T: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, ATOMIC: gl.constexpr):
+        """One warpgroup: 64 heads x (every tile if SPLIT_HEADS, else the tiles j = CID mod 2)."""
+        mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_N, 16])
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
+        col_l: gl.constexpr = gl.SliceLayout(0, mma_l)
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        if SPLIT_HEADS:
+            h0 = hb * 128 + CID * 64
+            j0 = 0
+            jstep = 1
+        else:
+            h0 = hb * 64
+            j0 = CID
+            jstep = 2
+        offs_h = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
+        q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
+        hmask = offs_h[:, None] < h_q
+        q_lo = gl.convert_layout(gl.load(q_rows + gl.arange(0, D_V, layout=gl.SliceLayout(0, ld_l))[None, :],
+                                         mask=hmask, other=0.0), a_l)
+        if D_T > 0:
+            q_hi = gl.convert_layout(gl.load(q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :],
+                                             mask=hmask, other=0.0), a_l)
+        offs_hm = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma_l))
+        lse2 = gl.load(lse_ptr + row * s_lm + offs_hm * s_lh, mask=offs_hm < h_q, other=float("inf")) * 1.4426950408889634
+        zero = gl.zeros([64, BLOCK_N], gl.float32, mma_l)
+        cols = gl.arange(0, BLOCK_N, layout=col_l)
+        n_tiles = gl.cdiv(n_len, BLOCK_N)
+        valid_n = _ws_valid(idx_ptr, row, j0 * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, col_l)
+        for j in range(j0, n_tiles, jstep):
+            s = j % STAGES
+            valid = valid_n
+            valid_n = _ws_valid(idx_ptr, row, (j + jstep) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL,
+                                col_l)
+            mbarrier.wait(full.index(s), (j // STAGES) & 1)
+            fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+            acc = warpgroup_mma(q_lo, klo_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+            if D_T > 0:
+                acc = warpgroup_mma(q_hi, khi_s.index(s).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
+            mbarrier.arrive(empty.index(s), count=1)  # ... so one arrival releases it for this consumer
+            p = gl.exp2(acc * qk_scale - lse2[:, None])
+            col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
+            offs = j * BLOCK_N + cols
+            if ATOMIC:  # two adds onto 0: 0 + a + b is exact in either order, so the sum is deterministic
+                gl.atomic_add(out_ptr + row * s_om + offs, col, mask=offs < n_len, sem="relaxed")
+            else:
+                gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
+
+    @gluon.jit
+    def _dist_ws_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
+                        s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
+                        s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om,
+                        BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
+                        HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
+                        SPLIT_HEADS: gl.constexpr, ATOMIC: gl.constexpr, CONS_REGS: gl.constexpr,
+                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """Warp-specialised: a 4-warp producer gathers, two consumer warpgroups run wgmma + column sums, so one
+        consumer's exp2/reduction overlaps the other's tensor-core work and no CTA-wide barrier is needed."""
+        pid = gl.program_id(0)
+        row = (pid // n_hb).to(gl.int64)
+        hb = pid % n_hb
+        dtype: gl.constexpr = kv_ptr.dtype.element_ty
+        n_len = topk
+        if HAS_TLEN:
+            n_len = gl.minimum(gl.maximum(gl.load(tlen_ptr + row), 0), topk)
+        limit = 2147483647
+        if CAUSAL:
+            if QS_TENSOR:
+                num = row + gl.load(qs_ptr) + 1 - k_stride
+            else:
+                num = row + q_start + 1 - k_stride
+            limit = gl.where(num >= 0, num // k_stride, -1)
+        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        klo_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_V], sl)
+        if D_T > 0:
+            khi_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_T], sl)
+        else:
+            khi_s = klo_s
+        full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(full.index(i), count=128)
+            mbarrier.init(empty.index(i), count=2 if SPLIT_HEADS else 1)
+        gl.warp_specialize([
+            (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, row, hb, h_q, n_len, s_kv,
+                            limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
+                            0, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC)),
+            (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, row, hb, h_q, n_len, s_kv,
+                            limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
+                            1, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC)),
+            (_ws_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
+                            BLOCK_N, D_V, D_T, STAGES, CAUSAL)),
+        ], [4, 4], [CONS_REGS, PROD_REGS])
+
+
 def wgmma_usable(a) -> bool:
     """True where the Gluon kernel applies: an sm_90 GPU, 16-bit inputs, kv rows 16-byte aligned (cp.async)."""
     q, kv = a.q, a.kv
@@ -177,6 +319,26 @@ def dist_wgmma_config(h_q: int) -> dict:
     # 4 warps = 64 heads, 8 warps = 128 heads per program; BLOCK_N 32 keeps q (144 regs) + S + addresses
     # under 255 registers, and 6 slots of 36 KB fill the shared memory with gathers in flight
     return dict(num_warps=4 if h_q <= 64 else 8, BLOCK_N=32, STAGES=6)
+
+
+def attn_dist_ws_launch(a, lse, out, config=None) -> None:
+    q, kv, idx = a.q, a.kv, a.indices
+    s_q, h_q, d_qk = q.shape
+    topk = idx.shape[1]
+    cfg = dict(BLOCK_N=64, STAGES=2, CONS_REGS=232, PROD_REGS=40)
+    cfg.update(config or {})
+    split = h_q > 64  # 2 x 64 heads on every tile; else both consumers take 64 heads on alternate tiles
+    n_hb = triton.cdiv(h_q, 128 if split else 64)
+    dummy = idx
+    _dist_ws_kernel[(s_q * n_hb,)](
+        q, kv, idx, lse, out,
+        a.topk_length if a.topk_length is not None else dummy,
+        a.q_start_t if a.q_start_t is not None else dummy,
+        kv.shape[0], h_q, topk, n_hb, a.sm_scale * LOG2E, a.q_start_int, a.k_stride,
+        q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0),
+        D_V=a.d_v, D_T=d_qk - a.d_v,
+        HAS_TLEN=a.topk_length is not None, CAUSAL=a.causal, QS_TENSOR=a.q_start_t is not None,
+        SPLIT_HEADS=split, ATOMIC=split or n_hb > 1, num_warps=4, **cfg)
 
 
 def attn_dist_wgmma_launch(a, lse, out, config=None) -> None:
