@@ -213,7 +213,6 @@ if HAVE_GLUON:
                                                         instr_shape=[16, BLOCK_N, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
         col_l: gl.constexpr = gl.SliceLayout(0, mma_l)
-        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         if SPLIT_HEADS:
             h0 = hb * 128 + CID * 64
             j0 = 0
@@ -222,14 +221,15 @@ if HAVE_GLUON:
             h0 = hb * 64
             j0 = CID
             jstep = 2
-        offs_h = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
+        # q straight from global into the A-operand registers: no shared-memory staging, which would cost
+        # ring slots (it is read once per row, so the 16-byte-per-row access pattern does not matter)
+        offs_h = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, a_l))
         q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
         hmask = offs_h[:, None] < h_q
-        q_lo = gl.convert_layout(gl.load(q_rows + gl.arange(0, D_V, layout=gl.SliceLayout(0, ld_l))[None, :],
-                                         mask=hmask, other=0.0), a_l)
+        q_lo = gl.load(q_rows + gl.arange(0, D_V, layout=gl.SliceLayout(0, a_l))[None, :], mask=hmask, other=0.0)
         if D_T > 0:
-            q_hi = gl.convert_layout(gl.load(q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :],
-                                             mask=hmask, other=0.0), a_l)
+            q_hi = gl.load(q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, a_l))[None, :], mask=hmask,
+                           other=0.0)
         offs_hm = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma_l))
         lse2 = gl.load(lse_ptr + row * s_lm + offs_hm * s_lh, mask=offs_hm < h_q, other=float("inf")) * 1.4426950408889634
         zero = gl.zeros([64, BLOCK_N], gl.float32, mma_l)
