@@ -20,7 +20,11 @@ OUT = os.environ.get("OUT", "/tmp")
 CFGS = [None, dict(num_warps=None, BLOCK_N=32, STAGES=4, OVERLAP=False), dict(num_warps=None, BLOCK_N=64, STAGES=3)]
 SHAPES = [(128, 2048, 576), (64, 2048, 576), (16, 2048, 576), (128, 2048, 512), (128, 512, 576)]
 CANDS = [dict(BLOCK_N=32, STAGES=st) for st in (4, 5, 6)] + [dict(BLOCK_N=64, STAGES=3), dict(BLOCK_N=16, STAGES=8)]
-WS_CFGS = [dict(ws={}), dict(ws=dict(BLOCK_N=32, STAGES=6)), dict(ws=dict(BLOCK_N=64, STAGES=3))]
+WS_CFGS = [dict(ws={}), dict(ws=dict(BLOCK_N=32, STAGES=6)), dict(ws=dict(BLOCK_N=64, STAGES=3)),
+           dict(ws=dict(BLOCK_N=64, STAGES=2))]
+if os.environ.get("ROUND") == "5":
+    SHAPES = SHAPES[:2]
+    CANDS = [dict(ws=dict(BLOCK_N=bn, STAGES=st)) for bn, st in ((64, 2), (64, 3), (32, 4), (32, 6))]
 if os.environ.get("ROUND") == "4":
     SHAPES = SHAPES[:2]
     CANDS = [dict(ws=dict(BLOCK_N=bn, STAGES=st)) for bn, st in ((64, 2), (64, 3), (32, 4), (32, 5), (32, 6))]

@@ -173,7 +173,7 @@ if HAVE_GLUON:
         return valid
 
     @gluon.jit
-    def _ws_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
+    def _ws_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, q_ready, row, n_len, s_kv, limit, s_kvn, s_im,
                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr):
         """4 warps: cp.async the rows of tile j into slot j % STAGES once its readers released it."""
@@ -186,6 +186,7 @@ if HAVE_GLUON:
         for j in range(n_tiles):
             s = j % STAGES
             mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1, pred=j >= STAGES)
+            mbarrier.wait(q_ready, 0, pred=j == STAGES - 2)  # the consumers staged q through the last two slots
             valid = valid_n
             idx = idx_n
             # next tile's indices now, so its addresses are ready when its slot frees
@@ -204,7 +205,7 @@ if HAVE_GLUON:
             async_copy.mbarrier_arrive(full.index(s), increment_count=False)
 
     @gluon.jit
-    def _ws_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, row, hb, h_q, n_len, s_kv,
+    def _ws_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q, n_len, s_kv,
                      limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                      CID: gl.constexpr, SPLIT_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
                      D_T: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, ATOMIC: gl.constexpr):
@@ -221,15 +222,21 @@ if HAVE_GLUON:
             h0 = hb * 64
             j0 = CID
             jstep = 2
-        # q straight from global into the A-operand registers: no shared-memory staging, which would cost
-        # ring slots (it is read once per row, so the 16-byte-per-row access pattern does not matter)
-        offs_h = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, a_l))
-        q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
+        # q into the A-operand registers in 64-column pieces: 16-byte loads, then a shuffle through 8 KB of ring
+        # slot STAGES-1-CID (the producer fills that slot only after q_ready), so no extra shared memory is needed
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        offs_h = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
+        q_rows = (q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
+                  + gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))[None, :])
         hmask = offs_h[:, None] < h_q
-        q_lo = gl.load(q_rows + gl.arange(0, D_V, layout=gl.SliceLayout(0, a_l))[None, :], mask=hmask, other=0.0)
-        if D_T > 0:
-            q_hi = gl.load(q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, a_l))[None, :], mask=hmask,
-                           other=0.0)
+        stage = klo_s.index(STAGES - 1 - CID)._reinterpret(klo_s.dtype, [64, 64], klo_s.layout)
+        q_parts = ()
+        for i in gl.static_range((D_V + D_T) // 64):
+            stage.store(gl.load(q_rows + i * 64, mask=hmask, other=0.0))
+            gl.thread_barrier()
+            q_parts = q_parts + (stage.load(a_l),)
+            gl.thread_barrier()
+        mbarrier.arrive(q_ready, count=1)
         offs_hm = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma_l))
         lse2 = gl.load(lse_ptr + row * s_lm + offs_hm * s_lh, mask=offs_hm < h_q, other=float("inf")) * 1.4426950408889634
         zero = gl.zeros([64, BLOCK_N], gl.float32, mma_l)
@@ -243,9 +250,13 @@ if HAVE_GLUON:
                                 col_l)
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-            acc = warpgroup_mma(q_lo, klo_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
-            if D_T > 0:
-                acc = warpgroup_mma(q_hi, khi_s.index(s).permute((1, 0)), acc, is_async=True)
+            acc = zero
+            for i in gl.static_range((D_V + D_T) // 64):
+                if i * 64 < D_V:
+                    kt = klo_s.index(s).slice(i * 64, 64, dim=1)
+                else:
+                    kt = khi_s.index(s)
+                acc = warpgroup_mma(q_parts[i], kt.permute((1, 0)), acc, use_acc=i > 0, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
             mbarrier.arrive(empty.index(s), count=1)  # ... so one arrival releases it for this consumer
@@ -289,17 +300,19 @@ if HAVE_GLUON:
             khi_s = klo_s
         full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_ready, count=2)
         for i in gl.static_range(STAGES):
             mbarrier.init(full.index(i), count=128)
             mbarrier.init(empty.index(i), count=2 if SPLIT_HEADS else 1)
         gl.warp_specialize([
-            (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, row, hb, h_q, n_len, s_kv,
+            (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q, n_len, s_kv,
                             limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                             0, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC)),
-            (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, row, hb, h_q, n_len, s_kv,
+            (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q, n_len, s_kv,
                             limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                             1, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC)),
-            (_ws_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
+            (_ws_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, q_ready, row, n_len, s_kv, limit, s_kvn, s_im,
                             BLOCK_N, D_V, D_T, STAGES, CAUSAL)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
 
