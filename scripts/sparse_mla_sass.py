@@ -59,38 +59,6 @@ def sass_report(name, k, dump=None):
         open(f"{dump}/{name.replace(' ', '_')}.sass", "w").write(sass)
 
 
-def dist(name, h_q=128, d_qk=576, dump=None, **cfg):
-    s_q, s_kv, topk = 4, 64, 96
-    q = torch.empty(s_q, h_q, d_qk, dtype=torch.bfloat16)
-    kv = torch.empty(s_kv, 1, d_qk, dtype=torch.bfloat16)
-    idx = torch.zeros(s_q, topk, dtype=torch.int32)
-    a = common.prepare(q, kv, idx, 0.1, q_start=s_kv - s_q, k_stride=1)
-    lse = torch.empty(s_q, h_q)
-    out = torch.empty(s_q, topk)
-    captured = {}
-    orig = W._dist_wgmma_kernel.run
-
-    def run(*args, grid, warmup, **kw):
-        captured["k"] = orig(*args, grid=grid, warmup=True, **kw)
-    W._dist_wgmma_kernel.run = run
-    try:
-        W.attn_dist_wgmma_launch(a, lse, out, config=cfg or None)
-    finally:
-        W._dist_wgmma_kernel.run = orig
-    sass_report(name, captured["k"], dump)
-
-
-if __name__ == "__main__":
-    dump = sys.argv[1] if len(sys.argv) > 1 else None
-    dist("dist h128 576", dump=dump)
-    dist("dist h64 576", h_q=64)
-    dist("dist h128 512", d_qk=512)
-    for bn, st in ((64, 3), (32, 4)):
-        for ov in (False, True):
-            dist(f"dist h128 576 bn{bn} st{st} ov{int(ov)}", num_warps=8, BLOCK_N=bn, STAGES=st, OVERLAP=ov)
-            dist(f"dist h64 576 bn{bn} st{st} ov{int(ov)}", h_q=64, num_warps=4, BLOCK_N=bn, STAGES=st, OVERLAP=ov)
-
-
 def ws(name, h_q=128, d_qk=576, dump=None, **cfg):
     s_q, s_kv, topk = 4, 64, 96
     q = torch.empty(s_q, h_q, d_qk, dtype=torch.bfloat16)
@@ -108,3 +76,11 @@ def ws(name, h_q=128, d_qk=576, dump=None, **cfg):
     finally:
         W._dist_ws_kernel.run = orig
     sass_report(name, captured["k"], dump)
+
+
+if __name__ == "__main__":
+    dump = sys.argv[1] if len(sys.argv) > 1 else None
+    ws("attn_dist ws h128 d576", dump=dump)
+    ws("attn_dist ws h64 d576", h_q=64)
+    ws("attn_dist ws h128 d512", d_qk=512)
+    ws("attn_dist ws h128 d576 2 stages", STAGES=2)

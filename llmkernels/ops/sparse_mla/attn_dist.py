@@ -4,6 +4,7 @@ import triton
 import triton.language as tl
 
 from ..._runtime import interpreting
+from .attn_dist_wgmma import attn_dist_ws_launch, wgmma_usable
 from .fwd import LOG2E, LOG2E_C, gather, load_idx, row_limits
 
 
@@ -69,6 +70,9 @@ def attn_dist_launch(a, lse, out, config=None) -> None:
     s_q, h_q, d_qk = q.shape
     topk = idx.shape[1]
     if s_q == 0 or h_q == 0:
+        return
+    if config is None and wgmma_usable(a):  # Hopper: the warp-specialised Gluon kernel (attn_dist_wgmma.py)
+        attn_dist_ws_launch(a, lse, out)
         return
     cfg = dict(config or dist_config(h_q, topk, q.device))
     cfg.setdefault("PREFETCH", False)

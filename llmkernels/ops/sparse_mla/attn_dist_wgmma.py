@@ -1,8 +1,9 @@
-"""attn_dist for Hopper in Gluon: q held in the wgmma A-operand registers, kv rows gathered by cp.async
-into a STAGES-deep shared-memory ring, so the smem budget goes to gathers in flight, not to q.
+"""attn_dist for Hopper in Gluon (warp-specialised): q held in the wgmma A-operand registers, kv rows
+gathered by a cp.async producer into a STAGES-deep shared-memory ring, so the smem budget goes to gathers in
+flight, not to q. One program per (query row, block of 128 heads).
 
-One program per (query row, block of 64 * num_warps / 4 heads). Gluon has no interpreter: the plain-Triton
-kernel in attn_dist.py is the portable path (and what CPU tests cover); this one is tested on the GPU.
+Gluon has no interpreter: the plain-Triton kernel in attn_dist.py is the portable path (and what CPU tests
+cover); this one runs on sm_90 and is tested on the GPU (tests marked gpu, scripts/sparse_mla_dist_device.py).
 """
 import torch
 import triton
@@ -21,147 +22,6 @@ from ..._runtime import interpreting
 LOG2E = 1.4426950408889634
 
 if HAVE_GLUON:
-    @gluon.jit
-    def _load_idx(idx_ptr, row, t0, n_len, s_im, BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
-        """Indices [t0, t0 + BLOCK_N) of the row (-1 past n_len), in the gather layout's row slice."""
-        g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-        offs = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_l))
-        return gl.load(idx_ptr + row * s_im + offs, mask=offs < n_len, other=-1)
-
-    @gluon.jit
-    def _gather(kv_ptr, idx, idx_s, klo_s, khi_s, stage, s_kv, limit, s_kvn,
-                BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr,
-                num_warps: gl.constexpr):
-        """cp.async the kv rows `idx` lists into ring slot `stage`, as one commit group.
-
-        Invalid entries (out of [0, s_kv), past the causal limit, or -1 past n_len) are never read; their
-        slot rows are zero-filled and their indices stored as -1 so the consumer masks them.
-        """
-        # 8 lanes x 16 B per 128-byte line, 4 rows per warp: coalesced, and one layout for both parts
-        g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-        valid = (idx >= 0) & (idx < s_kv)
-        if CAUSAL:
-            valid = valid & (idx <= limit)
-        idx_s.index(stage).store(gl.where(valid, idx, -1))
-        base = kv_ptr + gl.where(valid, idx, 0).to(gl.int64)[:, None] * s_kvn
-        d_lo = gl.arange(0, D_V, layout=gl.SliceLayout(0, g_l))
-        async_copy.async_copy_global_to_shared(klo_s.index(stage), base + d_lo[None, :], mask=valid[:, None])
-        if D_T > 0:
-            d_hi = gl.arange(0, D_T, layout=gl.SliceLayout(0, g_l))
-            async_copy.async_copy_global_to_shared(khi_s.index(stage), base + D_V + d_hi[None, :],
-                                                   mask=valid[:, None])
-        async_copy.commit_group()
-
-    @gluon.jit
-    def _colsum_store(acc, valid, lse2, qk_scale, out_ptr, row, s_om, offs, n_len, ATOMIC: gl.constexpr):
-        p = gl.exp2(acc * qk_scale - lse2[:, None])
-        col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
-        if ATOMIC:
-            gl.atomic_add(out_ptr + row * s_om + offs, col, mask=(offs >= 0) & (offs < n_len), sem="relaxed")
-        else:
-            gl.store(out_ptr + row * s_om + offs, col, mask=(offs >= 0) & (offs < n_len))
-
-    @gluon.jit
-    def _dist_wgmma_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
-                           s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
-                           s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om,
-                           BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
-                           HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
-                           ATOMIC: gl.constexpr, num_warps: gl.constexpr, OVERLAP: gl.constexpr = True,
-                           MMA: gl.constexpr = True):
-        # MMA=False: gathers only (scripts/sparse_mla_dist_device.py measures the L2 gather ceiling with it)
-        BLOCK_H: gl.constexpr = 16 * num_warps  # one wgmma M row block of 16 per warp
-        pid = gl.program_id(0)
-        row = (pid // n_hb).to(gl.int64)
-        hb = pid % n_hb
-        dtype: gl.constexpr = kv_ptr.dtype.element_ty
-
-        mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                        instr_shape=[16, BLOCK_N, 16])
-        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
-        col_l: gl.constexpr = gl.SliceLayout(0, mma_l)
-        head_l: gl.constexpr = gl.SliceLayout(1, mma_l)
-
-        # q for this head block, loaded once straight into registers (a [BLOCK_H, 576] bf16 A operand is
-        # 144 registers per thread): shared memory then holds only gathered kv tiles
-        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-        offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_l))
-        q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
-        hmask = offs_h[:, None] < h_q
-        q_lo = gl.convert_layout(gl.load(q_rows + gl.arange(0, D_V, layout=gl.SliceLayout(0, ld_l))[None, :],
-                                         mask=hmask, other=0.0), a_l)
-        if D_T > 0:
-            q_hi = gl.convert_layout(gl.load(q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :],
-                                             mask=hmask, other=0.0), a_l)
-        offs_hm = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=head_l)
-        # padded heads get lse = +inf, so their probabilities are exactly 0
-        lse2 = gl.load(lse_ptr + row * s_lm + offs_hm * s_lh, mask=offs_hm < h_q, other=float("inf")) * 1.4426950408889634
-
-        n_len = topk
-        if HAS_TLEN:
-            n_len = gl.minimum(gl.maximum(gl.load(tlen_ptr + row), 0), topk)
-        limit = 2147483647
-        if CAUSAL:
-            if QS_TENSOR:
-                num = row + gl.load(qs_ptr) + 1 - k_stride
-            else:
-                num = row + q_start + 1 - k_stride
-            limit = gl.where(num >= 0, num // k_stride, -1)
-
-        lo_s: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        klo_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_V], lo_s)
-        if D_T > 0:
-            khi_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_T], lo_s)
-        else:
-            khi_s = klo_s
-        idx_s = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N],
-                                          gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
-
-        n_tiles = gl.cdiv(n_len, BLOCK_N)
-        for s in gl.static_range(STAGES - 1):
-            idx = _load_idx(idx_ptr, row, s * BLOCK_N, n_len, s_im, BLOCK_N, num_warps)
-            _gather(kv_ptr, idx, idx_s, klo_s, khi_s, s, s_kv, limit, s_kvn, BLOCK_N, D_V, D_T, CAUSAL, num_warps)
-        # the indices of the tile issued next are loaded one iteration early, off the critical path
-        idx_next = _load_idx(idx_ptr, row, (STAGES - 1) * BLOCK_N, n_len, s_im, BLOCK_N, num_warps)
-        zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, mma_l)
-        cols = gl.arange(0, BLOCK_N, layout=col_l)
-        # the tensor cores run tile j while the exp2 / column sums of tile j - 1 execute (acc_p, valid_p);
-        # at j = 0 there is no previous tile: valid_p is all false and its store is masked off
-        acc_p = zero
-        valid_p = cols < 0
-        for j in range(n_tiles):
-            gl.thread_barrier()  # every warp is done with the slot refilled now (it was read at j - 1)
-            t = j + STAGES - 1
-            _gather(kv_ptr, idx_next, idx_s, klo_s, khi_s, t % STAGES, s_kv, limit, s_kvn,
-                    BLOCK_N, D_V, D_T, CAUSAL, num_warps)
-            idx_next = _load_idx(idx_ptr, row, (t + 1) * BLOCK_N, n_len, s_im, BLOCK_N, num_warps)
-            async_copy.wait_group(STAGES - 1)  # this thread's copies of tile j have landed ...
-            gl.thread_barrier()  # ... and everyone's
-            fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-            cs = j % STAGES
-            if MMA:
-                acc = warpgroup_mma(q_lo, klo_s.index(cs).permute((1, 0)), zero, use_acc=False, is_async=True)
-                if D_T > 0:
-                    acc = warpgroup_mma(q_hi, khi_s.index(cs).permute((1, 0)), acc, is_async=True)
-            valid = idx_s.index(cs).load(col_l) >= 0
-            if OVERLAP:
-                _colsum_store(acc_p, valid_p, lse2, qk_scale, out_ptr, row, s_om, (j - 1) * BLOCK_N + cols,
-                              n_len, ATOMIC)
-            if MMA:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            else:
-                acc = zero
-            if OVERLAP:
-                acc_p = acc
-                valid_p = valid
-            else:
-                _colsum_store(acc, valid, lse2, qk_scale, out_ptr, row, s_om, j * BLOCK_N + cols, n_len, ATOMIC)
-        if OVERLAP:
-            _colsum_store(acc_p, valid_p, lse2, qk_scale, out_ptr, row, s_om, (n_tiles - 1) * BLOCK_N + cols,
-                          n_len, ATOMIC)
-        async_copy.wait_group(0)
-
-
     @gluon.jit
     def _ws_valid(idx_ptr, row, t0, n_len, s_im, s_kv, limit, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                   layout: gl.constexpr):
@@ -208,7 +68,8 @@ if HAVE_GLUON:
     def _ws_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q, n_len, s_kv,
                      limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                      CID: gl.constexpr, SPLIT_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
-                     D_T: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, ATOMIC: gl.constexpr):
+                     D_T: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, ATOMIC: gl.constexpr,
+                     GATHER_ONLY: gl.constexpr):
         """One warpgroup: 64 heads x (every tile if SPLIT_HEADS, else the tiles j = CID mod 2)."""
         mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_N, 16])
@@ -222,20 +83,27 @@ if HAVE_GLUON:
             h0 = hb * 64
             j0 = CID
             jstep = 2
-        # q into the A-operand registers in 64-column pieces: 16-byte loads, then a shuffle through 8 KB of ring
-        # slot STAGES-1-CID (the producer fills that slot only after q_ready), so no extra shared memory is needed
+        # q into the A-operand registers through ring slot STAGES-1-CID (a 64-row slot holds exactly a [64, 576]
+        # q block; the producer fills that slot only after q_ready): one cp.async round trip, no extra smem
+        gl.static_assert(BLOCK_N == 64, "q is staged through one 64-row ring slot")
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         offs_h = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
-        q_rows = (q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
-                  + gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))[None, :])
+        q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
         hmask = offs_h[:, None] < h_q
-        stage = klo_s.index(STAGES - 1 - CID)._reinterpret(klo_s.dtype, [64, 64], klo_s.layout)
-        q_parts = ()
-        for i in gl.static_range((D_V + D_T) // 64):
-            stage.store(gl.load(q_rows + i * 64, mask=hmask, other=0.0))
-            gl.thread_barrier()
-            q_parts = q_parts + (stage.load(a_l),)
-            gl.thread_barrier()
+        async_copy.async_copy_global_to_shared(
+            klo_s.index(STAGES - 1 - CID), q_rows + gl.arange(0, D_V, layout=gl.SliceLayout(0, ld_l))[None, :],
+            mask=hmask)
+        if D_T > 0:
+            async_copy.async_copy_global_to_shared(
+                khi_s.index(STAGES - 1 - CID),
+                q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        gl.thread_barrier()
+        q_lo = klo_s.index(STAGES - 1 - CID).load(a_l)
+        if D_T > 0:
+            q_hi = khi_s.index(STAGES - 1 - CID).load(a_l)
+        gl.thread_barrier()
         mbarrier.arrive(q_ready, count=1)
         offs_hm = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma_l))
         lse2 = gl.load(lse_ptr + row * s_lm + offs_hm * s_lh, mask=offs_hm < h_q, other=float("inf")) * 1.4426950408889634
@@ -250,23 +118,23 @@ if HAVE_GLUON:
                                 col_l)
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-            acc = zero
-            for i in gl.static_range((D_V + D_T) // 64):
-                if i * 64 < D_V:
-                    kt = klo_s.index(s).slice(i * 64, 64, dim=1)
-                else:
-                    kt = khi_s.index(s)
-                acc = warpgroup_mma(q_parts[i], kt.permute((1, 0)), acc, use_acc=i > 0, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
-            mbarrier.arrive(empty.index(s), count=1)  # ... so one arrival releases it for this consumer
-            p = gl.exp2(acc * qk_scale - lse2[:, None])
-            col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
-            offs = j * BLOCK_N + cols
-            if ATOMIC:  # two adds onto 0: 0 + a + b is exact in either order, so the sum is deterministic
-                gl.atomic_add(out_ptr + row * s_om + offs, col, mask=offs < n_len, sem="relaxed")
+            if GATHER_ONLY:  # probe: the producer's gather rate alone (scripts/sparse_mla_dist_device.py)
+                gl.thread_barrier()
+                mbarrier.arrive(empty.index(s), count=1)
             else:
-                gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
+                acc = warpgroup_mma(q_lo, klo_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+                if D_T > 0:
+                    acc = warpgroup_mma(q_hi, khi_s.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
+                mbarrier.arrive(empty.index(s), count=1)  # ... so one arrival releases it for this consumer
+                p = gl.exp2(acc * qk_scale - lse2[:, None])
+                col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
+                offs = j * BLOCK_N + cols
+                if ATOMIC:  # two adds onto 0: 0 + a + b is exact in either order, so the sum is deterministic
+                    gl.atomic_add(out_ptr + row * s_om + offs, col, mask=offs < n_len, sem="relaxed")
+                else:
+                    gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
 
     @gluon.jit
     def _dist_ws_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
@@ -275,7 +143,7 @@ if HAVE_GLUON:
                         BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
                         HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
                         SPLIT_HEADS: gl.constexpr, ATOMIC: gl.constexpr, CONS_REGS: gl.constexpr,
-                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
+                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, GATHER_ONLY: gl.constexpr = False):
         """Warp-specialised: a 4-warp producer gathers, two consumer warpgroups run wgmma + column sums, so one
         consumer's exp2/reduction overlaps the other's tensor-core work and no CTA-wide barrier is needed."""
         pid = gl.program_id(0)
@@ -308,37 +176,35 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q, n_len, s_kv,
                             limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
-                            0, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC)),
+                            0, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC, GATHER_ONLY)),
             (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q, n_len, s_kv,
                             limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
-                            1, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC)),
+                            1, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC, GATHER_ONLY)),
             (_ws_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, q_ready, row, n_len, s_kv, limit, s_kvn, s_im,
                             BLOCK_N, D_V, D_T, STAGES, CAUSAL)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
 
 
 def wgmma_usable(a) -> bool:
-    """True where the Gluon kernel applies: an sm_90 GPU, 16-bit inputs, kv rows 16-byte aligned (cp.async)."""
+    """True where the Gluon kernel applies: an sm_90 GPU and q / kv rows 16-byte aligned (cp.async)."""
     q, kv = a.q, a.kv
     if not HAVE_GLUON or interpreting() or q.device.type != "cuda":
         return False
     if torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
-    esz = kv.element_size()
-    return (kv.stride(0) * esz) % 16 == 0 and kv.data_ptr() % 16 == 0
-
-
-def dist_wgmma_config(h_q: int) -> dict:
-    # 4 warps = 64 heads, 8 warps = 128 heads per program; BLOCK_N 32 keeps q (144 regs) + S + addresses
-    # under 255 registers, and 6 slots of 36 KB fill the shared memory with gathers in flight
-    return dict(num_warps=4 if h_q <= 64 else 8, BLOCK_N=32, STAGES=6)
+    esz = q.element_size()
+    return all(x % 16 == 0 for x in (kv.stride(0) * esz, q.stride(0) * esz, q.stride(1) * esz,
+                                      kv.data_ptr(), q.data_ptr()))
 
 
 def attn_dist_ws_launch(a, lse, out, config=None) -> None:
+    """As attn_dist.attn_dist_launch (out zero-filled; h_q <= 128 gives a deterministic result)."""
     q, kv, idx = a.q, a.kv, a.indices
     s_q, h_q, d_qk = q.shape
     topk = idx.shape[1]
-    cfg = dict(BLOCK_N=64, STAGES=2, CONS_REGS=232, PROD_REGS=40)
+    # measured on an H100 (benchmarks/notes/sparse_mla_fwd.md): 3 slots of 64 rows (two in flight while one
+    # is read); consumers get 232 registers (q alone is 144), the producer 40
+    cfg = dict(BLOCK_N=64, STAGES=3, CONS_REGS=232, PROD_REGS=40)
     cfg.update(config or {})
     split = h_q > 64  # 2 x 64 heads on every tile; else both consumers take 64 heads on alternate tiles
     n_hb = triton.cdiv(h_q, 128 if split else 64)
@@ -352,22 +218,3 @@ def attn_dist_ws_launch(a, lse, out, config=None) -> None:
         D_V=a.d_v, D_T=d_qk - a.d_v,
         HAS_TLEN=a.topk_length is not None, CAUSAL=a.causal, QS_TENSOR=a.q_start_t is not None,
         SPLIT_HEADS=split, ATOMIC=split or n_hb > 1, num_warps=4, **cfg)
-
-
-def attn_dist_wgmma_launch(a, lse, out, config=None) -> None:
-    q, kv, idx = a.q, a.kv, a.indices
-    s_q, h_q, d_qk = q.shape
-    topk = idx.shape[1]
-    cfg = dict(config or dist_wgmma_config(h_q))
-    bh = 16 * cfg["num_warps"]
-    n_hb = triton.cdiv(h_q, bh)
-    dummy = idx
-    _dist_wgmma_kernel[(s_q * n_hb,)](
-        q, kv, idx, lse, out,
-        a.topk_length if a.topk_length is not None else dummy,
-        a.q_start_t if a.q_start_t is not None else dummy,
-        kv.shape[0], h_q, topk, n_hb, a.sm_scale * LOG2E, a.q_start_int, a.k_stride,
-        q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0),
-        D_V=a.d_v, D_T=d_qk - a.d_v,
-        HAS_TLEN=a.topk_length is not None, CAUSAL=a.causal, QS_TENSOR=a.q_start_t is not None,
-        ATOMIC=n_hb > 1, **cfg)
