@@ -71,7 +71,9 @@ def attn_dist_launch(a, lse, out, config=None) -> None:
     topk = idx.shape[1]
     if s_q == 0 or h_q == 0:
         return
-    if config is None and wgmma_usable(a):  # Hopper: the warp-specialised Gluon kernel (attn_dist_wgmma.py)
+    # Hopper: the warp-specialised Gluon kernel (attn_dist_wgmma.py); above 128 heads it would add 4+ partial
+    # sums per entry atomically (order-dependent bits), so those shapes keep the deterministic Triton kernel
+    if config is None and h_q <= 128 and wgmma_usable(a):
         attn_dist_ws_launch(a, lse, out)
         return
     cfg = dict(config or dist_config(h_q, topk, q.device))

@@ -198,7 +198,8 @@ def wgmma_usable(a) -> bool:
 
 
 def attn_dist_ws_launch(a, lse, out, config=None) -> None:
-    """As attn_dist.attn_dist_launch (out zero-filled; h_q <= 128 gives a deterministic result)."""
+    """As attn_dist.attn_dist_launch: out zero-filled. Deterministic for h_q <= 128 (at most two partial sums per
+    entry, added atomically onto 0: exact in either order); above that the last bits may vary between runs."""
     q, kv, idx = a.q, a.kv, a.indices
     s_q, h_q, d_qk = q.shape
     topk = idx.shape[1]
