@@ -35,6 +35,11 @@ configs = [dict(waves=w, block_n=bn, num_stages=ns, num_warps=nw)
            for w, (bn, ns), nw in itertools.product([1, 2, 3], [(128, 2), (64, 3), (64, 2)], [2, 4])]
 if "--quick" in sys.argv:
     shapes = shapes[:2]
+if "--round5" in sys.argv:  # 2026-11-23 round 5: 3 programs per SM (splits now rounded down), deeper rings
+    shapes = shapes[:2]
+    configs = [dict(waves=w, block_n=bn, num_stages=ns, num_warps=nw)
+               for w, (bn, ns), nw in itertools.product([2, 3], [(64, 3), (64, 4), (32, 4), (32, 6)], [2, 4])]
+    configs += [dict(waves=1, block_n=128, num_stages=3, num_warps=nw) for nw in (4, 8)]
 
 # every config once against the fp32 reference on an odd shape (varlen, an all-dropped row, NaN-poisoned outputs)
 x = make_inputs(3, HKV, HQ, 20011, D, torch.bfloat16, torch.device("cuda"), kept=0.5)

@@ -83,7 +83,8 @@ MASKED_CONFIG = {**CONFIG, "block_n": 64, "num_stages": 3}
 
 def _plan(B: int, Hkv: int, L: int, device: torch.device, waves: int):
     """Split L so that B * Hkv * splits ~ waves * SMs, with chunks of >= 512 tokens (multiples of 16)."""
-    splits = max(1, min(round(waves * num_sms(device) / max(B * Hkv, 1)), triton.cdiv(L, 512)))
+    # rounded down: one program too many starts a second wave (round(3 * 132 / 8) = 50 splits = 400 > 396 slots)
+    splits = max(1, min(int(waves * num_sms(device) / max(B * Hkv, 1)), triton.cdiv(L, 512)))
     chunk = triton.cdiv(triton.cdiv(max(L, 1), splits), 16) * 16
     return triton.cdiv(max(L, 1), chunk), chunk
 
