@@ -84,3 +84,24 @@ if __name__ == "__main__":
     ws("attn_dist ws h64 d576", h_q=64)
     ws("attn_dist ws h128 d512", d_qk=512)
     ws("attn_dist ws h128 d576 2 stages", STAGES=2)
+
+
+def fwd(name, h_q=128, d_qk=576, dump=None, **cfg):
+    from llmkernels.ops.sparse_mla import fwd_wgmma as F
+    s_q, s_kv, topk = 4, 64, 96
+    q = torch.empty(s_q, h_q, d_qk, dtype=torch.bfloat16)
+    kv = torch.empty(s_kv, 1, d_qk, dtype=torch.bfloat16)
+    idx = torch.zeros(s_q, topk, dtype=torch.int32)
+    a = common.prepare(q, kv, idx, 0.1, q_start=s_kv - s_q, k_stride=1, attn_sink=torch.zeros(h_q))
+    captured = {}
+    orig = F._fwd_ws_kernel.run
+
+    def run(*args, grid, warmup, **kw):
+        captured["k"] = orig(*args, grid=grid, warmup=True, **kw)
+    F._fwd_ws_kernel.run = run
+    try:
+        F.sparse_mla_fwd_ws_launch(a, torch.empty(s_q, h_q, 512, dtype=torch.bfloat16), torch.empty(s_q, h_q),
+                                   torch.empty(s_q, h_q), config=cfg or None)
+    finally:
+        F._fwd_ws_kernel.run = orig
+    sass_report(name, captured["k"], dump)

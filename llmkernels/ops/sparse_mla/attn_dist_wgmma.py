@@ -35,8 +35,9 @@ if HAVE_GLUON:
     @gluon.jit
     def _ws_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, q_ready, row, n_len, s_kv, limit, s_kvn, s_im,
                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
-                     CAUSAL: gl.constexpr):
-        """4 warps: cp.async the rows of tile j into slot j % STAGES once its readers released it."""
+                     CAUSAL: gl.constexpr, WAIT_Q: gl.constexpr = True):
+        """4 warps: cp.async the rows of tile j into slot j % STAGES once its readers released it (and, with
+        WAIT_Q, the last two slots only once the consumers have staged q through them)."""
         g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         n_tiles = gl.cdiv(n_len, BLOCK_N)
         d_lo = gl.arange(0, D_V, layout=gl.SliceLayout(0, g_l))
@@ -46,7 +47,8 @@ if HAVE_GLUON:
         for j in range(n_tiles):
             s = j % STAGES
             mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1, pred=j >= STAGES)
-            mbarrier.wait(q_ready, 0, pred=j == STAGES - 2)  # the consumers staged q through the last two slots
+            if WAIT_Q:
+                mbarrier.wait(q_ready, 0, pred=j == STAGES - 2)  # the consumers staged q through the last two slots
             valid = valid_n
             idx = idx_n
             # next tile's indices now, so its addresses are ready when its slot frees

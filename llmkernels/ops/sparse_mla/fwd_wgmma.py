@@ -1,0 +1,192 @@
+"""Sparse MLA forward for Hopper in Gluon (warp-specialised), used on sm_90; fwd.py is the portable path.
+
+One program per (query row, 64 heads). A 4-warp producer gathers kv tiles into a shared-memory ring (the same
+producer as attn_dist). Two consumer warpgroups split the work so that neither needs more than ~200 registers:
+  S = q k^T : consumer c multiplies its share of the d_qk columns (c=0: 0-255, c=1: 256-575), the two partial
+              S tiles are swapped through shared memory and added (S0 + S1 in both, so both see the same S);
+  softmax   : computed by both (identical m, l);
+  O += P V  : consumer c owns output columns [256 c, 256 c + 256) (V is the first 512 dims of the same tile).
+"""
+import triton
+
+from .attn_dist_wgmma import HAVE_GLUON, LOG2E
+
+if HAVE_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
+                                                                   warpgroup_mma, warpgroup_mma_wait)
+
+    from .attn_dist_wgmma import _ws_producer, _ws_valid
+
+    @gluon.jit
+    def _fwd_consumer(q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, qlo_s, qhi_s, xchg, xbar,
+                      full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om, s_oh, s_lm,
+                      CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
+                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
+                      SINK_IN_LSE: gl.constexpr):
+        DH: gl.constexpr = D_V // 2
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_N, 16])
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DH, 16])
+        p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+        row_l: gl.constexpr = gl.SliceLayout(1, s_l)
+        c0: gl.constexpr = CID * DH
+
+        # this consumer's q columns into shared memory (it is the only reader of them)
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        offs_h = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
+        q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
+        hmask = offs_h[:, None] < h_q
+        async_copy.async_copy_global_to_shared(
+            qlo_s.slice(c0, DH, dim=1), q_rows + c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, ld_l))[None, :],
+            mask=hmask)
+        if CID == 1 and D_T > 0:
+            async_copy.async_copy_global_to_shared(
+                qhi_s, q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        gl.thread_barrier()
+        fence_async_shared()
+
+        m_i = gl.full([64], float("-inf"), gl.float32, row_l)  # running max of the log2-scaled logits
+        l_i = gl.zeros([64], gl.float32, row_l)
+        acc = gl.zeros([64, DH], gl.float32, o_l)
+        zero_s = gl.zeros([64, BLOCK_N], gl.float32, s_l)
+        n_tiles = gl.cdiv(n_len, BLOCK_N)
+        valid_n = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, gl.SliceLayout(0, s_l))
+        for j in range(n_tiles):
+            s = j % STAGES
+            valid = valid_n
+            valid_n = _ws_valid(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL,
+                                gl.SliceLayout(0, s_l))
+            mbarrier.wait(full.index(s), (j // STAGES) & 1)
+            fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+            kt = klo_s.index(s)
+            sp = warpgroup_mma(qlo_s.slice(c0, DH, dim=1), kt.slice(c0, DH, dim=1).permute((1, 0)), zero_s,
+                               use_acc=False, is_async=True)
+            if CID == 1 and D_T > 0:
+                sp = warpgroup_mma(qhi_s, khi_s.index(s).permute((1, 0)), sp, is_async=True)
+            sp = warpgroup_mma_wait(num_outstanding=0, deps=(sp,))
+            # swap partial S tiles; two buffers and barriers per direction, so a consumer one tile ahead never
+            # overwrites (or re-signals) what the other has not read yet
+            xb = j % 2
+            xchg.index(CID * 2 + xb).store(sp)
+            gl.thread_barrier()
+            mbarrier.arrive(xbar.index(CID * 2 + xb), count=1)
+            mbarrier.wait(xbar.index((1 - CID) * 2 + xb), (j // 2) & 1)
+            so = xchg.index((1 - CID) * 2 + xb).load(s_l)
+            if CID == 0:
+                sc = sp + so
+            else:
+                sc = so + sp  # S0 + S1 in both consumers: bitwise the same S, so the same m, l and P
+            sc = gl.where(valid[None, :], sc * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # nothing valid yet: avoid inf - inf
+            p = gl.exp2(sc - m_safe[:, None])
+            alpha = gl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+            pb = gl.convert_layout(p.to(klo_s.dtype), p_l)
+            acc = warpgroup_mma(pb, kt.slice(c0, DH, dim=1), acc, is_async=True)  # V = first D_V dims of kv
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
+            mbarrier.arrive(empty.index(s), count=1)  # ... one of its two releases
+
+        empty_row = m_i == float("-inf")
+        l_safe = gl.where(empty_row, 1.0, l_i)
+        lse2 = m_i + gl.log2(l_safe)  # log2-sum-exp2 of the logits alone
+        denom = l_safe
+        offs_hm = hb * 64 + gl.arange(0, 64, layout=row_l)
+        hm = offs_hm < h_q
+        if HAS_SINK:
+            sink2 = gl.load(sink_ptr + offs_hm, mask=hm, other=0.0) * 1.4426950408889634
+            d = sink2 - lse2
+            sp2 = gl.maximum(d, 0.0) + gl.log2(1.0 + gl.exp2(-gl.abs(d)))  # log2(1 + 2^d) without overflow
+            denom = l_safe * gl.exp2(sp2)
+            if SINK_IN_LSE:
+                lse2 = lse2 + sp2
+        o = acc / gl.convert_layout(denom, gl.SliceLayout(1, o_l))[:, None]
+        o = gl.where(gl.convert_layout(empty_row, gl.SliceLayout(1, o_l))[:, None], 0.0, o)
+        offs_ho = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
+        offs_d = c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, o_l))
+        gl.store(out_ptr + row * s_om + offs_ho[:, None].to(gl.int64) * s_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=(offs_ho < h_q)[:, None])
+        if CID == 0:
+            gl.store(maxl_ptr + row * s_lm + offs_hm, m_i * 0.6931471805599453, mask=hm)
+            gl.store(lse_ptr + row * s_lm + offs_hm, gl.where(empty_row, float("inf"), lse2 * 0.6931471805599453),
+                     mask=hm)
+
+    @gluon.jit
+    def _fwd_ws_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tlen_ptr, qs_ptr,
+                       s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
+                       s_qm, s_qh, s_kvn, s_im, s_om, s_oh, s_lm,
+                       BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
+                       HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
+                       QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
+                       PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
+        pid = gl.program_id(0)
+        row = (pid // n_hb).to(gl.int64)  # head blocks of one row run side by side: they share its gathers in L2
+        hb = pid % n_hb
+        dtype: gl.constexpr = kv_ptr.dtype.element_ty
+        n_len = topk
+        if HAS_TLEN:
+            n_len = gl.minimum(gl.maximum(gl.load(tlen_ptr + row), 0), topk)
+        limit = 2147483647
+        if CAUSAL:
+            if QS_TENSOR:
+                num = row + gl.load(qs_ptr) + 1 - k_stride
+            else:
+                num = row + q_start + 1 - k_stride
+            limit = gl.where(num >= 0, num // k_stride, -1)
+        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        klo_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_V], sl)
+        qlo_s = gl.allocate_shared_memory(dtype, [64, D_V], sl)
+        if D_T > 0:
+            khi_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_T], sl)
+            qhi_s = gl.allocate_shared_memory(dtype, [64, D_T], sl)
+        else:
+            khi_s = klo_s
+            qhi_s = qlo_s
+        xchg = gl.allocate_shared_memory(gl.float32, [4, 64, BLOCK_N],
+                                         gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+        full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        xbar = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(full.index(i), count=128)
+            mbarrier.init(empty.index(i), count=2)
+        for i in gl.static_range(4):
+            mbarrier.init(xbar.index(i), count=1)
+        gl.warp_specialize([
+            (_fwd_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, qlo_s, qhi_s, xchg,
+                             xbar, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om,
+                             s_oh, s_lm, 0, BLOCK_N, D_V, D_T, STAGES, CAUSAL, HAS_SINK, SINK_IN_LSE)),
+            (_fwd_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, qlo_s, qhi_s, xchg,
+                             xbar, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om,
+                             s_oh, s_lm, 1, BLOCK_N, D_V, D_T, STAGES, CAUSAL, HAS_SINK, SINK_IN_LSE)),
+            (_ws_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, empty, row, n_len, s_kv, limit, s_kvn, s_im,
+                            BLOCK_N, D_V, D_T, STAGES, CAUSAL, False)),
+        ], [4, 4], [CONS_REGS, PROD_REGS])
+
+
+def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, config=None) -> None:
+    """As fwd.sparse_mla_fwd_launch, on sm_90 (see attn_dist_wgmma.wgmma_usable)."""
+    q, kv, idx = a.q, a.kv, a.indices
+    s_q, h_q, d_qk = q.shape
+    topk = idx.shape[1]
+    cfg = dict(BLOCK_N=32, STAGES=3, CONS_REGS=232, PROD_REGS=40)
+    cfg.update(config or {})
+    n_hb = triton.cdiv(h_q, 64)
+    dummy = idx
+    _fwd_ws_kernel[(s_q * n_hb,)](
+        q, kv, idx, out, max_logits, lse,
+        a.attn_sink if a.attn_sink is not None else dummy,
+        a.topk_length if a.topk_length is not None else dummy,
+        a.q_start_t if a.q_start_t is not None else dummy,
+        kv.shape[0], h_q, topk, n_hb, a.sm_scale * LOG2E, a.q_start_int, a.k_stride,
+        q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0),
+        D_V=a.d_v, D_T=d_qk - a.d_v,
+        HAS_SINK=a.attn_sink is not None, HAS_TLEN=a.topk_length is not None, CAUSAL=a.causal,
+        QS_TENSOR=a.q_start_t is not None, SINK_IN_LSE=sink_in_lse, num_warps=4, **cfg)
