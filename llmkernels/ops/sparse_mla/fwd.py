@@ -4,6 +4,8 @@ import triton
 import triton.language as tl
 
 from ..._runtime import interpreting
+from .attn_dist_wgmma import wgmma_usable
+from .fwd_wgmma import sparse_mla_fwd_ws_launch
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -138,6 +140,11 @@ def sparse_mla_fwd_launch(a, out, max_logits, lse, sink_in_lse: bool = True, con
     s_q, h_q, d_qk = q.shape
     topk = idx.shape[1]
     if s_q == 0 or h_q == 0:
+        return
+    # Hopper, >= 64 heads: the warp-specialised Gluon kernel (fwd_wgmma.py); below that its 64-head blocks are
+    # mostly padding and the Triton kernel is faster (benchmarks/notes/sparse_mla_fwd.md)
+    if config is None and h_q > 32 and wgmma_usable(a):
+        sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse=sink_in_lse)
         return
     cfg = dict(config or fwd_config(h_q, topk, q.device))
     cfg.setdefault("PREFETCH", False)

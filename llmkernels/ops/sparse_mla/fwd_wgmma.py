@@ -20,6 +20,35 @@ if HAVE_GLUON:
     from .attn_dist_wgmma import _ws_producer, _ws_valid
 
     @gluon.jit
+    def _s_partial(qlo_s, qhi_s, klo_s, khi_s, s, zero_s, CID: gl.constexpr, DH: gl.constexpr, D_T: gl.constexpr):
+        """Async wgmma of this consumer's share of S for ring slot s (c=0: columns 0-255, c=1: 256-575)."""
+        c0: gl.constexpr = CID * DH
+        sp = warpgroup_mma(qlo_s.slice(c0, DH, dim=1), klo_s.index(s).slice(c0, DH, dim=1).permute((1, 0)), zero_s,
+                           use_acc=False, is_async=True)
+        if CID == 1 and D_T > 0:
+            sp = warpgroup_mma(qhi_s, khi_s.index(s).permute((1, 0)), sp, is_async=True)
+        return sp
+
+    @gluon.jit
+    def _s_swap(sp, xchg, xbar, j, valid, qk_scale, s_l: gl.constexpr, CID: gl.constexpr):
+        """Swap partial S tiles with the other consumer; returns the log2-scaled logits of tile j (-inf invalid).
+
+        Two buffers and barriers per direction, so a consumer one tile ahead never overwrites (or re-signals)
+        what the other has not read yet. S0 + S1 in both consumers: bitwise the same S, so the same m, l, P.
+        """
+        xb = j % 2
+        xchg.index(CID * 2 + xb).store(sp)
+        gl.thread_barrier()
+        mbarrier.arrive(xbar.index(CID * 2 + xb), count=1)
+        mbarrier.wait(xbar.index((1 - CID) * 2 + xb), (j // 2) & 1)
+        so = xchg.index((1 - CID) * 2 + xb).load(s_l)
+        if CID == 0:
+            sc = sp + so
+        else:
+            sc = so + sp
+        return gl.where(valid[None, :], sc * qk_scale, float("-inf"))
+
+    @gluon.jit
     def _fwd_consumer(q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, qlo_s, qhi_s, xchg, xbar,
                       full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om, s_oh, s_lm,
                       CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
@@ -54,43 +83,35 @@ if HAVE_GLUON:
         acc = gl.zeros([64, DH], gl.float32, o_l)
         zero_s = gl.zeros([64, BLOCK_N], gl.float32, s_l)
         n_tiles = gl.cdiv(n_len, BLOCK_N)
-        valid_n = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, gl.SliceLayout(0, s_l))
+        col_l: gl.constexpr = gl.SliceLayout(0, s_l)
+        # software pipeline: S of tile j + 1 runs on the tensor cores (and its swap overlaps P V of tile j)
+        # while this warpgroup does tile j's softmax; after the last tile a dummy S on an unfilled slot keeps
+        # both consumers' swap sequence in step (it is never waited for, and discarded)
+        valid = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, col_l)
+        mbarrier.wait(full.index(0), 0, pred=n_tiles > 0)
+        fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+        sp = _s_partial(qlo_s, qhi_s, klo_s, khi_s, 0, zero_s, CID, DH, D_T)
+        sp = warpgroup_mma_wait(num_outstanding=0, deps=(sp,))
+        sc = _s_swap(sp, xchg, xbar, 0, valid, qk_scale, s_l, CID)
         for j in range(n_tiles):
             s = j % STAGES
-            valid = valid_n
-            valid_n = _ws_valid(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL,
-                                gl.SliceLayout(0, s_l))
-            mbarrier.wait(full.index(s), (j // STAGES) & 1)
-            fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-            kt = klo_s.index(s)
-            sp = warpgroup_mma(qlo_s.slice(c0, DH, dim=1), kt.slice(c0, DH, dim=1).permute((1, 0)), zero_s,
-                               use_acc=False, is_async=True)
-            if CID == 1 and D_T > 0:
-                sp = warpgroup_mma(qhi_s, khi_s.index(s).permute((1, 0)), sp, is_async=True)
-            sp = warpgroup_mma_wait(num_outstanding=0, deps=(sp,))
-            # swap partial S tiles; two buffers and barriers per direction, so a consumer one tile ahead never
-            # overwrites (or re-signals) what the other has not read yet
-            xb = j % 2
-            xchg.index(CID * 2 + xb).store(sp)
-            gl.thread_barrier()
-            mbarrier.arrive(xbar.index(CID * 2 + xb), count=1)
-            mbarrier.wait(xbar.index((1 - CID) * 2 + xb), (j // 2) & 1)
-            so = xchg.index((1 - CID) * 2 + xb).load(s_l)
-            if CID == 0:
-                sc = sp + so
-            else:
-                sc = so + sp  # S0 + S1 in both consumers: bitwise the same S, so the same m, l and P
-            sc = gl.where(valid[None, :], sc * qk_scale, float("-inf"))
+            sn = (j + 1) % STAGES
+            valid_n = _ws_valid(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, col_l)
             m_new = gl.maximum(m_i, gl.max(sc, axis=1))
             m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # nothing valid yet: avoid inf - inf
             p = gl.exp2(sc - m_safe[:, None])
             alpha = gl.exp2(m_i - m_safe)
             l_i = l_i * alpha + gl.sum(p, axis=1)
             m_i = m_new
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
             pb = gl.convert_layout(p.to(klo_s.dtype), p_l)
-            acc = warpgroup_mma(pb, kt.slice(c0, DH, dim=1), acc, is_async=True)  # V = first D_V dims of kv
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.wait(full.index(sn), ((j + 1) // STAGES) & 1, pred=j + 1 < n_tiles)
+            fence_async_shared()
+            sp = _s_partial(qlo_s, qhi_s, klo_s, khi_s, sn, zero_s, CID, DH, D_T)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+            acc = warpgroup_mma(pb, klo_s.index(s).slice(c0, DH, dim=1), acc, is_async=True)  # V = kv[:, :D_V]
+            sp = warpgroup_mma_wait(num_outstanding=1, deps=(sp,))
+            sc = _s_swap(sp, xchg, xbar, j + 1, valid_n, qk_scale, s_l, CID)
+            acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
             gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
             mbarrier.arrive(empty.index(s), count=1)  # ... one of its two releases
 
@@ -176,7 +197,9 @@ def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, 
     q, kv, idx = a.q, a.kv, a.indices
     s_q, h_q, d_qk = q.shape
     topk = idx.shape[1]
-    cfg = dict(BLOCK_N=32, STAGES=3, CONS_REGS=232, PROD_REGS=40)
+    # 32-row tiles: q (74 KB) + the S swap buffers (32 KB) leave room for two 37 KB ring slots (a third measured
+    # within 3 %); consumers get 232 registers (O alone is 128), the producer 40
+    cfg = dict(BLOCK_N=32, STAGES=2, CONS_REGS=232, PROD_REGS=40)
     cfg.update(config or {})
     n_hb = triton.cdiv(h_q, 64)
     dummy = idx
