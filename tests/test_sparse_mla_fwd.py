@@ -278,7 +278,35 @@ def test_bad_inputs(device):
 # --- GPU ------------------------------------------------------------------------------------------
 
 @gpu
-@pytest.mark.parametrize("h_q", [1, 8, 16, 64, 128])
+@pytest.mark.parametrize("h_q", [64, 128])
+def test_gpu_gluon_kernels_match_triton(h_q):
+    """On sm_90 the public ops run the Gluon kernels: they must agree with the Triton kernels (forced by config)."""
+    from llmkernels.ops.sparse_mla.attn_dist import dist_config
+    from llmkernels.ops.sparse_mla.attn_dist_wgmma import wgmma_usable
+    from llmkernels.ops.sparse_mla.fwd import fwd_config
+    dev = torch.device("cuda")
+    q = torch.randn(41, h_q, 576, device=dev, dtype=torch.bfloat16)
+    kv = torch.randn(900, 1, 576, device=dev, dtype=torch.bfloat16)
+    idx = causal_indices(41, 900, 300, 859, dev)
+    idx[3, :5] = torch.tensor([-1, 900, I32_MIN, I32_MAX, 0], dtype=torch.int32, device=dev)
+    a = prepare(q, kv, idx, 0.04, q_start=859)
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert wgmma_usable(a)  # so this test does exercise the Gluon kernels
+    outs = []
+    for cfg in (None, fwd_config(h_q, 300, dev)):
+        o = (torch.full((41, h_q, 512), float("nan"), device=dev, dtype=torch.bfloat16),
+             torch.full((41, h_q), float("nan"), device=dev), torch.full((41, h_q), float("nan"), device=dev))
+        sparse_mla_fwd_launch(a, *o, config=cfg)
+        d = torch.zeros(41, 300, device=dev)
+        attn_dist_launch(a, o[2], d, config=None if cfg is None else dist_config(h_q, 300, dev))
+        outs.append((*o, d))
+    (o1, m1, l1, d1), (o2, m2, l2, d2) = outs
+    assert rel_err(o1, o2) <= OUT_TOL[torch.bfloat16]  # P is rounded to bf16 in both, summation orders differ
+    assert rel_err(m1, m2) <= STAT_TOL and rel_err(l1, l2) <= STAT_TOL and rel_err(d1, d2) <= STAT_TOL
+
+
+@gpu
+@pytest.mark.parametrize("h_q", [1, 8, 16, 64, 96, 128, 200])  # sm_90: 96 / 200 pad the Gluon kernels' head blocks
 @pytest.mark.parametrize("d_qk", [576, 512])
 def test_gpu_fwd_and_dist_causal(h_q, d_qk):
     dev = torch.device("cuda")
