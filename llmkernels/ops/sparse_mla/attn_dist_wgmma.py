@@ -48,7 +48,8 @@ if HAVE_GLUON:
             s = j % STAGES
             mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1, pred=j >= STAGES)
             if WAIT_Q:
-                mbarrier.wait(q_ready, 0, pred=j == STAGES - 2)  # the consumers staged q through the last two slots
+                # the consumers staged q through the last 2 * (64 // BLOCK_N) slots
+                mbarrier.wait(q_ready, 0, pred=j == STAGES - 2 * (64 // BLOCK_N))
             valid = valid_n
             idx = idx_n
             # next tile's indices now, so its addresses are ready when its slot frees
@@ -85,26 +86,27 @@ if HAVE_GLUON:
             h0 = hb * 64
             j0 = CID
             jstep = 2
-        # q into the A-operand registers through ring slot STAGES-1-CID (a 64-row slot holds exactly a [64, 576]
-        # q block; the producer fills that slot only after q_ready): one cp.async round trip, no extra smem
-        gl.static_assert(BLOCK_N == 64, "q is staged through one 64-row ring slot")
+        # q into the A-operand registers through the ring's last 64 rows (CID 0) or the 64 before (CID 1): the
+        # producer fills those slots only after q_ready, so staging costs no shared memory; one cp.async trip
+        gl.static_assert(STAGES * BLOCK_N >= 128, "q is staged through 2 x 64 ring rows")
+        slot0: gl.constexpr = STAGES - (64 // BLOCK_N) * (CID + 1)  # slots are adjacent rows of one buffer
+        q_lo_s = klo_s.index(slot0)._reinterpret(klo_s.dtype, [64, D_V], klo_s.layout)
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         offs_h = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
         q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
         hmask = offs_h[:, None] < h_q
         async_copy.async_copy_global_to_shared(
-            klo_s.index(STAGES - 1 - CID), q_rows + gl.arange(0, D_V, layout=gl.SliceLayout(0, ld_l))[None, :],
-            mask=hmask)
+            q_lo_s, q_rows + gl.arange(0, D_V, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
         if D_T > 0:
+            q_hi_s = khi_s.index(slot0)._reinterpret(khi_s.dtype, [64, D_T], khi_s.layout)
             async_copy.async_copy_global_to_shared(
-                khi_s.index(STAGES - 1 - CID),
-                q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
+                q_hi_s, q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
         async_copy.commit_group()
         async_copy.wait_group(0)
         gl.thread_barrier()
-        q_lo = klo_s.index(STAGES - 1 - CID).load(a_l)
+        q_lo = q_lo_s.load(a_l)
         if D_T > 0:
-            q_hi = khi_s.index(STAGES - 1 - CID).load(a_l)
+            q_hi = q_hi_s.load(a_l)
         gl.thread_barrier()
         mbarrier.arrive(q_ready, count=1)
         offs_hm = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma_l))
