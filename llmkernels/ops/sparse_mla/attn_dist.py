@@ -5,7 +5,8 @@ import triton.language as tl
 
 from ..._runtime import interpreting
 from .attn_dist_wgmma import attn_dist_ws_launch, wgmma_usable
-from .fwd import LOG2E, LOG2E_C, gather, load_idx, row_limits
+from .common import row_args, row_flags
+from .fwd import LOG2E_C, gather, load_idx, row_limits
 
 
 @triton.jit
@@ -80,13 +81,7 @@ def attn_dist_launch(a, lse, out, config=None) -> None:
     cfg.setdefault("PREFETCH", False)
     bh = cfg.pop("BLOCK_H")
     n_hb = triton.cdiv(h_q, bh)
-    dummy = idx
     _dist_kernel[(s_q * n_hb,)](
-        q, kv, idx, lse, out,
-        a.topk_length if a.topk_length is not None else dummy,
-        a.q_start_t if a.q_start_t is not None else dummy,
-        kv.shape[0], h_q, topk, n_hb, a.sm_scale * LOG2E, a.q_start_int, a.k_stride,
+        q, kv, idx, lse, out, *row_args(a, n_hb),
         q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0),
-        BLOCK_H=bh, D_V=a.d_v, D_T=d_qk - a.d_v,
-        HAS_TLEN=a.topk_length is not None, CAUSAL=a.causal, QS_TENSOR=a.q_start_t is not None,
-        ATOMIC=n_hb > 1, **cfg)
+        BLOCK_H=bh, D_V=a.d_v, D_T=d_qk - a.d_v, ATOMIC=n_hb > 1, **row_flags(a), **cfg)

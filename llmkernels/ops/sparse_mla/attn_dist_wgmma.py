@@ -18,10 +18,25 @@ except ImportError:  # pragma: no cover
     HAVE_GLUON = False
 
 from ..._runtime import interpreting
-
-LOG2E = 1.4426950408889634
+from .common import row_args, row_flags
 
 if HAVE_GLUON:
+    @gluon.jit
+    def _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride,
+                    HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr):
+        """(entries of the row to scan, highest visible kv index), as fwd.row_limits."""
+        n_len = topk
+        if HAS_TLEN:
+            n_len = gl.minimum(gl.maximum(gl.load(tlen_ptr + row), 0), topk)
+        limit = 2147483647
+        if CAUSAL:
+            if QS_TENSOR:
+                num = row + gl.load(qs_ptr) + 1 - k_stride
+            else:
+                num = row + q_start + 1 - k_stride
+            limit = gl.where(num >= 0, num // k_stride, -1)  # any negative num: nothing visible yet
+        return n_len, limit
+
     @gluon.jit
     def _ws_valid(idx_ptr, row, t0, n_len, s_im, s_kv, limit, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                   layout: gl.constexpr):
@@ -154,16 +169,7 @@ if HAVE_GLUON:
         row = (pid // n_hb).to(gl.int64)
         hb = pid % n_hb
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
-        n_len = topk
-        if HAS_TLEN:
-            n_len = gl.minimum(gl.maximum(gl.load(tlen_ptr + row), 0), topk)
-        limit = 2147483647
-        if CAUSAL:
-            if QS_TENSOR:
-                num = row + gl.load(qs_ptr) + 1 - k_stride
-            else:
-                num = row + q_start + 1 - k_stride
-            limit = gl.where(num >= 0, num // k_stride, -1)
+        n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
         sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         klo_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_V], sl)
         if D_T > 0:
@@ -206,20 +212,14 @@ def attn_dist_ws_launch(a, lse, out, config=None) -> None:
     entry, added atomically onto 0: exact in either order); above that the last bits may vary between runs."""
     q, kv, idx = a.q, a.kv, a.indices
     s_q, h_q, d_qk = q.shape
-    topk = idx.shape[1]
     # measured on an H100 (benchmarks/notes/sparse_mla_fwd.md): 3 slots of 64 rows (two in flight while one
     # is read); consumers get 232 registers (q alone is 144), the producer 40
     cfg = dict(BLOCK_N=64, STAGES=3, CONS_REGS=232, PROD_REGS=40)
     cfg.update(config or {})
     split = h_q > 64  # 2 x 64 heads on every tile; else both consumers take 64 heads on alternate tiles
     n_hb = triton.cdiv(h_q, 128 if split else 64)
-    dummy = idx
     _dist_ws_kernel[(s_q * n_hb,)](
-        q, kv, idx, lse, out,
-        a.topk_length if a.topk_length is not None else dummy,
-        a.q_start_t if a.q_start_t is not None else dummy,
-        kv.shape[0], h_q, topk, n_hb, a.sm_scale * LOG2E, a.q_start_int, a.k_stride,
+        q, kv, idx, lse, out, *row_args(a, n_hb),
         q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0),
-        D_V=a.d_v, D_T=d_qk - a.d_v,
-        HAS_TLEN=a.topk_length is not None, CAUSAL=a.causal, QS_TENSOR=a.q_start_t is not None,
-        SPLIT_HEADS=split, ATOMIC=split or n_hb > 1, num_warps=4, **cfg)
+        D_V=a.d_v, D_T=d_qk - a.d_v, SPLIT_HEADS=split, ATOMIC=split or n_hb > 1, num_warps=4, **row_flags(a),
+        **cfg)

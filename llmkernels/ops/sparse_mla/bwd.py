@@ -18,8 +18,7 @@ import triton
 import triton.language as tl
 
 from ..._runtime import interpreting
-
-LOG2E = 1.4426950408889634
+from .common import LOG2E
 SCRATCH_BYTES = 2 << 30  # per row chunk: P and dS (and, deterministic, the dKV contributions)
 
 

@@ -6,6 +6,7 @@ import torch
 
 from ..._validate import check_int, check_same_device, check_scale, check_tensor, check_unit_last_stride
 
+LOG2E = 1.4426950408889634
 DTYPES = (torch.bfloat16, torch.float16)  # bf16 is the model's dtype; fp16 also runs (and is what CPU tests use)
 D_QK = (576, 512)
 D_V = 512
@@ -80,3 +81,20 @@ def prepare(q, kv, indices, sm_scale, d_v: int = D_V, attn_sink=None, topk_lengt
     check_same_device(q=q, kv=kv, indices=indices, attn_sink=attn_sink, topk_length=topk_length, q_start=q_start_t)
     return SparseArgs(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start is not None,
                       q_start_int, q_start_t, k_stride)
+
+
+def row_args(a: SparseArgs, n_hb: int) -> tuple:
+    """Arguments every forward / attn_dist kernel takes after its tensors: (topk_length, q_start tensor, s_kv, h_q,
+    topk, n_hb, sm_scale * log2(e), q_start int, k_stride). Absent optional tensors become a placeholder pointer
+    (never read: the flags of row_flags are constexpr)."""
+    dummy = a.indices
+    return (a.topk_length if a.topk_length is not None else dummy, a.q_start_t if a.q_start_t is not None else dummy,
+            a.kv.shape[0], a.q.shape[1], a.indices.shape[1], n_hb, a.sm_scale * LOG2E, a.q_start_int, a.k_stride)
+
+
+def row_flags(a: SparseArgs) -> dict:
+    return dict(HAS_TLEN=a.topk_length is not None, CAUSAL=a.causal, QS_TENSOR=a.q_start_t is not None)
+
+
+def sink_arg(a: SparseArgs):
+    return a.attn_sink if a.attn_sink is not None else a.indices

@@ -4,10 +4,10 @@ import triton
 import triton.language as tl
 
 from ..._runtime import interpreting
+from .common import LOG2E, row_args, row_flags, sink_arg
 from .attn_dist_wgmma import wgmma_usable
 from .fwd_wgmma import sparse_mla_fwd_ws_launch
 
-LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 LOG2E_C = tl.constexpr(LOG2E)  # kernels may only read constexpr globals
 LN2_C = tl.constexpr(LN2)
@@ -150,14 +150,8 @@ def sparse_mla_fwd_launch(a, out, max_logits, lse, sink_in_lse: bool = True, con
     cfg.setdefault("PREFETCH", False)
     bh = cfg.pop("BLOCK_H")
     n_hb = triton.cdiv(h_q, bh)
-    dummy = idx  # placeholder pointer for absent optional tensors (never read: the flags are constexpr)
     _fwd_kernel[(s_q * n_hb,)](
-        q, kv, idx, out, max_logits, lse,
-        a.attn_sink if a.attn_sink is not None else dummy,
-        a.topk_length if a.topk_length is not None else dummy,
-        a.q_start_t if a.q_start_t is not None else dummy,
-        kv.shape[0], h_q, topk, n_hb, a.sm_scale * LOG2E, a.q_start_int, a.k_stride,
+        q, kv, idx, out, max_logits, lse, sink_arg(a), *row_args(a, n_hb),
         q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0),
-        BLOCK_H=bh, D_V=a.d_v, D_T=d_qk - a.d_v,
-        HAS_SINK=a.attn_sink is not None, HAS_TLEN=a.topk_length is not None, CAUSAL=a.causal,
-        QS_TENSOR=a.q_start_t is not None, SINK_IN_LSE=sink_in_lse, **cfg)
+        BLOCK_H=bh, D_V=a.d_v, D_T=d_qk - a.d_v, HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse,
+        **row_flags(a), **cfg)

@@ -9,7 +9,8 @@ producer as attn_dist). Two consumer warpgroups split the work so that neither n
 """
 import triton
 
-from .attn_dist_wgmma import HAVE_GLUON, LOG2E
+from .attn_dist_wgmma import HAVE_GLUON
+from .common import row_args, row_flags, sink_arg
 
 if HAVE_GLUON:
     from triton.experimental import gluon
@@ -17,7 +18,7 @@ if HAVE_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
                                                                    warpgroup_mma, warpgroup_mma_wait)
 
-    from .attn_dist_wgmma import _ws_producer, _ws_valid
+    from .attn_dist_wgmma import _row_limits, _ws_producer, _ws_valid
 
     @gluon.jit
     def _s_partial(qlo_s, qhi_s, klo_s, khi_s, s, zero_s, CID: gl.constexpr, DH: gl.constexpr, D_T: gl.constexpr):
@@ -151,16 +152,7 @@ if HAVE_GLUON:
         row = (pid // n_hb).to(gl.int64)  # head blocks of one row run side by side: they share its gathers in L2
         hb = pid % n_hb
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
-        n_len = topk
-        if HAS_TLEN:
-            n_len = gl.minimum(gl.maximum(gl.load(tlen_ptr + row), 0), topk)
-        limit = 2147483647
-        if CAUSAL:
-            if QS_TENSOR:
-                num = row + gl.load(qs_ptr) + 1 - k_stride
-            else:
-                num = row + q_start + 1 - k_stride
-            limit = gl.where(num >= 0, num // k_stride, -1)
+        n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
         sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         klo_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_V], sl)
         qlo_s = gl.allocate_shared_memory(dtype, [64, D_V], sl)
@@ -196,20 +188,13 @@ def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, 
     """As fwd.sparse_mla_fwd_launch, on sm_90 (see attn_dist_wgmma.wgmma_usable)."""
     q, kv, idx = a.q, a.kv, a.indices
     s_q, h_q, d_qk = q.shape
-    topk = idx.shape[1]
     # 32-row tiles: q (74 KB) + the S swap buffers (32 KB) leave room for three 37 KB ring slots (the pipelined
     # consumers need the third: 313 vs 285 TFLOP/s at h_q 128); consumers get 232 registers (O alone is 128)
     cfg = dict(BLOCK_N=32, STAGES=3, CONS_REGS=232, PROD_REGS=40)
     cfg.update(config or {})
     n_hb = triton.cdiv(h_q, 64)
-    dummy = idx
     _fwd_ws_kernel[(s_q * n_hb,)](
-        q, kv, idx, out, max_logits, lse,
-        a.attn_sink if a.attn_sink is not None else dummy,
-        a.topk_length if a.topk_length is not None else dummy,
-        a.q_start_t if a.q_start_t is not None else dummy,
-        kv.shape[0], h_q, topk, n_hb, a.sm_scale * LOG2E, a.q_start_int, a.k_stride,
+        q, kv, idx, out, max_logits, lse, sink_arg(a), *row_args(a, n_hb),
         q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0),
-        D_V=a.d_v, D_T=d_qk - a.d_v,
-        HAS_SINK=a.attn_sink is not None, HAS_TLEN=a.topk_length is not None, CAUSAL=a.causal,
-        QS_TENSOR=a.q_start_t is not None, SINK_IN_LSE=sink_in_lse, num_warps=4, **cfg)
+        D_V=a.d_v, D_T=d_qk - a.d_v, HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse, num_warps=4,
+        **row_flags(a), **cfg)
