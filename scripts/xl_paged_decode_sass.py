@@ -4,53 +4,20 @@ Runs on a CPU-only machine: a stand-in Triton driver answers 'sm_90' so the real
 (divisibility, unit strides) is used. Prints registers, spills, shared memory, the width of global
 loads and whether loads became cp.async. Usage: TRITON_INTERPRET=0 python scripts/xl_paged_decode_sass.py [--v4 | nhd|legacy (dump its ttgir)]
 """
-import os
 import re
-import subprocess
 import sys
-import tempfile
 
-os.environ["TRITON_INTERPRET"] = "0"
-import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.runtime.driver import driver  # noqa: E402
+import sm90_offline as O  # noqa: I100  (installs the sm_90 stand-in driver first)
+import torch
 
-from triton.backends.nvidia.driver import CudaDriver  # noqa: E402
-
-
-class _FakeDriver(CudaDriver):
-    def __init__(self):  # no libcuda here: skip the real init
-        pass
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
-
-driver.set_active(_FakeDriver())
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from llmkernels.ops.xl_paged_decode import kernel as K  # noqa: E402
 
 
 def report(name, layout, dtype=torch.float16, D=128, bs=16, H=16, Hkv=16, **cfg):
     esize = torch.tensor([], dtype=dtype).element_size()
-    captured = {}
-    orig = K._split_kernel.run
-
-    def run(*a, grid, warmup, **kw):
-        captured["k"] = orig(*a, grid=grid, warmup=True, **kw)
-    K._split_kernel.run = run
     K.combine = lambda *a: None
-    try:
+
+    def launch():
         S, nb, x = 2, 64, 16 // esize
         q = torch.empty(S, H, D, dtype=dtype)
         if layout == "legacy":
@@ -64,22 +31,14 @@ def report(name, layout, dtype=torch.float16, D=128, bs=16, H=16, Hkv=16, **cfg)
         u = torch.empty(H, D, dtype=dtype)
         bd = torch.empty(S, H, 32 * bs, dtype=dtype)
         K.xl_paged_decode_fwd(q, kc, vc, bt, cl, u, bd, 0.1, q, torch.empty(S, H), config=cfg or None)
-    finally:
-        K._split_kernel.run = orig
-    k = captured["k"]
-    ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        bindir = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
-        sass = subprocess.run([f"{bindir}/cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
-        res = subprocess.run([f"{bindir}/cuobjdump", "-res-usage", f.name], capture_output=True, text=True).stdout
-    regs = re.search(r"REG:(\d+)", res)
-    stack = re.search(r"STACK:(\d+)", res)
+    k = O.compiled(K._split_kernel, launch)
+    ttgir = k.asm["ttgir"]
+    sass, res = O.sass(k)
+    regs, stack = O.regs_stack(res)
     loads = {w: len(re.findall(rf"LDG\.E\.{w}\b", sass)) for w in ("128", "64")}
     loads["32"] = len(re.findall(r"LDG\.E(?:\.CONSTANT)?\s", sass)) + len(re.findall(r"LDG\.E\.(?:U16|16)", sass))
     ldgsts = len(re.findall(r"LDGSTS", sass))
-    print(f"{name:<34} regs {regs.group(1) if regs else '?':>4} stack {stack.group(1) if stack else '?':>4} "
+    print(f"{name:<34} regs {regs:>4} stack {stack:>4} "
           f"smem {k.metadata.shared:>6}  LDG.128 {loads['128']:>3} LDG.64 {loads['64']:>3} LDG<=32 {loads['32']:>3} "
           f"LDGSTS {ldgsts:>3}  async_copy(ttgir) {ttgir.count('async_copy_global_to_local'):>2} "
           f"mma {'v2' if 'HMMA' in sass else ''}{'v3' if 'HGMMA' in sass else ''}")
@@ -118,10 +77,6 @@ elif __name__ == "__main__":
 
 
 def histogram(k):
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        bindir = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
-        sass = subprocess.run([f"{bindir}/cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
+    sass = O.sass(k)[0]
     from collections import Counter
     return Counter(m.group(1) for m in re.finditer(r"\b((?:LDG|LDGSTS|LDS|STS|LDSM|STG|LDL|STL)[\.\w]*)", sass)), sass

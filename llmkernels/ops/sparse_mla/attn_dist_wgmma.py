@@ -3,7 +3,7 @@ gathered by a cp.async producer into a STAGES-deep shared-memory ring, so the sm
 flight, not to q. One program per (query row, block of 128 heads).
 
 Gluon has no interpreter: the plain-Triton kernel in attn_dist.py is the portable path (and what CPU tests
-cover); this one runs on sm_90 and is tested on the GPU (tests marked gpu, scripts/sparse_mla_dist_device.py).
+cover); this one runs on sm_90 and is tested on the GPU (tests marked gpu, scripts/sparse_mla_gluon_device.py).
 """
 import torch
 import triton
@@ -137,7 +137,7 @@ if HAVE_GLUON:
                                 col_l)
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-            if GATHER_ONLY:  # probe: the producer's gather rate alone (scripts/sparse_mla_dist_device.py)
+            if GATHER_ONLY:  # probe: the producer's gather rate alone (scripts/sparse_mla_gluon_device.py)
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(s), count=1)
             else:

@@ -1,0 +1,71 @@
+"""Compile Triton / Gluon kernels for sm_90 on a machine WITHOUT a GPU, for the *_sass.py reports.
+
+Importing this module installs a stand-in Triton driver that answers 'sm_90', so the real JIT specialisation
+(divisibility, unit strides) is used and nothing is launched. `compiled(kernel, launch)` runs `launch()` (a host
+launcher called on CPU stand-in tensors) and returns the kernel it compiled; `sass(k)` disassembles it.
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ["TRITON_INTERPRET"] = "0"
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.nvidia.driver import CudaDriver  # noqa: E402
+from triton.runtime.driver import driver  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class _FakeDriver(CudaDriver):
+    def __init__(self):  # no libcuda here: skip the real init
+        pass
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+driver.set_active(_FakeDriver())
+BINDIR = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
+
+
+def compiled(kernel, launch):
+    """Run launch() with kernel.run replaced by a compile-only call; return the compiled kernel."""
+    captured = {}
+    orig = kernel.run
+
+    def run(*a, grid, warmup, **kw):
+        captured["k"] = orig(*a, grid=grid, warmup=True, **kw)
+    kernel.run = run
+    try:
+        launch()
+    finally:
+        kernel.run = orig
+    return captured["k"]
+
+
+def sass(k):
+    """(SASS text, resource-usage text) of a compiled kernel."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        out = subprocess.run([f"{BINDIR}/cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
+        res = subprocess.run([f"{BINDIR}/cuobjdump", "-res-usage", f.name], capture_output=True, text=True).stdout
+    return out, res
+
+
+def regs_stack(res):
+    regs, stack = re.search(r"REG:(\d+)", res), re.search(r"STACK:(\d+)", res)
+    return (regs.group(1) if regs else "?"), (stack.group(1) if stack else "?")
