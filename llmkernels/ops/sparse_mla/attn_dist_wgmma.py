@@ -40,25 +40,25 @@ if HAVE_GLUON:
     @gluon.jit
     def _ws_valid(idx_ptr, row, t0, n_len, s_im, s_kv, limit, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                   layout: gl.constexpr):
+        """(valid, indices) of entries [t0, t0 + BLOCK_N) of the row: -1 past n_len; valid = in [0, s_kv) and
+        visible (causal)."""
         offs = t0 + gl.arange(0, BLOCK_N, layout=layout)
         idx = gl.load(idx_ptr + row * s_im + offs, mask=offs < n_len, other=-1)
         valid = (idx >= 0) & (idx < s_kv)
         if CAUSAL:
             valid = valid & (idx <= limit)
-        return valid
+        return valid, idx
 
     @gluon.jit
     def _ws_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, q_ready, row, n_len, s_kv, limit, s_kvn, s_im,
                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr, WAIT_Q: gl.constexpr = True):
         """4 warps: cp.async the rows of tile j into slot j % STAGES once its readers released it (and, with
-        WAIT_Q, the last two slots only once the consumers have staged q through them)."""
+        WAIT_Q, the slots the consumers stage q through only once they are done with it)."""
         g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         n_tiles = gl.cdiv(n_len, BLOCK_N)
         d_lo = gl.arange(0, D_V, layout=gl.SliceLayout(0, g_l))
-        valid_n = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, gl.SliceLayout(1, g_l))
-        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_l))
-        idx_n = gl.load(idx_ptr + row * s_im + offs_n, mask=offs_n < n_len, other=-1)
+        valid_n, idx_n = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, gl.SliceLayout(1, g_l))
         for j in range(n_tiles):
             s = j % STAGES
             mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1, pred=j >= STAGES)
@@ -68,11 +68,8 @@ if HAVE_GLUON:
             valid = valid_n
             idx = idx_n
             # next tile's indices now, so its addresses are ready when its slot frees
-            offs_n = (j + 1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_l))
-            idx_n = gl.load(idx_ptr + row * s_im + offs_n, mask=offs_n < n_len, other=-1)
-            valid_n = (idx_n >= 0) & (idx_n < s_kv)
-            if CAUSAL:
-                valid_n = valid_n & (idx_n <= limit)
+            valid_n, idx_n = _ws_valid(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL,
+                                       gl.SliceLayout(1, g_l))
             base = kv_ptr + gl.where(valid, idx, 0).to(gl.int64)[:, None] * s_kvn
             async_copy.async_copy_global_to_shared(klo_s.index(s), base + d_lo[None, :], mask=valid[:, None])
             if D_T > 0:
@@ -125,16 +122,18 @@ if HAVE_GLUON:
         gl.thread_barrier()
         mbarrier.arrive(q_ready, count=1)
         offs_hm = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma_l))
-        lse2 = gl.load(lse_ptr + row * s_lm + offs_hm * s_lh, mask=offs_hm < h_q, other=float("inf")) * 1.4426950408889634
+        # padded heads get lse = +inf, so their probabilities are exactly 0
+        lse2 = gl.load(lse_ptr + row * s_lm + offs_hm * s_lh, mask=offs_hm < h_q, other=float("inf"))
+        lse2 = lse2 * 1.4426950408889634
         zero = gl.zeros([64, BLOCK_N], gl.float32, mma_l)
         cols = gl.arange(0, BLOCK_N, layout=col_l)
         n_tiles = gl.cdiv(n_len, BLOCK_N)
-        valid_n = _ws_valid(idx_ptr, row, j0 * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, col_l)
+        valid_n = _ws_valid(idx_ptr, row, j0 * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, col_l)[0]
         for j in range(j0, n_tiles, jstep):
             s = j % STAGES
             valid = valid_n
             valid_n = _ws_valid(idx_ptr, row, (j + jstep) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL,
-                                col_l)
+                                col_l)[0]
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
             if GATHER_ONLY:  # probe: the producer's gather rate alone (scripts/sparse_mla_gluon_device.py)
@@ -184,11 +183,11 @@ if HAVE_GLUON:
             mbarrier.init(full.index(i), count=128)
             mbarrier.init(empty.index(i), count=2 if SPLIT_HEADS else 1)
         gl.warp_specialize([
-            (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q, n_len, s_kv,
-                            limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
+            (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q,
+                            n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                             0, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC, GATHER_ONLY)),
-            (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q, n_len, s_kv,
-                            limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
+            (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q,
+                            n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                             1, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC, GATHER_ONLY)),
             (_ws_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, q_ready, row, n_len, s_kv, limit, s_kvn, s_im,
                             BLOCK_N, D_V, D_T, STAGES, CAUSAL)),

@@ -88,7 +88,7 @@ if HAVE_GLUON:
         # software pipeline: S of tile j + 1 runs on the tensor cores (and its swap overlaps P V of tile j)
         # while this warpgroup does tile j's softmax; after the last tile a dummy S on an unfilled slot keeps
         # both consumers' swap sequence in step (it is never waited for, and discarded)
-        valid = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, col_l)
+        valid = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, col_l)[0]
         mbarrier.wait(full.index(0), 0, pred=n_tiles > 0)
         fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
         sp = _s_partial(qlo_s, qhi_s, klo_s, khi_s, 0, zero_s, CID, DH, D_T)
@@ -97,7 +97,7 @@ if HAVE_GLUON:
         for j in range(n_tiles):
             s = j % STAGES
             sn = (j + 1) % STAGES
-            valid_n = _ws_valid(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, col_l)
+            valid_n = _ws_valid(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, col_l)[0]
             m_new = gl.maximum(m_i, gl.max(sc, axis=1))
             m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # nothing valid yet: avoid inf - inf
             p = gl.exp2(sc - m_safe[:, None])
