@@ -8,6 +8,7 @@ from llmkernels.ops.sparse_mla.autograd import sparse_mla_bwd_op
 from llmkernels.ops.sparse_mla.bwd import sparse_mla_bwd_launch
 from llmkernels.ops.sparse_mla.common import prepare
 from llmkernels.ops.sparse_mla.reference import sparse_mla_fwd_ref, valid_mask
+from llmkernels.ops.sparse_mla.spec_bwd import sink_err
 
 # Norm-wise relative error vs the fp32 autograd reference. Inputs, out and dout are in the kernel dtype and
 # P, dS are rounded to it before their products (fp32 sums): a few units of that dtype's rounding
@@ -57,18 +58,6 @@ def grads(x, deterministic=False, **kw):
     return sparse_mla_bwd(x["q"], x["kv"], x["out"], x["dout"], x["indices"], x["lse"], x["sm_scale"],
                           attn_sink=x["attn_sink"], topk_length=x["topk_length"], q_start=x["q_start"],
                           k_stride=x["k_stride"], deterministic=deterministic, **kw)
-
-
-def sink_err(got, ref, sink, lse, dout, out, dlse=None):
-    """Error of d_sink[h] = -sum_i exp(sink_h - lse_ih) * (dO_ih . O_ih - dlse_ih), a sum of terms of both signs.
-
-    The kernel's O is rounded (relative 2^-11 fp16, 2^-8 bf16), so its error is bounded by that rounding times
-    sum_i exp(sink_h - lse_ih) |dO_ih| |O_ih|: measure against this size, not the (possibly cancelling) sum.
-    """
-    assert got.shape == ref.shape and not torch.isnan(got).any()
-    size = dout.float().norm(dim=-1) * out.float().norm(dim=-1) + (dlse.abs() if dlse is not None else 0)
-    scale = (torch.exp(sink.detach()[None, :] - lse.detach()) * size).sum(0)
-    return ((got - ref).abs() / scale.clamp_min(1e-30)).max().item()
 
 
 def assert_close(g, x, dtype):
