@@ -7,9 +7,9 @@ from ..._runtime import interpreting
 
 @triton.jit
 def pdl_enter(USE_GDC: tl.constexpr):
-    """Entry of a split kernel launched with programmatic dependent launch: wait until the preceding kernel's
-    writes are visible (it may still have been running when this grid started), then let the dependent merge
-    launch (it waits for this grid's writes in turn)."""
+    """Entry of a kernel launched with programmatic dependent launch: wait until the preceding kernel's writes
+    are visible (it may still have been running when this grid started), then let the next kernel launch (it
+    waits for this grid's writes in turn). Split kernels, the merge and nvfp4's split-K reduce all start so."""
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -80,9 +80,7 @@ def _combine_kernel(
     HAS_LSE_OUT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ONE_SHOT: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
-    if USE_GDC:  # launched early (programmatic dependent launch): wait until the split kernel's writes land,
-        tl.extra.cuda.gdc_wait()  # then let the next kernel launch (a dependent one waits for our writes too)
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_GDC)  # launched early: wait until the split kernel's writes land, then release the next kernel
     merge_row(o_ptr, lse_ptr, out_ptr, lse_out_ptr, tl.program_id(0).to(tl.int64), S, D,
               stride_os, stride_or, stride_ls, stride_lr, stride_out_r, HAS_LSE_OUT, BLOCK_S, BLOCK_D, ONE_SHOT)
 

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ..._runtime import interpreting, num_sms
-from ..combine.kernel import pdl_enabled
+from ..combine.kernel import pdl_enabled, pdl_enter
 
 # byte lookup tables for prmt: 2*|e2m1| of codes 0..3 and 4..7 (0, 1, 2, 3 | 4, 6, 8, 12)
 _LUT = "mov.b32 qk0, 0x03020100;\nmov.b32 qk1, 0x0C080604;\n"
@@ -242,9 +242,7 @@ def _reduce_kernel(part_ptr, out_ptr, scale_ptr, bias_ptr, alpha, R, C, s_or, s_
     """out[r, c] = alpha * (scale) * sum_s part[s, r, c] (+ bias[c]), in a fixed order (deterministic).
 
     USE_GDC: launched with programmatic dependent launch after the split kernel: wait for its partials."""
-    if USE_GDC:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(USE_GDC)
     r = tl.program_id(1).to(tl.int64)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < C
