@@ -5,8 +5,8 @@ import triton.language as tl
 
 from ..._runtime import interpreting
 from .attn_dist_wgmma import attn_dist_ws_launch, wgmma_usable
-from .common import row_args, row_flags
-from .fwd import LOG2E_C, gather, load_idx, row_limits
+from .common import LOG2E_C, row_args, row_flags
+from .fwd import gather, load_idx, row_limits
 
 
 @triton.jit

@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover
     HAVE_GLUON = False
 
 from ..._runtime import interpreting
-from .common import row_args, row_flags
+from .common import LOG2E_C, row_args, row_flags
 
 if HAVE_GLUON:
     @gluon.jit
@@ -124,7 +124,7 @@ if HAVE_GLUON:
         offs_hm = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma_l))
         # padded heads get lse = +inf, so their probabilities are exactly 0
         lse2 = gl.load(lse_ptr + row * s_lm + offs_hm * s_lh, mask=offs_hm < h_q, other=float("inf"))
-        lse2 = lse2 * 1.4426950408889634
+        lse2 = lse2 * LOG2E_C
         zero = gl.zeros([64, BLOCK_N], gl.float32, mma_l)
         cols = gl.arange(0, BLOCK_N, layout=col_l)
         n_tiles = gl.cdiv(n_len, BLOCK_N)

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..._runtime import interpreting
-from .common import LOG2E
+from .common import LOG2E, LOG2E_C
 SCRATCH_BYTES = 2 << 30  # per row chunk: P and dS (and, deterministic, the dKV contributions)
 
 
@@ -72,7 +72,7 @@ def _probs_kernel(
     if has_dlse:  # the lse output's gradient enters dS like -Delta: dS = P * (dP - (Delta - dlse))
         delta -= tl.load(dlse_ptr + i64 * s_dlr + heads * s_dlh, mask=hm, other=0.0)
     tl.store(delta_ptr + i64 * h_q + heads, delta, mask=hm)
-    lse2 = tl.load(lse_ptr + i64 * s_lr + heads * s_lh, mask=hm, other=float("inf")) * 1.4426950408889634
+    lse2 = tl.load(lse_ptr + i64 * s_lr + heads * s_lh, mask=hm, other=float("inf")) * LOG2E_C
     if DR > 0:
         dr = DV + tl.arange(0, DR)
         q_r = tl.load(q_row + dr[None, :], mask=hm[:, None], other=0.0)

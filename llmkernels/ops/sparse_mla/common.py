@@ -3,10 +3,14 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
+import triton.language as tl
 
 from ..._validate import check_int, check_same_device, check_scale, check_tensor, check_unit_last_stride
 
 LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+LOG2E_C = tl.constexpr(LOG2E)  # kernels (Triton and Gluon) may only read constexpr globals
+LN2_C = tl.constexpr(LN2)
 DTYPES = (torch.bfloat16, torch.float16)  # bf16 is the model's dtype; fp16 also runs (and is what CPU tests use)
 D_QK = (576, 512)
 D_V = 512

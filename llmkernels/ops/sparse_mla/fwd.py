@@ -4,13 +4,10 @@ import triton
 import triton.language as tl
 
 from ..._runtime import interpreting
-from .common import LOG2E, row_args, row_flags, sink_arg
+from .common import LN2_C, LOG2E_C, row_args, row_flags, sink_arg
 from .attn_dist_wgmma import wgmma_usable
 from .fwd_wgmma import sparse_mla_fwd_ws_launch
 
-LN2 = 0.6931471805599453
-LOG2E_C = tl.constexpr(LOG2E)  # kernels may only read constexpr globals
-LN2_C = tl.constexpr(LN2)
 
 
 @triton.jit

@@ -10,7 +10,7 @@ producer as attn_dist). Two consumer warpgroups split the work so that neither n
 import triton
 
 from .attn_dist_wgmma import HAVE_GLUON
-from .common import row_args, row_flags, sink_arg
+from .common import LN2_C, LOG2E_C, row_args, row_flags, sink_arg
 
 if HAVE_GLUON:
     from triton.experimental import gluon
@@ -123,7 +123,7 @@ if HAVE_GLUON:
         offs_hm = hb * 64 + gl.arange(0, 64, layout=row_l)
         hm = offs_hm < h_q
         if HAS_SINK:
-            sink2 = gl.load(sink_ptr + offs_hm, mask=hm, other=0.0) * 1.4426950408889634
+            sink2 = gl.load(sink_ptr + offs_hm, mask=hm, other=0.0) * LOG2E_C
             d = sink2 - lse2
             sp2 = gl.maximum(d, 0.0) + gl.log2(1.0 + gl.exp2(-gl.abs(d)))  # log2(1 + 2^d) without overflow
             denom = l_safe * gl.exp2(sp2)
@@ -136,8 +136,8 @@ if HAVE_GLUON:
         gl.store(out_ptr + row * s_om + offs_ho[:, None].to(gl.int64) * s_oh + offs_d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=(offs_ho < h_q)[:, None])
         if CID == 0:
-            gl.store(maxl_ptr + row * s_lm + offs_hm, m_i * 0.6931471805599453, mask=hm)
-            gl.store(lse_ptr + row * s_lm + offs_hm, gl.where(empty_row, float("inf"), lse2 * 0.6931471805599453),
+            gl.store(maxl_ptr + row * s_lm + offs_hm, m_i * LN2_C, mask=hm)
+            gl.store(lse_ptr + row * s_lm + offs_hm, gl.where(empty_row, float("inf"), lse2 * LN2_C),
                      mask=hm)
 
     @gluon.jit
