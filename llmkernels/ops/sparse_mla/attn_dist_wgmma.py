@@ -50,6 +50,24 @@ if HAVE_GLUON:
         return valid, idx
 
     @gluon.jit
+    def _kv_ring(dtype: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
+                 D_T: gl.constexpr, READERS: gl.constexpr):
+        """The ring _ws_producer fills: kv[:, :D_V] and kv[:, D_V:] slots, and per slot a `full` barrier (one
+        arrival per producer thread, 128) and an `empty` barrier (one per consumer warpgroup reading the slot)."""
+        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        klo_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_V], sl)
+        if D_T > 0:
+            khi_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_T], sl)
+        else:
+            khi_s = klo_s
+        full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(full.index(i), count=128)
+            mbarrier.init(empty.index(i), count=READERS)
+        return klo_s, khi_s, full, empty
+
+    @gluon.jit
     def _ws_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, q_ready, row, n_len, s_kv, limit, s_kvn, s_im,
                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr, WAIT_Q: gl.constexpr = True):
@@ -169,19 +187,9 @@ if HAVE_GLUON:
         hb = pid % n_hb
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
         n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
-        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        klo_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_V], sl)
-        if D_T > 0:
-            khi_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_T], sl)
-        else:
-            khi_s = klo_s
-        full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        klo_s, khi_s, full, empty = _kv_ring(dtype, STAGES, BLOCK_N, D_V, D_T, 2 if SPLIT_HEADS else 1)
         q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(q_ready, count=2)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(full.index(i), count=128)
-            mbarrier.init(empty.index(i), count=2 if SPLIT_HEADS else 1)
         gl.warp_specialize([
             (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q,
                             n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,

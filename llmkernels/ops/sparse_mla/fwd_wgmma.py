@@ -18,7 +18,7 @@ if HAVE_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
                                                                    warpgroup_mma, warpgroup_mma_wait)
 
-    from .attn_dist_wgmma import _row_limits, _ws_producer, _ws_valid
+    from .attn_dist_wgmma import _kv_ring, _row_limits, _ws_producer, _ws_valid
 
     @gluon.jit
     def _s_partial(qlo_s, qhi_s, klo_s, khi_s, s, zero_s, CID: gl.constexpr, DH: gl.constexpr, D_T: gl.constexpr):
@@ -153,23 +153,16 @@ if HAVE_GLUON:
         hb = pid % n_hb
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
         n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+        klo_s, khi_s, full, empty = _kv_ring(dtype, STAGES, BLOCK_N, D_V, D_T, 2)  # both consumers read every slot
         sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        klo_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_V], sl)
         qlo_s = gl.allocate_shared_memory(dtype, [64, D_V], sl)
         if D_T > 0:
-            khi_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_T], sl)
             qhi_s = gl.allocate_shared_memory(dtype, [64, D_T], sl)
         else:
-            khi_s = klo_s
             qhi_s = qlo_s
         xchg = gl.allocate_shared_memory(gl.float32, [4, 64, BLOCK_N],
                                          gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
-        full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         xbar = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(full.index(i), count=128)
-            mbarrier.init(empty.index(i), count=2)
         for i in gl.static_range(4):
             mbarrier.init(xbar.index(i), count=1)
         gl.warp_specialize([
