@@ -31,7 +31,7 @@ def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_bloc
     offs_n = tl.arange(0, BLOCK_N)
     tok = n0 + offs_n
     live = n0 + (offs_n // BSUB) * BSUB < end  # runs past the context: their table entries are never read
-    blk = tl.load(tbl_base + (tok // BS) * s_tb, mask=live, other=-1)
+    blk = _table(n0, end, tbl_base, s_tb, BS, BSUB, BLOCK_N)
     live = live & (blk >= 0) & (blk < num_blocks)  # out-of-range ids: never read, tokens skipped
     valid = live & (tok < end) if TAIL else live
     kv_blk1 = tl.where(live, blk, 0).to(tl.int64)
@@ -237,25 +237,21 @@ def default_config(D: int, esize: int, legacy: bool = False, G: int = 1) -> dict
         cp.async-pipeline loads that feed no dot, so the table -> K/V latency chain is otherwise exposed).
       legacy_k: "v2" (K tile [BLOCK_N, D] gathered along d) or "native" (loaded [D/x, BLOCK_N, x] in memory
         order, permuted to K^T for the dot); dot path, legacy layout only.
-    legacy and G pick per-layout defaults (legacy_defaults overrides them after a measurement).
+    legacy and G pick the measured per-layout overrides of LAYOUT_DEFAULTS.
     """
     block_n = max(16, min(64, 16384 // (triton.next_power_of_2(D) * esize)))
     cfg = {"block_n": block_n, "num_warps": 8 if esize == 4 else 4, "num_stages": 2, "programs_per_sm": 16,
            "mha_path": "dot", "legacy_k": "v2", "prefetch_table": False, "pdl": True}
-    if legacy:
-        cfg.update(LEGACY_DEFAULTS.get("mha" if G == 1 else "gqa", {}))
-    else:
-        cfg.update(NHD_DEFAULTS.get("mha" if G == 1 else "gqa", {}))
+    cfg.update(LAYOUT_DEFAULTS.get(("legacy" if legacy else "nhd", "mha" if G == 1 else "gqa"), {}))
     return cfg
 
 
-# Per-layout overrides of default_config, keyed by "mha" (G == 1) / "gqa" (G > 1), from the device sweeps of
+# Overrides of default_config per (layout, "mha" (G == 1) / "gqa" (G > 1)), from the device sweeps of
 # scripts/xl_legacy_sweep.py (benchmarks/notes/xl_legacy_sweep_run*.txt): legacy MHA reads K and V in memory order
 # with the reduce path, one 16-token tile per iteration, 2 warps, 32 programs per SM (occupancy hides the latency
 # that the missing cp.async pipeline leaves): 92.0 / 92.2 % of the floor against v2's 74 / 76 %.
-LEGACY_DEFAULTS = {"mha": {"mha_path": "reduce", "prefetch_table": True, "programs_per_sm": 32, "block_n": 16,
-                           "num_warps": 2}, "gqa": {}}
-NHD_DEFAULTS = {"mha": {}, "gqa": {}}
+LAYOUT_DEFAULTS = {("legacy", "mha"): {"mha_path": "reduce", "prefetch_table": True, "programs_per_sm": 32,
+                                        "block_n": 16, "num_warps": 2}}
 
 
 def _plan(S: int, Hkv: int, span: int, device: torch.device, block_n: int, programs_per_sm: int):
@@ -291,6 +287,7 @@ def xl_paged_decode_fwd(q, k_cache, v_cache, block_tables, context_lens, u, bd, 
     if cfg["mha_path"] not in ("dot", "reduce") or cfg["legacy_k"] not in ("v2", "native"):
         raise ValueError(f"unknown variant mha_path={cfg['mha_path']!r} legacy_k={cfg['legacy_k']!r}")
     block_n = cfg["block_n"]
+    pdl = pdl_enabled(q.device)  # split kernel waits on its predecessor and releases the merge (see combine)
     bsub = min(bs, block_n)
     max_len = block_tables.shape[1] * bs
     if bd is not None:
@@ -316,8 +313,8 @@ def xl_paged_decode_fwd(q, k_cache, v_cache, block_tables, context_lens, u, bd, 
         HAS_U=u is not None, HAS_BD=bd is not None,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         K_NATIVE=legacy and cfg["legacy_k"] == "native", MHA_REDUCE=G == 1 and cfg["mha_path"] == "reduce",
-        PREFETCH_TBL=bool(cfg["prefetch_table"]), USE_GDC=pdl_enabled(q.device),
+        PREFETCH_TBL=bool(cfg["prefetch_table"]), USE_GDC=pdl,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **({"launch_pdl": True} if pdl_enabled(q.device) and cfg["pdl"] else {}),
+        **({"launch_pdl": True} if pdl and cfg["pdl"] else {}),
     )
     combine(o_part, lse_part, out.view(S * H, D), lse.view(S * H))
