@@ -51,6 +51,12 @@ def check_choice(name: str, value, choices) -> None:
         raise ValueError(f"{name} must be one of {sorted(choices)}, got {value}")
 
 
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
 def check_int(name: str, value, *, lo=None, hi=None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")

@@ -3,7 +3,7 @@ from typing import Optional, Union
 
 import torch
 
-from ..._validate import check_same_device, check_scale, check_shape, check_tensor
+from ..._validate import check_bool, check_same_device, check_scale, check_shape, check_tensor
 from .format import BLOCK, SCALE_DTYPES, as_bytes, nvfp4_quantize
 from .kernel import MAX_FUSED_T, dequant_launch, gemv_launch, linear_launch
 
@@ -91,8 +91,7 @@ def nvfp4_gemv(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.T
     """
     _check_gemv(a, b, sfa, sfb, out)
     al = 1.0 if alpha is None else check_scale("alpha", alpha)
-    if not isinstance(static_weights, bool):
-        raise TypeError(f"static_weights must be a bool, got {type(static_weights).__name__}")
+    check_bool("static_weights", static_weights)
     if out is None:
         return _gemv_op(a, b, sfa, sfb, al, static_weights)
     _gemv_out_op(a, b, sfa, sfb, al, out, static_weights)

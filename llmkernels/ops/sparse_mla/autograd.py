@@ -5,7 +5,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..._validate import check_shape, check_tensor, check_unit_last_stride
+from ..._validate import check_bool, check_shape, check_tensor, check_unit_last_stride
 from .bwd import sparse_mla_bwd_launch
 from .common import SparseArgs, prepare
 
@@ -68,8 +68,7 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
         check_unit_last_stride(name, t)
     check_tensor("lse", lse, dtypes=(torch.float32,), ndim=2)
     check_shape("lse", lse, (s_q, h_q), "[s_q, h_q]")
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    check_bool("deterministic", deterministic)
     if dkv_dtype not in (None, kv.dtype, torch.float32):
         raise ValueError(f"dkv_dtype must be None, kv's dtype or torch.float32, got {dkv_dtype}")
     for name, t in (("out", out), ("dout", dout), ("lse", lse)):
