@@ -295,20 +295,28 @@ def test_nan_in_unwritten_cache_slots(layout, device):
     """Slots past the context inside the last used block (and unused blocks) may hold NaN: no effect."""
     x = make_inputs(3, 4, 2, 64, 16, [21, 16, 70], layout, torch.float16, device, extra_blocks=2, bd="contig")
     want = run(x)
+    _nan_unwritten_slots(x, layout, 16)
+    assert torch.equal(run(x), want)
+
+
+def _nan_unwritten_slots(x, layout, bs):
+    """NaN in every cache slot a correct kernel never uses: past each context inside its last used block, and
+    in every block no table lists among its used entries (out-of-range ids skipped)."""
+    nb = x["k_cache"].shape[0]
     used = set()
     for s, n in enumerate(x["context_lens"].tolist()):
-        nblk = (n + 15) // 16
-        used.update(x["block_tables"][s, :nblk].tolist())
-        last, start = x["block_tables"][s, nblk - 1].item(), n - (nblk - 1) * 16
-        for c in ("k_cache", "v_cache"):  # the block_size dim: 1 (NHD) or 3 (legacy k and v)
-            if layout == "nhd":
-                x[c][last, start:] = float("nan")
-            else:
-                x[c][last, :, :, start:] = float("nan")
-    for b in set(range(x["k_cache"].shape[0])) - used:
+        nblk = (n + bs - 1) // bs
+        used.update(b for b in x["block_tables"][s, :nblk].tolist() if 0 <= b < nb)
+        last, start = x["block_tables"][s, nblk - 1].item(), n - (nblk - 1) * bs
+        if 0 <= last < nb and start < bs:
+            for c in ("k_cache", "v_cache"):  # the block_size dim: 1 (NHD) or 3 (legacy k and v)
+                if layout == "nhd":
+                    x[c][last, start:] = float("nan")
+                else:
+                    x[c][last, :, :, start:] = float("nan")
+    for b in set(range(nb)) - used:
         x["k_cache"][b] = float("nan")
         x["v_cache"][b] = float("nan")
-    assert torch.equal(run(x), want)
 
 
 # v4 candidate variants (selected through the launcher's config; see kernel.default_config)
@@ -363,21 +371,7 @@ def test_variants_bad_ids_and_nan_slots(variant, layout, G, device, monkeypatch)
     o, lse = go()
     _assert_close(x, o, lse, torch.float16)
     assert torch.equal(o[1], torch.zeros_like(o[1])) and torch.isneginf(lse[1]).all()
-    used = set()
-    for s, n in enumerate(x["context_lens"].tolist()):  # NaN past each context and in every unused block
-        nblk = (n + 7) // 8
-        ids = [b for b in x["block_tables"][s, :nblk].tolist() if 0 <= b < nb]
-        used.update(ids)
-        last, start = x["block_tables"][s, nblk - 1].item(), n - (nblk - 1) * 8
-        if 0 <= last < nb and start < 8:
-            for c in ("k_cache", "v_cache"):
-                if layout == "nhd":
-                    x[c][last, start:] = float("nan")
-                else:
-                    x[c][last, :, :, start:] = float("nan")
-    for b in set(range(nb)) - used:
-        x["k_cache"][b] = float("nan")
-        x["v_cache"][b] = float("nan")
+    _nan_unwritten_slots(x, layout, 8)
     assert torch.equal(go()[0], o)
 
 
