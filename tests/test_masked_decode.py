@@ -20,6 +20,18 @@ def _compare(x, kv_len=None, sm_scale=None, dtype=torch.float16):
     return o, lse
 
 
+def _poisoned(x, kv_lens, L, cfg=None):
+    """The launcher on NaN-filled out / lse (any element it fails to write stays NaN and fails), vs the reference."""
+    B, Hq, D = x["q"].shape
+    dtype = x["q"].dtype
+    out = torch.full((B, Hq, D), float("nan"), dtype=dtype, device=x["q"].device)
+    lse = torch.full((B, Hq), float("nan"), dtype=torch.float32, device=x["q"].device)
+    masked_decode_fwd(x["q"], x["k"], x["v"], x["drop"], kv_lens, L, D ** -0.5, out, lse, cfg)
+    ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"], kv_lens)
+    assert rel_err(out, ro) <= OUT_TOL[dtype] and rel_err(lse, rl) <= LSE_TOL
+    return out, lse
+
+
 # ---- CPU (interpreter) tests: fp16 only, the interpreter's bf16 tl.dot is wrong ----
 
 @pytest.mark.parametrize("B,Hkv,G,L,D", [(2, 2, 4, 157, 64), (1, 3, 1, 33, 128), (2, 1, 16, 70, 64),
@@ -82,11 +94,7 @@ def test_every_output_written(device):
     # NaN-poisoned outputs: any element the kernels fail to write stays NaN and fails
     B, Hkv, G, L, D = 2, 2, 3, 77, 64
     x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device, kept=0.7)
-    out = torch.full((B, Hkv * G, D), float("nan"), dtype=torch.float16, device=device)
-    lse = torch.full((B, Hkv * G), float("nan"), dtype=torch.float32, device=device)
-    masked_decode_fwd(x["q"], x["k"], x["v"], x["drop"], None, L, D ** -0.5, out, lse)
-    ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"])
-    assert rel_err(out, ro) <= OUT_TOL[torch.float16] and rel_err(lse, rl) <= LSE_TOL
+    _poisoned(x, None, L)
 
 
 @pytest.mark.parametrize("cfg", [{"block_n": 128, "num_stages": 2}, {"block_n": 64, "num_stages": 3}])
@@ -96,11 +104,7 @@ def test_both_tile_configs(device, cfg):
     x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device, kept=0.6)
     x["drop"][-1, -1] = True
     for kl in (None, torch.tensor([300, 1, 0], dtype=torch.int32, device=device)):
-        out = torch.full((B, Hkv * G, D), float("nan"), dtype=torch.float16, device=device)
-        lse = torch.full((B, Hkv * G), float("nan"), dtype=torch.float32, device=device)
-        masked_decode_fwd(x["q"], x["k"], x["v"], x["drop"], kl, L, D ** -0.5, out, lse, cfg)
-        ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"], kl)
-        assert rel_err(out, ro) <= OUT_TOL[torch.float16] and rel_err(lse, rl) <= LSE_TOL
+        out, lse = _poisoned(x, kl, L, cfg)
         assert torch.all(lse[-1, -G:] == -math.inf) and torch.all(out[-1, -G:] == 0)
 
 
@@ -234,22 +238,14 @@ def test_gpu_configs_poisoned(cfg, dtype, G, D):
     x = make_inputs(B, Hkv, Hkv * G, L, D, dtype, torch.device("cuda"), kept=0.6, cache_len=32768)
     x["drop"][1, 0] = True
     for lens in (None, torch.tensor([30001, 1234, 0], dtype=torch.int32, device="cuda")):
-        out = torch.full((B, Hkv * G, D), float("nan"), dtype=dtype, device="cuda")
-        lse = torch.full((B, Hkv * G), float("nan"), device="cuda")
-        masked_decode_fwd(x["q"], x["k"], x["v"], x["drop"], lens, L, D ** -0.5, out, lse, cfg)
-        ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"], lens)
-        assert rel_err(out, ro) <= OUT_TOL[dtype] and rel_err(lse, rl) <= LSE_TOL
+        _poisoned(x, lens, L, cfg)
 
 
 @pytest.mark.gpu
 def test_gpu_poisoned_long():
     B, Hkv, G, L, D = 1, 8, 4, 70001, 128
     x = make_inputs(B, Hkv, Hkv * G, L, D, torch.bfloat16, torch.device("cuda"), kept=0.5)
-    out = torch.full((B, Hkv * G, D), float("nan"), dtype=torch.bfloat16, device="cuda")
-    lse = torch.full((B, Hkv * G), float("nan"), device="cuda")
-    masked_decode_fwd(x["q"], x["k"], x["v"], x["drop"], None, L, D ** -0.5, out, lse)
-    ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"])
-    assert rel_err(out, ro) <= OUT_TOL[torch.bfloat16] and rel_err(lse, rl) <= LSE_TOL
+    _poisoned(x, None, L)
 
 
 @pytest.mark.gpu
