@@ -18,6 +18,7 @@ from llmkernels.bench.ceilings import copy_bandwidth
 from llmkernels.bench.harness import _graph_time_ms
 from llmkernels.ops.combine.kernel import combine_blocks, merge_row
 from llmkernels.ops.masked_decode.kernel import CONFIG, MASKED_CONFIG, _attend, _plan, masked_decode_fwd
+from llmkernels.ops.masked_decode.steal_gluon import steal_launch
 from llmkernels.ops.masked_decode.spec import HKV, HQ, D, _bytes, make_inputs
 
 log = open(os.path.join(os.environ["OUT"], "masked_decode_timeline.txt"), "w") if os.environ.get("OUT") else None
@@ -276,7 +277,10 @@ def timed_call(x, L, cfg, out, lse, t_split, t_comb, read_only=False, merge=True
     o_part = torch.empty(B * Hq, splits, Dh, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(B * Hq, splits, dtype=torch.float32, device=q.device)
     ms = drop.stride() if drop is not None else (0, 0, 0)
-    if "steal" in cfg:
+    if "gluon" in cfg:
+        steal_launch(q, k, v, drop, None, L, Dh ** -0.5 * 1.4426950408889634, o_part, lse_part, CTR, True,
+                     cfg["gluon"])
+    elif "steal" in cfg:
         _split_steal[(splits, B * HKV)](
             q, k, v, drop.view(torch.uint8) if drop is not None else q, o_part, lse_part, t_split, CTR, HKV, L,
             2 * triton.cdiv(triton.cdiv(L, cfg["block_n"]), splits) + 4, cfg["steal"], Dh ** -0.5 * 1.4426950408889634, q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], *ms,
@@ -321,6 +325,19 @@ def timeline(name, x, L, cfg, floor_us, read_only=False, merge=True, calls=12):
     fns = [lambda i=i: timed_call(x, L, cfg, out, lse, ts[i], tc[i], read_only, merge) for i in range(calls)]
     ms = _graph_time_ms(fns, calls=calls, reps=10)  # the last replay's stamps stay in ts / tc
     torch.cuda.synchronize()
+    if "gluon" in cfg:  # the library kernel carries no stamps: the merge's only
+        c = calls // 2
+        m = tc[c].double() / 1e3
+        t0 = tc[c - 1][:, 2].double().max().item() / 1e3
+        say(f"\n== {name}: {ms * 1e3:.1f} us/call = {100 * floor_us / (ms * 1e3):.1f}% of the dense floor; after the "
+            f"previous merge ends: merge's wait returns {m[:, 1].min().item() - t0:.2f}, merge ends "
+            f"{m[:, 2].max().item() - t0:.2f}")
+        ro = torch.empty_like(out)
+        rl = torch.empty_like(lse)
+        masked_decode_fwd(x["q"], x["k"], x["v"], x["drop"], None, L, D ** -0.5, ro, rl)
+        say(f"   max |out - library| {(out.float() - ro.float()).abs().max().item():.2e}, "
+            f"lse {(lse - rl).abs().max().item():.2e}; counters back to 0: {bool((CTR == 0).all())}")
+        return
     say(f"\n== {name}: {ms * 1e3:.1f} us/call = {100 * floor_us / (ms * 1e3):.1f}% of the dense floor; "
         f"{P} programs on {len(set(ts[0][:, 3].tolist()))} SMs")
     for c in (calls // 2, calls // 2 + 1):
@@ -382,6 +399,9 @@ def main():
         if "--steal" in sys.argv:  # run 3: every tile from the row's counter, K/V prefetched in registers
             variants += [(f"steal {bn} {w}w", dict(MASKED_CONFIG, steal=0, num_stages=1, block_n=bn, num_warps=w))
                          for bn, w in ((64, 4), (128, 8), (32, 4))]
+        if "--gluon" in sys.argv:  # run 5: the Gluon work-stealing kernel (llmkernels/ops/masked_decode/steal_gluon.py)
+            variants += [(f"gluon steal {w} waves, {st} stages", dict(MASKED_CONFIG, waves=w, gluon=dict(
+                BLOCK_N=64, STAGES=st, PROD_REGS=56, maxnreg=128 if w == 2 else 255))) for w, st in ((2, 3), (1, 6))]
         if "--hybrid" in sys.argv:  # run 4: a static prefix through the pipelined loop, then the steal loop
             variants += [(f"hybrid {pct}% static, 64 4w", dict(MASKED_CONFIG, steal=pct)) for pct in (0, 70, 80, 88)]
         for name, cfg in variants:

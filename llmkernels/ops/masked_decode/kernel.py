@@ -3,8 +3,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._runtime import num_sms
+from ..._runtime import interpreting, num_sms
 from ..combine.kernel import combine, pdl_enabled, pdl_enter
+from .steal_gluon import HAVE_GLUON, steal_launch
 
 
 @triton.jit
@@ -81,6 +82,56 @@ CONFIG = {"block_n": 128, "num_warps": 4, "num_stages": 2, "waves": 2, "pdl": Tr
 MASKED_CONFIG = {**CONFIG, "block_n": 64, "num_stages": 3}
 
 
+# Hopper (sm_90): the Gluon work-stealing kernel (steal_gluon.py; benchmarks/notes/masked_decode.md, round 7):
+# 2 programs per SM, 64-token tiles in a 3-slot ring; 128 registers a thread at launch so two CTAs fit
+STEAL_CONFIG = {"BLOCK_N": 64, "STAGES": 3, "PROD_REGS": 56, "maxnreg": 128, "waves": 2}
+
+
+def steal_usable(q, k, v) -> bool:
+    """Where the Gluon kernel applies: sm_90, D 64 or 128, at most 64 query heads per kv head, K/V rows 16-byte
+    aligned (cp.async)."""
+    if not HAVE_GLUON or interpreting() or q.device.type != "cuda":
+        return False
+    if torch.cuda.get_device_capability(q.device) != (9, 0) or q.shape[2] not in (64, 128):
+        return False
+    if q.shape[1] // k.shape[1] > 64:
+        return False
+    esz = k.element_size()
+    return all(x % 16 == 0 for t in (k, v) for x in (t.stride(0) * esz, t.stride(1) * esz, t.stride(2) * esz,
+                                                       t.data_ptr()))
+
+
+_STREAM_COUNTERS = {}  # (device, stream) -> int32 zeros: eager calls on one stream run one after the other
+_CAPTURE_POOL = {}  # device -> [int32 zeros, next free offset]: one slice per call captured into a CUDA graph
+_POOL_INTS = 1 << 18
+
+
+def _counters(device: torch.device, rows: int):
+    """Zeroed tile counters [2 * rows] for the Gluon kernel, or None (use the Triton kernel).
+
+    Every launch leaves its counters at zero again. Eager calls share one buffer per stream (stream order keeps
+    them apart). A call captured into a CUDA graph gets its own slice of a pool zeroed before capture (graphs may
+    be replayed concurrently on other streams), never reused; when the pool is used up, or a graph is captured
+    before any eager call made the pool, the call uses the Triton kernel.
+    """
+    n = 2 * rows
+    if torch.cuda.is_current_stream_capturing():
+        pool = _CAPTURE_POOL.get(device)
+        if pool is None or pool[1] + n > pool[0].numel():
+            return None
+        off = pool[1]
+        pool[1] += triton.cdiv(n, 32) * 32
+        return pool[0][off:off + n]
+    if device not in _CAPTURE_POOL:
+        _CAPTURE_POOL[device] = [torch.zeros(_POOL_INTS, dtype=torch.int32, device=device), 0]
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    buf = _STREAM_COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _STREAM_COUNTERS[key] = buf
+    return buf
+
+
 def _plan(B: int, Hkv: int, L: int, device: torch.device, waves: int):
     """Split L so that B * Hkv * splits ~ waves * SMs, with chunks of >= 512 tokens (multiples of 16)."""
     # rounded down: one program too many starts a second wave (round(3 * 132 / 8) = 50 splits = 400 > 396 slots)
@@ -92,7 +143,8 @@ def _plan(B: int, Hkv: int, L: int, device: torch.device, waves: int):
 def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, out, lse, config=None):
     """q [B, Hq, D] (unit last stride); k, v [B, Hkv, L, D]; writes out [B, Hq, D] and lse [B, Hq] (contiguous).
 
-    config may override the keys of CONFIG (no mask) / MASKED_CONFIG (with a drop mask).
+    config may override the keys of CONFIG (no mask) / MASKED_CONFIG (with a drop mask); config=None on an sm_90
+    GPU runs the Gluon work-stealing kernel where steal_usable says so.
     """
     assert out.is_contiguous() and lse.is_contiguous()
     cfg = {**(CONFIG if drop_mask is None else MASKED_CONFIG), **(config or {})}
@@ -106,6 +158,15 @@ def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float,
     drop = drop_mask.view(torch.uint8) if drop_mask is not None else q
     ms = drop_mask.stride() if drop_mask is not None else (0, 0, 0)
     pdl = pdl_enabled(q.device)
+    ctr = _counters(q.device, B * Hkv) if config is None and steal_usable(q, k, v) else None
+    if ctr is not None:
+        splits, _ = _plan(B, Hkv, span, q.device, STEAL_CONFIG["waves"])
+        o_part = torch.empty(B * Hq, splits, D, dtype=torch.float32, device=q.device)
+        lse_part = torch.empty(B * Hq, splits, dtype=torch.float32, device=q.device)
+        steal_launch(q, k, v, drop_mask, kv_lens, kv_len, sm_scale * 1.4426950408889634, o_part, lse_part, ctr, pdl,
+                     {key: val for key, val in STEAL_CONFIG.items() if key != "waves"})
+        combine(o_part, lse_part, out.view(B * Hq, D), lse.view(B * Hq))
+        return
     splits, chunk = _plan(B, Hkv, span, q.device, cfg["waves"])
     o_part = torch.empty(B * Hq, splits, D, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(B * Hq, splits, dtype=torch.float32, device=q.device)
