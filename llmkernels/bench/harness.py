@@ -97,7 +97,9 @@ def time_impl(impl: Impl, case: Case) -> tuple:
     """Returns (ms, timing mode actually used)."""
     if case.timing == "graph":
         l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-        sets = min(max(1, math.ceil(3 * l2 / max(case.bytes, 1))), 64)  # rotate > 3x L2: every call is L2-cold
+        # rotate > 3x L2, so every call is L2-cold; and at least 3 sets, so a figure averages over 3 placements of
+        # the inputs in DRAM (one allocation can run ~2 % faster or slower than another: notes/masked_decode.md)
+        sets = min(max(3, math.ceil(3 * l2 / max(case.bytes, 1))), 64)
         fns = [impl.build(case.make_inputs()) for _ in range(sets)]
         try:
             return _graph_time_ms(fns), "graph"
