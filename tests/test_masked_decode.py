@@ -270,7 +270,7 @@ def test_gpu_cuda_graph():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("G,D", [(1, 64), (4, 128), (8, 64), (16, 128), (64, 64)])
 def test_gpu_steal_poisoned(dtype, G, D):
-    """The Gluon work-stealing kernel (the default on sm_90) on NaN-poisoned outputs, strided cache, varlen with an
+    """The Gluon work-stealing kernel (opt-in on sm_90) on NaN-poisoned outputs, strided cache, varlen with an
     empty and a 1-token row, an all-dropped row; its counters are back at zero afterwards."""
     from llmkernels.ops.masked_decode import kernel as mk
     B, Hkv, L = 4, 2, 9001
@@ -280,7 +280,7 @@ def test_gpu_steal_poisoned(dtype, G, D):
     x["drop"][1, 0] = True
     for lens in (None, torch.tensor([9001, 1, 0, 4444], dtype=torch.int32, device="cuda")):
         for drop in (x["drop"], None):
-            _poisoned(dict(x, drop=drop), lens, L)
+            _poisoned(dict(x, drop=drop), lens, L, {"kernel": "steal"})
     torch.cuda.synchronize()
     assert all(bool((c == 0).all()) for c in mk._STREAM_COUNTERS.values())
 
@@ -291,14 +291,14 @@ def test_gpu_steal_matches_triton_and_falls_back():
     x = make_inputs(2, 8, 32, 20011, 128, torch.bfloat16, torch.device("cuda"), kept=0.5)
     if not mk.steal_usable(x["q"], x["k"], x["v"]):
         pytest.skip("the Gluon kernel needs an sm_90 GPU")
-    a = _poisoned(x, None, 20011)
-    b = _poisoned(x, None, 20011, mk.MASKED_CONFIG)  # an explicit config runs the Triton kernel
+    a = _poisoned(x, None, 20011, {"kernel": "steal"})
+    b = _poisoned(x, None, 20011)
     assert rel_err(a[0], b[0]) <= OUT_TOL[torch.bfloat16] and rel_err(a[1], b[1]) <= LSE_TOL
     # K/V rows not 16-byte aligned (a view one element in): not for cp.async, the Triton kernel runs instead
     big = torch.randn(2, 8, 20011, 129, dtype=torch.bfloat16, device="cuda")
     y = dict(x, k=big[..., 1:], v=big[..., :128])
     assert not mk.steal_usable(y["q"], y["k"], y["v"])
-    _compare(y, dtype=torch.bfloat16)
+    _poisoned(y, None, 20011, {"kernel": "steal"})
 
 
 @pytest.mark.gpu
@@ -311,14 +311,22 @@ def test_gpu_steal_two_streams_and_graphs():
         pytest.skip("the Gluon kernel needs an sm_90 GPU")
     refs = [masked_decode_ref(x["q"], x["k"], x["v"], x["drop"]) for x in xs]
     streams = [torch.cuda.Stream() for _ in xs]
+
+    def steal(x):
+        out = torch.empty_like(x["q"])
+        lse = torch.empty(x["q"].shape[:2], device="cuda")
+        masked_decode_fwd(x["q"], x["k"], x["v"], x["drop"], None, x["k"].shape[2], 128 ** -0.5, out, lse,
+                          {"kernel": "steal"})
+        return out, lse
+
     for x in xs:
-        masked_decode(x["q"], x["k"], x["v"], x["drop"])  # compile before capture
+        steal(x)  # compile before capture
     torch.cuda.synchronize()
     outs = [[], []]
     for _ in range(20):
         for i, (x, st) in enumerate(zip(xs, streams)):
             with torch.cuda.stream(st):
-                outs[i].append(masked_decode(x["q"], x["k"], x["v"], x["drop"]))
+                outs[i].append(steal(x))
     torch.cuda.synchronize()
     for i in (0, 1):
         for o, lse in outs[i]:
@@ -327,7 +335,7 @@ def test_gpu_steal_two_streams_and_graphs():
     graphs, res = [torch.cuda.CUDAGraph() for _ in xs], []
     for g, x in zip(graphs, xs):
         with torch.cuda.graph(g):
-            res.append([masked_decode(x["q"], x["k"], x["v"], x["drop"]) for _ in range(3)])
+            res.append([steal(x) for _ in range(3)])
     assert mk._CAPTURE_POOL[xs[0]["q"].device][1] >= used + 6 * 16  # each captured call took its own counters
     for _ in range(10):
         for g, st in zip(graphs, streams):
