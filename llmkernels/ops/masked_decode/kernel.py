@@ -168,7 +168,7 @@ def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float,
         o_part = torch.empty(B * Hq, splits, D, dtype=torch.float32, device=q.device)
         lse_part = torch.empty(B * Hq, splits, dtype=torch.float32, device=q.device)
         steal_launch(q, k, v, drop_mask, kv_lens, kv_len, sm_scale * 1.4426950408889634, o_part, lse_part, ctr, pdl,
-                     {key: val for key, val in STEAL_CONFIG.items() if key != "waves"})
+                     {key: val for key, val in {**STEAL_CONFIG, **config}.items() if key not in ("waves", "kernel")})
         combine(o_part, lse_part, out.view(B * Hq, D), lse.view(B * Hq))
         return
     splits, chunk = _plan(B, Hkv, span, q.device, cfg["waves"])
