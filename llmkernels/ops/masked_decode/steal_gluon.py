@@ -1,13 +1,15 @@
 """Masked decode for Hopper in Gluon, with work stealing: the programs of a (batch, kv head) row take its tiles
 one at a time from a counter, so the SMs that stream faster take more tiles and the row's programs end together
 (with equal static chunks, per-program times at B=1 range 63-92 us: benchmarks/notes/masked_decode.md, round 6).
+Opt-in (masked_decode_fwd(..., config={"kernel": "steal"})): 95-96 % of the dense floor at B=1 where the Triton
+kernel gets 92-93 %, but 80 % when three 268 MB input sets are rotated after a 13 GB alloc/free (round 7).
 
-A 4-warp producer grabs tile indices two ahead, loads the tile's mask one ahead and cp.asyncs the kept K/V rows
-into a STAGES-deep shared-memory ring (dropped rows are never fetched); one consumer warpgroup runs q K^T and P V
-on wgmma (the G query heads padded to 64 rows) with an online softmax. Each program writes one partial (out, lse)
-of its row and the shared merge combines them, as for the Triton kernel. The counters live in a zeroed int32
-buffer [2 * rows] (next tile, programs done); the row's last program to finish resets both, so the buffer is
-zero again when the kernel ends.
+A 4-warp producer grabs tile indices, reads each grab a tile later, loads the tile's mask a tile ahead and
+cp.asyncs the kept K/V rows into a STAGES-deep shared-memory ring (dropped rows are never fetched); one consumer
+warpgroup runs S^T = K q^T and O^T += V^T P^T on wgmma (tokens on M, the G heads on N) with an online softmax.
+Each program writes one partial (out, lse) of its row and the shared merge combines them, as for the Triton kernel.
+The counters live in a zeroed int32 buffer [2 * rows] (next tile, programs done); the row's last program to finish
+resets both, so the buffer is zero again when the kernel ends.
 
 Gluon has no interpreter: kernel.py is the portable path and what CPU tests cover; this one is tested on the GPU.
 """
