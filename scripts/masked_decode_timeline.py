@@ -81,7 +81,7 @@ def _split_timed(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, t_ptr, Hkv, kv_l
         q = tl.load(q_ptr + b * s_qb + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :],
                     mask=(offs_g < G)[:, None], other=0.0)
         m_i, l_i, acc = _attend(q, k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh,
-                                drop_ptr + b * s_mb + h * s_mh, s_kl, s_vl, s_ml, lo, hi, qk_scale,
+                                drop_ptr + b * s_mb + h * s_mh, s_kl, s_vl, s_ml, lo, hi, BLOCK_N, qk_scale,
                                 BLOCK_G, D, BLOCK_N, HAS_DROP)
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
@@ -117,7 +117,7 @@ def _split_dyn(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, t_ptr, ctr_ptr, Hk
         q = tl.load(q_ptr + b * s_qb + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :],
                     mask=(offs_g < G)[:, None], other=0.0)
         m_i, l_i, acc = _attend(q, k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh,
-                                drop_ptr + b * s_mb + h * s_mh, s_kl, s_vl, s_ml, lo, hi, qk_scale,
+                                drop_ptr + b * s_mb + h * s_mh, s_kl, s_vl, s_ml, lo, hi, BLOCK_N, qk_scale,
                                 BLOCK_G, D, BLOCK_N, HAS_DROP)
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
@@ -191,7 +191,8 @@ def _split_steal(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, t_ptr, ctr_ptr, 
     # static part: tiles [split * c, (split + 1) * c) through the cp.async-pipelined loop; the rest is a pool
     c = (n_tiles * static_pct) // (100 * tl.num_programs(0))
     base = c * tl.num_programs(0)
-    m_i, l_i, acc = _attend(q, kb, vb, mb, s_kl, s_vl, s_ml, split * c * BLOCK_N, (split + 1) * c * BLOCK_N, qk_scale,
+    m_i, l_i, acc = _attend(q, kb, vb, mb, s_kl, s_vl, s_ml, split * c * BLOCK_N, (split + 1) * c * BLOCK_N, BLOCK_N,
+                            qk_scale,
                             BLOCK_G, D, BLOCK_N, HAS_DROP)
     t0 = base + _grab(ctr)
     t1 = base + _grab(ctr)

@@ -97,7 +97,8 @@ def test_every_output_written(device):
     _poisoned(x, None, L)
 
 
-@pytest.mark.parametrize("cfg", [{"block_n": 128, "num_stages": 2}, {"block_n": 64, "num_stages": 3}])
+@pytest.mark.parametrize("cfg", [{"block_n": 128, "num_stages": 2}, {"block_n": 64, "num_stages": 3},
+                                 {"block_n": 64, "num_stages": 3, "interleave": False}])
 def test_both_tile_configs(device, cfg):
     # the no-mask and the mask configs, each on masked and varlen data; NaN-poisoned outputs
     B, Hkv, G, L, D = 3, 2, 4, 300, 64
@@ -106,6 +107,18 @@ def test_both_tile_configs(device, cfg):
     for kl in (None, torch.tensor([300, 1, 0], dtype=torch.int32, device=device)):
         out, lse = _poisoned(x, kl, L, cfg)
         assert torch.all(lse[-1, -G:] == -math.inf) and torch.all(out[-1, -G:] == 0)
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_splits_interleaved_or_contiguous(device, interleave):
+    # several splits per row (L > 512 tokens each), a varlen row ending inside the last split's tiles: every tile is
+    # attended exactly once whether the splits take tiles in turn or one chunk each
+    from llmkernels.ops.masked_decode.kernel import _plan
+    B, Hkv, G, L, D = 2, 1, 4, 2600, 64
+    assert _plan(B, Hkv, L, torch.device(device), 2)[0] >= 2
+    x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device, kept=0.7)
+    for kl in (None, torch.tensor([2600, 1333], dtype=torch.int32, device=device)):
+        _poisoned(x, kl, L, {"block_n": 64, "num_stages": 3, "interleave": interleave})
 
 
 def test_empty_batch(device):

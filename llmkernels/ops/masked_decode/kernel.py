@@ -9,9 +9,10 @@ from .steal_gluon import HAVE_GLUON, steal_launch
 
 
 @triton.jit
-def _attend(q, k_base, v_base, m_base, s_kl, s_vl, s_ml, lo, hi, qk_scale,
+def _attend(q, k_base, v_base, m_base, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
             BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DROP: tl.constexpr):
-    """Online softmax of the G query rows over kept tokens [lo, hi): (running max, sum, unnormalised out)."""
+    """Online softmax of the G query rows over the kept tokens of the tiles at lo, lo + step, ... below hi:
+    (running max, sum, unnormalised out)."""
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, BLOCK_N)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -19,12 +20,12 @@ def _attend(q, k_base, v_base, m_base, s_kl, s_vl, s_ml, lo, hi, qk_scale,
     acc = tl.zeros([BLOCK_G, D], tl.float32)
     if HAS_DROP:  # the mask of the next tile is loaded one iteration ahead, so its latency hides behind a tile
         nxt = tl.load(m_base + (lo + offs_n) * s_ml, mask=lo + offs_n < hi, other=1)
-    for n0 in tl.range(lo, hi, BLOCK_N):
+    for n0 in tl.range(lo, hi, step):
         offs = n0 + offs_n
         keep = offs < hi
         if HAS_DROP:
             keep = keep & (nxt == 0)
-            nxt = tl.load(m_base + (offs + BLOCK_N) * s_ml, mask=offs + BLOCK_N < hi, other=1)
+            nxt = tl.load(m_base + (offs + step) * s_ml, mask=offs + step < hi, other=1)
         # dropped rows are never fetched: the predicated load issues no memory traffic for them
         k = tl.load(k_base + offs[:, None].to(tl.int64) * s_kl + offs_d[None, :], mask=keep[:, None], other=0.0)
         v = tl.load(v_base + offs[:, None].to(tl.int64) * s_vl + offs_d[None, :], mask=keep[:, None], other=0.0)
@@ -46,7 +47,7 @@ def _split_kernel(
     Hkv, L, kv_len, chunk, qk_scale,
     s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr,
+    HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr = False,
 ):
     """Grid (splits, B * Hkv): program (s, b * Hkv + h) attends the G query heads of kv head h to tokens
     [s * chunk, (s + 1) * chunk) of sequence b and stores that part (normalised out; lse, -inf if empty)."""
@@ -63,9 +64,16 @@ def _split_kernel(
     offs_d = tl.arange(0, D)
     q = tl.load(q_ptr + b * s_qb + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :],
                 mask=(offs_g < G)[:, None], other=0.0)
+    if INTERLEAVE:  # the splits of a row take its tiles in turn: they read neighbouring tiles at the same time
+        lo = split * BLOCK_N
+        hi = length
+        step = tl.num_programs(0) * BLOCK_N
+    else:
+        lo = split * chunk
+        hi = tl.minimum(split * chunk + chunk, length)
+        step = BLOCK_N
     m_i, l_i, acc = _attend(q, k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh,
-                            drop_ptr + b * s_mb + h * s_mh, s_kl, s_vl, s_ml,
-                            split * chunk, tl.minimum(split * chunk + chunk, length), qk_scale,
+                            drop_ptr + b * s_mb + h * s_mh, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
                             BLOCK_G, D, BLOCK_N, HAS_DROP)
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
@@ -74,11 +82,12 @@ def _split_kernel(
     tl.store(lse_ptr + rows * s_lr + split, lse, mask=offs_g < G)
 
 
-# Launch configuration (benchmarks/notes/masked_decode.md, sweep rounds 1-3 on the H100): B * Hkv * splits ~ 2
-# programs per SM, all resident in one wave. With a drop mask, 64-token tiles in a 3-stage pipeline (two tiles in
+# Launch configuration (benchmarks/notes/masked_decode.md, sweep rounds 1-3 and 8 on the H100): B * Hkv * splits ~
+# 2 programs per SM, all resident in one wave. With a drop mask, 64-token tiles in a 3-stage pipeline (two tiles in
 # flight per program) keep enough bytes in flight when rows are dropped; with no mask, 128-token tiles in one
-# buffer stream ~1.5 % faster.
-CONFIG = {"block_n": 128, "num_warps": 4, "num_stages": 2, "waves": 2, "pdl": True}
+# buffer stream ~1.5 % faster. Interleaved: the splits of a row take its tiles in turn (split s: tiles s, s + S, ...)
+# rather than one contiguous chunk each, so a row's programs read neighbouring tiles at the same time (round 8).
+CONFIG = {"block_n": 128, "num_warps": 4, "num_stages": 2, "waves": 2, "pdl": True, "interleave": True}
 MASKED_CONFIG = {**CONFIG, "block_n": 64, "num_stages": 3}
 
 
@@ -181,6 +190,7 @@ def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float,
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
         G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n,
         HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl,
+        INTERLEAVE=cfg["interleave"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"launch_pdl": True} if pdl and cfg["pdl"] else {}),
     )
