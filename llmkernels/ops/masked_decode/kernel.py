@@ -92,9 +92,8 @@ MASKED_CONFIG = {**CONFIG, "block_n": 64, "num_stages": 3}
 
 
 # Opt-in on sm_90 (config={"kernel": "steal"}): the Gluon work-stealing kernel (steal_gluon.py), 2 programs per SM,
-# 64-token tiles in a 3-slot ring, 128 registers a thread at launch so two CTAs fit. Not the default: it measured
-# 95-96 % at B=1 dense (Triton 92-93 %), but 79-80 % for some placements of the inputs in DRAM, not yet explained
-# (benchmarks/notes/masked_decode.md, round 7).
+# 64-token tiles in a 3-slot ring, 128 registers a thread at launch so two CTAs fit. Not the default: about 1 point
+# above the interleaved Triton kernel at B=1 dense, but 80 % in some GPU memory states (notes, rounds 7-8).
 STEAL_CONFIG = {"BLOCK_N": 64, "STAGES": 3, "PROD_REGS": 56, "maxnreg": 128, "waves": 2}
 
 

@@ -1,8 +1,8 @@
 """Masked decode for Hopper in Gluon, with work stealing: the programs of a (batch, kv head) row take its tiles
 one at a time from a counter, so the SMs that stream faster take more tiles and the row's programs end together
 (with equal static chunks, per-program times at B=1 range 63-92 us: benchmarks/notes/masked_decode.md, round 6).
-Opt-in (masked_decode_fwd(..., config={"kernel": "steal"})): 95-96 % of the dense floor at B=1 where the Triton
-kernel gets 92-93 %, but 80 % when three 268 MB input sets are rotated after a 13 GB alloc/free (round 7).
+Opt-in (masked_decode_fwd(..., config={"kernel": "steal"})): about 1 point above the interleaved Triton kernel at
+B=1 dense, but 80 % when three 268 MB input sets are rotated after a 13 GB alloc/free (rounds 7-8).
 
 A 4-warp producer grabs tile indices, reads each grab a tile later, loads the tile's mask a tile ahead and
 cp.asyncs the kept K/V rows into a STAGES-deep shared-memory ring (dropped rows are never fetched); one consumer
