@@ -17,7 +17,7 @@ import triton.language as tl
 from llmkernels.bench.ceilings import copy_bandwidth
 from llmkernels.bench.harness import _graph_time_ms
 from llmkernels.ops.combine.kernel import combine_blocks, merge_row
-from llmkernels.ops.masked_decode.kernel import CONFIG, MASKED_CONFIG, _attend, _plan, masked_decode_fwd
+from llmkernels.ops.masked_decode.kernel import CONFIG, MASKED_CONFIG, _attend, _plan, masked_decode_fwd, row_part
 from llmkernels.ops.masked_decode.steal_gluon import steal_launch
 from llmkernels.ops.masked_decode.spec import HKV, HQ, D, _bytes, make_inputs
 
@@ -61,11 +61,10 @@ def _split_timed(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, t_ptr, Hkv, kv_l
     tl.store(t_ptr + slot * 4 + 3, _smid(split).to(tl.int64))
     b = r // Hkv
     h = r % Hkv
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, D)
     lo = split * chunk
     hi = tl.minimum(lo + chunk, kv_len)
     if READ_ONLY:
+        offs_d = tl.arange(0, D)
         acc = tl.zeros([BLOCK_N, D], tl.int16)
         offs_n = tl.arange(0, BLOCK_N)
         for n0 in tl.range(lo, hi, BLOCK_N):
@@ -78,16 +77,9 @@ def _split_timed(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, t_ptr, Hkv, kv_l
             acc ^= kk.to(tl.int16, bitcast=True) ^ vv.to(tl.int16, bitcast=True)
         tl.store(lse_ptr + r * s_lr + split, tl.sum(tl.sum(acc.to(tl.int32), axis=1), axis=0).to(tl.float32))
     else:
-        q = tl.load(q_ptr + b * s_qb + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :],
-                    mask=(offs_g < G)[:, None], other=0.0)
-        m_i, l_i, acc = _attend(q, k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh,
-                                drop_ptr + b * s_mb + h * s_mh, s_kl, s_vl, s_ml, lo, hi, BLOCK_N, qk_scale,
-                                BLOCK_G, D, BLOCK_N, HAS_DROP)
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
-        rows = r * G + offs_g
-        tl.store(o_ptr + rows[:, None] * s_or + split * s_os + offs_d[None, :], o, mask=(offs_g < G)[:, None])
-        tl.store(lse_ptr + rows * s_lr + split, lse, mask=offs_g < G)
+        row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, hi, BLOCK_N, qk_scale,
+                 s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
+                 G, BLOCK_G, D, BLOCK_N, HAS_DROP)
     _stamp(t_ptr, slot, 2, split)
 
 
@@ -102,8 +94,6 @@ def _split_dyn(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, t_ptr, ctr_ptr, Hk
     tl.extra.cuda.gdc_wait()
     tl.extra.cuda.gdc_launch_dependents()
     _stamp(t_ptr, pid, 1, pid)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, D)
     c = tl.atomic_add(ctr_ptr, 1)
     done = 0
     while c < total:
@@ -114,16 +104,9 @@ def _split_dyn(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, t_ptr, ctr_ptr, Hk
         h = r % Hkv
         lo = split * chunk
         hi = tl.minimum(lo + chunk, kv_len)
-        q = tl.load(q_ptr + b * s_qb + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :],
-                    mask=(offs_g < G)[:, None], other=0.0)
-        m_i, l_i, acc = _attend(q, k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh,
-                                drop_ptr + b * s_mb + h * s_mh, s_kl, s_vl, s_ml, lo, hi, BLOCK_N, qk_scale,
-                                BLOCK_G, D, BLOCK_N, HAS_DROP)
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
-        rows = r * G + offs_g
-        tl.store(o_ptr + rows[:, None] * s_or + split * s_os + offs_d[None, :], o, mask=(offs_g < G)[:, None])
-        tl.store(lse_ptr + rows * s_lr + split, lse, mask=offs_g < G)
+        row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, hi, BLOCK_N, qk_scale,
+                 s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
+                 G, BLOCK_G, D, BLOCK_N, HAS_DROP)
         c = nxt
         done += 1
     fin = tl.atomic_add(ctr_ptr + 1, 1)

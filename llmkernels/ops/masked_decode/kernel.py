@@ -42,6 +42,26 @@ def _attend(q, k_base, v_base, m_base, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
 
 
 @triton.jit
+def row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, hi, step, qk_scale,
+             s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
+             G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DROP: tl.constexpr):
+    """The G query heads of kv head h of sequence b (row r) over the tiles lo, lo + step, ... below hi: stores the
+    part in slot `split` (normalised out; lse, -inf if nothing was kept)."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * s_qb + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :],
+                mask=(offs_g < G)[:, None], other=0.0)
+    m_i, l_i, acc = _attend(q, k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh,
+                            drop_ptr + b * s_mb + h * s_mh, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
+                            BLOCK_G, D, BLOCK_N, HAS_DROP)
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
+    rows = r * G + offs_g
+    tl.store(o_ptr + rows[:, None] * s_or + split * s_os + offs_d[None, :], o, mask=(offs_g < G)[:, None])
+    tl.store(lse_ptr + rows * s_lr + split, lse, mask=offs_g < G)
+
+
+@triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr,
     Hkv, L, kv_len, chunk, qk_scale,
@@ -60,10 +80,6 @@ def _split_kernel(
         length = tl.minimum(tl.maximum(tl.load(lens_ptr + b), 0), L)
     else:
         length = kv_len
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, D)
-    q = tl.load(q_ptr + b * s_qb + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :],
-                mask=(offs_g < G)[:, None], other=0.0)
     if INTERLEAVE:  # the splits of a row take its tiles in turn: they read neighbouring tiles at the same time
         lo = split * BLOCK_N
         hi = length
@@ -72,14 +88,9 @@ def _split_kernel(
         lo = split * chunk
         hi = tl.minimum(split * chunk + chunk, length)
         step = BLOCK_N
-    m_i, l_i, acc = _attend(q, k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh,
-                            drop_ptr + b * s_mb + h * s_mh, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
-                            BLOCK_G, D, BLOCK_N, HAS_DROP)
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
-    rows = r * G + offs_g
-    tl.store(o_ptr + rows[:, None] * s_or + split * s_os + offs_d[None, :], o, mask=(offs_g < G)[:, None])
-    tl.store(lse_ptr + rows * s_lr + split, lse, mask=offs_g < G)
+    row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, hi, step, qk_scale,
+             s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
+             G, BLOCK_G, D, BLOCK_N, HAS_DROP)
 
 
 # Launch configuration (benchmarks/notes/masked_decode.md, sweep rounds 1-3 and 8 on the H100): B * Hkv * splits ~

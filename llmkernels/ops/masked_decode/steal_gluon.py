@@ -16,14 +16,8 @@ Gluon has no interpreter: kernel.py is the portable path and what CPU tests cove
 import torch
 import triton
 
-try:  # Gluon ships with Triton >= 3.5
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
-                                                                   warpgroup_mma, warpgroup_mma_wait)
-    HAVE_GLUON = True
-except ImportError:  # pragma: no cover
-    HAVE_GLUON = False
+from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
+                       warpgroup_mma_wait)
 
 if HAVE_GLUON:
     @gluon.jit

@@ -8,14 +8,8 @@ cover); this one runs on sm_90 and is tested on the GPU (tests marked gpu, scrip
 import torch
 import triton
 
-try:  # Gluon ships with Triton >= 3.5; without it the Triton path is used
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
-                                                                   warpgroup_mma, warpgroup_mma_wait)
-    HAVE_GLUON = True
-except ImportError:  # pragma: no cover
-    HAVE_GLUON = False
+from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
+                       warpgroup_mma_wait)
 
 from ..._runtime import interpreting
 from .common import LOG2E_C, row_args, row_flags

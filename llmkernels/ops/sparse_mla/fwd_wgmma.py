@@ -9,15 +9,11 @@ producer as attn_dist). Two consumer warpgroups split the work so that neither n
 """
 import triton
 
-from .attn_dist_wgmma import HAVE_GLUON
+from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
+                       warpgroup_mma_wait)
 from .common import LN2_C, LOG2E_C, row_args, row_flags, sink_arg
 
 if HAVE_GLUON:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
-                                                                   warpgroup_mma, warpgroup_mma_wait)
-
     from .attn_dist_wgmma import _kv_ring, _row_limits, _ws_producer, _ws_valid
 
     @gluon.jit
