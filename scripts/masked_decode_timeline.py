@@ -16,7 +16,7 @@ import triton.language as tl
 
 from llmkernels.bench.ceilings import copy_bandwidth
 from llmkernels.bench.harness import _graph_time_ms
-from llmkernels.ops.combine.kernel import combine_blocks, merge_row
+from llmkernels.ops.combine.kernel import combine_blocks, merge_row, pdl_enter
 from llmkernels.ops.masked_decode.kernel import CONFIG, MASKED_CONFIG, _attend, _plan, masked_decode_fwd, row_part
 from llmkernels.ops.masked_decode.steal_gluon import steal_launch
 from llmkernels.ops.masked_decode.spec import HKV, HQ, D, _bytes, make_inputs
@@ -47,6 +47,14 @@ def _stamp(t_ptr, slot, i, x):
 
 
 @triton.jit
+def _enter(t_ptr, slot, x):
+    """Stamp 0 at entry, pdl_enter, stamp 1 when the wait returns."""
+    _stamp(t_ptr, slot, 0, x)
+    pdl_enter(True)
+    _stamp(t_ptr, slot, 1, x)
+
+
+@triton.jit
 def _split_timed(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, t_ptr, Hkv, kv_len, chunk, qk_scale,
                  s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
                  G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -54,10 +62,7 @@ def _split_timed(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, t_ptr, Hkv, kv_l
     split = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     slot = r * tl.num_programs(0) + split
-    _stamp(t_ptr, slot, 0, split)
-    tl.extra.cuda.gdc_wait()
-    tl.extra.cuda.gdc_launch_dependents()
-    _stamp(t_ptr, slot, 1, split)
+    _enter(t_ptr, slot, split)
     tl.store(t_ptr + slot * 4 + 3, _smid(split).to(tl.int64))
     b = r // Hkv
     h = r % Hkv
@@ -90,10 +95,7 @@ def _split_dyn(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, t_ptr, ctr_ptr, Hk
                HAS_DROP: tl.constexpr):
     """Persistent programs take chunks (row, split) from a counter: the fast SMs take more of them."""
     pid = tl.program_id(0)
-    _stamp(t_ptr, pid, 0, pid)
-    tl.extra.cuda.gdc_wait()
-    tl.extra.cuda.gdc_launch_dependents()
-    _stamp(t_ptr, pid, 1, pid)
+    _enter(t_ptr, pid, pid)
     c = tl.atomic_add(ctr_ptr, 1)
     done = 0
     while c < total:
@@ -155,10 +157,7 @@ def _split_steal(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, t_ptr, ctr_ptr, 
     split = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     slot = r * tl.num_programs(0) + split
-    _stamp(t_ptr, slot, 0, split)
-    tl.extra.cuda.gdc_wait()
-    tl.extra.cuda.gdc_launch_dependents()
-    _stamp(t_ptr, slot, 1, split)
+    _enter(t_ptr, slot, split)
     b = r // Hkv
     h = r % Hkv
     hi = kv_len
@@ -230,10 +229,7 @@ def _split_steal(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, t_ptr, ctr_ptr, 
 def _combine_timed(o_ptr, lse_ptr, out_ptr, lse_out_ptr, t_ptr, S, D, stride_os, stride_or, stride_ls, stride_lr,
                    stride_out_r, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ONE_SHOT: tl.constexpr):
     row = tl.program_id(0)
-    _stamp(t_ptr, row, 0, row)
-    tl.extra.cuda.gdc_wait()
-    tl.extra.cuda.gdc_launch_dependents()
-    _stamp(t_ptr, row, 1, row)
+    _enter(t_ptr, row, row)
     merge_row(o_ptr, lse_ptr, out_ptr, lse_out_ptr, row.to(tl.int64), S, D, stride_os, stride_or, stride_ls,
               stride_lr, stride_out_r, True, BLOCK_S, BLOCK_D, ONE_SHOT)
     _stamp(t_ptr, row, 2, row)
