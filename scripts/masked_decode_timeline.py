@@ -263,7 +263,8 @@ def timed_call(x, L, cfg, out, lse, t_split, t_comb, read_only=False, merge=True
     elif "steal" in cfg:
         _split_steal[(splits, B * HKV)](
             q, k, v, drop.view(torch.uint8) if drop is not None else q, o_part, lse_part, t_split, CTR, HKV, L,
-            2 * triton.cdiv(triton.cdiv(L, cfg["block_n"]), splits) + 4, cfg["steal"], Dh ** -0.5 * 1.4426950408889634, q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], *ms,
+            2 * triton.cdiv(triton.cdiv(L, cfg["block_n"]), splits) + 4, cfg["steal"], Dh ** -0.5 * 1.4426950408889634,
+            q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], *ms,
             o_part.stride(0), o_part.stride(1), lse_part.stride(0),
             G=G, BLOCK_G=16, D=Dh, BLOCK_N=cfg["block_n"], HAS_DROP=drop is not None,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=True)

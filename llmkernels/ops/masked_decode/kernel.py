@@ -67,10 +67,11 @@ def _split_kernel(
     Hkv, L, kv_len, chunk, qk_scale,
     s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr = False,
+    HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr,
 ):
-    """Grid (splits, B * Hkv): program (s, b * Hkv + h) attends the G query heads of kv head h to tokens
-    [s * chunk, (s + 1) * chunk) of sequence b and stores that part (normalised out; lse, -inf if empty)."""
+    """Grid (splits, B * Hkv): program (s, b * Hkv + h) attends the G query heads of kv head h of sequence b to
+    tiles s, s + S, ... of the row (INTERLEAVE; S splits) or to tokens [s * chunk, (s + 1) * chunk), and stores
+    that part (normalised out; lse, -inf if empty)."""
     pdl_enter(USE_GDC)
     split = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
@@ -182,26 +183,24 @@ def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float,
     ms = drop_mask.stride() if drop_mask is not None else (0, 0, 0)
     pdl = pdl_enabled(q.device)
     ctr = _counters(q.device, B * Hkv) if steal and steal_usable(q, k, v) else None
-    if ctr is not None:
-        splits, _ = _plan(B, Hkv, span, q.device, STEAL_CONFIG["waves"])
-        o_part = torch.empty(B * Hq, splits, D, dtype=torch.float32, device=q.device)
-        lse_part = torch.empty(B * Hq, splits, dtype=torch.float32, device=q.device)
-        steal_launch(q, k, v, drop_mask, kv_lens, kv_len, sm_scale * 1.4426950408889634, o_part, lse_part, ctr, pdl,
-                     {key: val for key, val in {**STEAL_CONFIG, **config}.items() if key not in ("waves", "kernel")})
-        combine(o_part, lse_part, out.view(B * Hq, D), lse.view(B * Hq))
-        return
+    if ctr is not None:  # the steal kernel's own keys (config may override them), the rest stays with Triton's
+        cfg = {key: (config or {}).get(key, val) for key, val in STEAL_CONFIG.items()}
     splits, chunk = _plan(B, Hkv, span, q.device, cfg["waves"])
     o_part = torch.empty(B * Hq, splits, D, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(B * Hq, splits, dtype=torch.float32, device=q.device)
-    _split_kernel[(splits, B * Hkv)](
-        q, k, v, drop, kv_lens if kv_lens is not None else q, o_part, lse_part,
-        Hkv, L, kv_len, chunk, sm_scale * 1.4426950408889634,
-        q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], *ms,
-        o_part.stride(0), o_part.stride(1), lse_part.stride(0),
-        G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n,
-        HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl,
-        INTERLEAVE=cfg["interleave"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **({"launch_pdl": True} if pdl and cfg["pdl"] else {}),
-    )
+    if ctr is not None:
+        steal_launch(q, k, v, drop_mask, kv_lens, kv_len, sm_scale * 1.4426950408889634, o_part, lse_part, ctr, pdl,
+                     {key: val for key, val in cfg.items() if key != "waves"})
+    else:
+        _split_kernel[(splits, B * Hkv)](
+            q, k, v, drop, kv_lens if kv_lens is not None else q, o_part, lse_part,
+            Hkv, L, kv_len, chunk, sm_scale * 1.4426950408889634,
+            q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], *ms,
+            o_part.stride(0), o_part.stride(1), lse_part.stride(0),
+            G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n,
+            HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl,
+            INTERLEAVE=cfg["interleave"],
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            **({"launch_pdl": True} if pdl and cfg["pdl"] else {}),
+        )
     combine(o_part, lse_part, out.view(B * Hq, D), lse.view(B * Hq))

@@ -48,8 +48,8 @@ if HAVE_GLUON:
         return (offs < length) & (raw == 0)
 
     @gluon.jit
-    def _producer(k_row, v_row, m_row, ctr, k_s, v_s, meta_s, full, empty, q_ready, length, n_tiles, n_prog, s_kl, s_vl, s_ml,
-                  BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, HAS_DROP: gl.constexpr):
+    def _producer(k_row, v_row, m_row, ctr, k_s, v_s, meta_s, full, empty, length, n_tiles, n_prog, s_kl, s_vl,
+                  s_ml, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, HAS_DROP: gl.constexpr):
         g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 B per cp.async
         n_l: gl.constexpr = gl.SliceLayout(1, g_l)
         d = gl.arange(0, D, layout=gl.SliceLayout(0, g_l))
@@ -105,7 +105,7 @@ if HAVE_GLUON:
         gl.store(o_ptr + (out_row0 + g)[None, :] * s_or + split * s_os + d[:, None], o, mask=(g < G)[None, :])
 
     @gluon.jit
-    def _consumer(q_ptr, o_ptr, lse_ptr, q_s, p_s, k_s, v_s, meta_s, full, empty, q_ready, q_row0, out_row0, split,
+    def _consumer(q_ptr, o_ptr, lse_ptr, q_s, p_s, k_s, v_s, meta_s, full, empty, q_row0, out_row0, split,
                   qk_scale, s_qh, s_or, s_os, s_lr, G: gl.constexpr, GN: gl.constexpr, BLOCK_N: gl.constexpr,
                   D: gl.constexpr, STAGES: gl.constexpr):
         """Transposed products, so the tokens fill wgmma's 64-row M and the G heads its small N (GN >= 8):
@@ -118,8 +118,7 @@ if HAVE_GLUON:
         qv = gl.load(q_ptr + q_row0 + offs_g[:, None] * s_qh + offs_d[None, :], mask=(offs_g < G)[:, None], other=0.0)
         q_s.store(qv)  # heads >= G are zero: their columns are never stored
         fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(q_ready, count=1)
+        gl.thread_barrier()  # every thread's part of q is stored before the warpgroup's wgmma reads it
         zero = gl.zeros([BLOCK_N, GN], gl.float32, st_l)
         m_i = gl.full([GN], float("-inf"), gl.float32, gl.SliceLayout(0, st_l))
         l_i = gl.zeros([GN], gl.float32, gl.SliceLayout(0, st_l))
@@ -188,22 +187,21 @@ if HAVE_GLUON:
         v_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], sl)
         gl.static_assert(D == 64 or D == 128, "D 64 or 128")
         q_s = gl.allocate_shared_memory(dtype, [GN, D], gl.NVMMASharedLayout.get_default_for([GN, D], dtype))
-        p_s = gl.allocate_shared_memory(dtype, [BLOCK_N, GN], gl.NVMMASharedLayout.get_default_for([BLOCK_N, GN], dtype))
+        p_s = gl.allocate_shared_memory(dtype, [BLOCK_N, GN],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, GN], dtype))
         meta_s = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(full.index(i), count=129)  # the producer's flag arrival + its 128 threads' copies
             mbarrier.init(empty.index(i), count=1)
-        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_ready, count=1)
         gl.warp_specialize([
-            (_consumer, (q_ptr, o_ptr, lse_ptr, q_s, p_s, k_s, v_s, meta_s, full, empty, q_ready,
+            (_consumer, (q_ptr, o_ptr, lse_ptr, q_s, p_s, k_s, v_s, meta_s, full, empty,
                          b * s_qb + h * G * s_qh, r * G, split, qk_scale, s_qh, s_or, s_os, s_lr, G, GN, BLOCK_N, D,
                          STAGES)),
             (_producer, (k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, drop_ptr + b * s_mb + h * s_mh,
-                         ctr_ptr + r * 2, k_s, v_s, meta_s, full, empty, q_ready, length, n_tiles, n_prog, s_kl, s_vl, s_ml,
-                         BLOCK_N, D, STAGES, HAS_DROP)),
+                         ctr_ptr + r * 2, k_s, v_s, meta_s, full, empty, length, n_tiles, n_prog, s_kl, s_vl,
+                         s_ml, BLOCK_N, D, STAGES, HAS_DROP)),
         ], [4], [PROD_REGS])
 
 
@@ -218,5 +216,5 @@ def steal_launch(q, k, v, drop_mask, kv_lens, kv_len, qk_scale, o_part, lse_part
         q, k, v, drop, kv_lens if kv_lens is not None else q, o_part, lse_part, ctr, Hkv, L, kv_len, qk_scale,
         q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], *ms,
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
-        G=Hq // Hkv, GN=max(8, triton.next_power_of_2(Hq // Hkv)), D=D, HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=use_gdc,
-        num_warps=4, **config, **({"launch_pdl": True} if use_gdc else {}))
+        G=Hq // Hkv, GN=max(8, triton.next_power_of_2(Hq // Hkv)), D=D, HAS_DROP=drop_mask is not None,
+        HAS_LENS=kv_lens is not None, USE_GDC=use_gdc, num_warps=4, **config, **({"launch_pdl": True} if use_gdc else {}))
