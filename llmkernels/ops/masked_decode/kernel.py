@@ -69,12 +69,17 @@ def _split_kernel(
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr,
     FUSED_MERGE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr,
+    LATE_TRIGGER: tl.constexpr,
 ):
     """Grid (splits, B * Hkv): program (s, b * Hkv + h) attends the G query heads of kv head h of sequence b to
     tiles s, s + S, ... of the row (INTERLEAVE; S splits) or to tokens [s * chunk, (s + 1) * chunk), and stores
     that part (normalised out; lse, -inf if empty). FUSED_MERGE: the row's last split to finish merges the row's
     parts into out / lse (a ticket per row, left at zero by the merging program for the next call)."""
-    pdl_enter(USE_GDC)
+    if LATE_TRIGGER:  # release the next kernel only once this program's part is stored
+        if USE_GDC:
+            tl.extra.cuda.gdc_wait()
+    else:
+        pdl_enter(USE_GDC)
     split = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     b = r // Hkv
@@ -94,6 +99,9 @@ def _split_kernel(
     row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, hi, step, qk_scale,
              s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
              G, BLOCK_G, D, BLOCK_N, HAS_DROP)
+    if LATE_TRIGGER:
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
     if FUSED_MERGE:
         tl.debug_barrier()  # every thread's part stores precede the ticket's release
         ticket = tl.atomic_add(ticket_ptr + r, 1, sem="acq_rel", scope="gpu")
@@ -217,7 +225,7 @@ def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float,
             G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n,
             HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl,
             INTERLEAVE=cfg["interleave"], FUSED_MERGE=tickets is not None, BLOCK_R=block_r, BLOCK_S=block_s,
-            CHUNK_S=chunk_s,
+            CHUNK_S=chunk_s, LATE_TRIGGER=cfg.get("trigger") == "late",
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             **({"launch_pdl": True} if pdl and cfg["pdl"] else {}),
         )
