@@ -73,39 +73,6 @@ def merge_row(
 
 
 @triton.jit
-def merge_group(o_ptr, lse_ptr, out_ptr, lse_out_ptr, r, S, s_or, s_os, s_lr,
-                G: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr,
-                D: tl.constexpr):
-    """Merge rows r * G .. r * G + G - 1 (S parts each; out [., D] and lse contiguous). The parts are read in
-    CHUNK_S-split slices with no store between them, so all their loads can be in flight at once: the program
-    that merges pays about one L2 round trip, not one per row. L2-only loads (.cg): other SMs wrote the parts."""
-    offs_r = tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, D)
-    rows = r * G + offs_r
-    rmask = offs_r < G
-    offs_s = tl.arange(0, BLOCK_S)
-    ls = tl.load(lse_ptr + rows[:, None] * s_lr + offs_s[None, :], mask=rmask[:, None] & (offs_s < S)[None, :],
-                 other=float("-inf"), cache_modifier=".cg")
-    m_all = tl.max(ls * 1.4426950408889634, axis=1)
-    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-    total = tl.sum(tl.exp2(ls * 1.4426950408889634 - m_safe[:, None]), axis=1)
-    acc = tl.zeros([BLOCK_R, D], tl.float32)
-    offs_c = tl.arange(0, CHUNK_S)
-    for s0 in tl.static_range(0, BLOCK_S, CHUNK_S):
-        smask = rmask[:, None] & (s0 + offs_c < S)[None, :]
-        lc = tl.load(lse_ptr + rows[:, None] * s_lr + (s0 + offs_c)[None, :], mask=smask, other=float("-inf"),
-                     cache_modifier=".cg")
-        o = tl.load(o_ptr + rows[:, None, None] * s_or + (s0 + offs_c)[None, :, None] * s_os + offs_d[None, None, :],
-                    mask=smask[:, :, None], other=0.0, cache_modifier=".cg")
-        w = tl.exp2(lc * 1.4426950408889634 - m_safe[:, None])
-        acc += tl.sum(tl.where((w > 0)[:, :, None], o, 0.0) * w[:, :, None], axis=1)  # zero-weight parts: anything
-    res = acc * tl.where(total > 0, 1.0 / total, 0.0)[:, None]
-    tl.store(out_ptr + rows[:, None] * D + offs_d[None, :], res.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
-    tl.store(lse_out_ptr + rows, tl.where(total > 0, (m_safe + tl.log2(total)) / 1.4426950408889634, float("-inf")),
-             mask=rmask)
-
-
-@triton.jit
 def _combine_kernel(
     o_ptr, lse_ptr, out_ptr, lse_out_ptr,
     S, D,

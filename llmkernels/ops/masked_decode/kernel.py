@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 from ..._runtime import interpreting, num_sms
-from ..combine.kernel import combine, merge_group, pdl_enabled, pdl_enter
+from ..combine.kernel import combine, pdl_enabled, pdl_enter
 from .steal_gluon import HAVE_GLUON, steal_launch
 
 
@@ -63,23 +63,16 @@ def row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, 
 
 @triton.jit
 def _split_kernel(
-    q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr, lse_out_ptr, ticket_ptr,
+    q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr,
     Hkv, L, kv_len, chunk, qk_scale,
     s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr,
-    FUSED_MERGE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr,
-    LATE_TRIGGER: tl.constexpr,
 ):
     """Grid (splits, B * Hkv): program (s, b * Hkv + h) attends the G query heads of kv head h of sequence b to
     tiles s, s + S, ... of the row (INTERLEAVE; S splits) or to tokens [s * chunk, (s + 1) * chunk), and stores
-    that part (normalised out; lse, -inf if empty). FUSED_MERGE: the row's last split to finish merges the row's
-    parts into out / lse (a ticket per row, left at zero by the merging program for the next call)."""
-    if LATE_TRIGGER:  # release the next kernel only once this program's part is stored
-        if USE_GDC:
-            tl.extra.cuda.gdc_wait()
-    else:
-        pdl_enter(USE_GDC)
+    that part (normalised out; lse, -inf if empty)."""
+    pdl_enter(USE_GDC)
     split = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     b = r // Hkv
@@ -99,16 +92,6 @@ def _split_kernel(
     row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, hi, step, qk_scale,
              s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
              G, BLOCK_G, D, BLOCK_N, HAS_DROP)
-    if LATE_TRIGGER:
-        if USE_GDC:
-            tl.extra.cuda.gdc_launch_dependents()
-    if FUSED_MERGE:
-        tl.debug_barrier()  # every thread's part stores precede the ticket's release
-        ticket = tl.atomic_add(ticket_ptr + r, 1, sem="acq_rel", scope="gpu")
-        if ticket == tl.num_programs(0) - 1:
-            tl.store(ticket_ptr + r, 0)
-            merge_group(o_ptr, lse_ptr, out_ptr, lse_out_ptr, r, tl.num_programs(0), s_or, s_os, s_lr,
-                        G, BLOCK_R, BLOCK_S, CHUNK_S, D)
 
 
 # Launch configuration (benchmarks/notes/masked_decode.md, sweep rounds 1-3 and 8 on the H100): B * Hkv * splits ~
@@ -145,17 +128,15 @@ _CAPTURE_POOL = {}  # device -> [int32 zeros, next free offset]: one slice per c
 _POOL_INTS = 1 << 18
 
 
-def _counters(device: torch.device, n: int):
-    """n zeroed int32 counters (the Gluon kernel's tile counters, the fused merge's tickets), or None (use the
-    kernel that needs none).
+def _counters(device: torch.device, rows: int):
+    """Zeroed tile counters [2 * rows] for the Gluon kernel, or None (use the Triton kernel).
 
     Every launch leaves its counters at zero again. Eager calls share one buffer per stream (stream order keeps
     them apart). A call captured into a CUDA graph gets its own slice of a pool zeroed before capture (graphs may
     be replayed concurrently on other streams), never reused; when the pool is used up, or a graph is captured
-    before any eager call made the pool, the call gets None. The interpreter gets fresh zeros.
+    before any eager call made the pool, the call uses the Triton kernel.
     """
-    if device.type != "cuda":
-        return torch.zeros(n, dtype=torch.int32, device=device)
+    n = 2 * rows
     if torch.cuda.is_current_stream_capturing():
         pool = _CAPTURE_POOL.get(device)
         if pool is None or pool[1] + n > pool[0].numel():
@@ -201,33 +182,25 @@ def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float,
     drop = drop_mask.view(torch.uint8) if drop_mask is not None else q
     ms = drop_mask.stride() if drop_mask is not None else (0, 0, 0)
     pdl = pdl_enabled(q.device)
-    ctr = _counters(q.device, 2 * B * Hkv) if steal and steal_usable(q, k, v) else None
+    ctr = _counters(q.device, B * Hkv) if steal and steal_usable(q, k, v) else None
     if ctr is not None:  # the steal kernel's own keys (config may override them), the rest stays with Triton's
         cfg = {key: (config or {}).get(key, val) for key, val in STEAL_CONFIG.items()}
     splits, chunk = _plan(B, Hkv, span, q.device, cfg["waves"])
     o_part = torch.empty(B * Hq, splits, D, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(B * Hq, splits, dtype=torch.float32, device=q.device)
-    # fused merge: the parts read in slices of <= 16K values (128 fp32 registers a thread at 4 warps), 8 at most
-    block_r, block_s = triton.next_power_of_2(G), triton.next_power_of_2(splits)
-    chunk_s = max(1, min(block_s, (128 * 128) // (block_r * D)))
-    tickets = None
-    if ctr is None and cfg.get("merge") == "fused" and splits > 1 and block_s <= 8 * chunk_s:
-        tickets = _counters(q.device, B * Hkv)
     if ctr is not None:
         steal_launch(q, k, v, drop_mask, kv_lens, kv_len, sm_scale * 1.4426950408889634, o_part, lse_part, ctr, pdl,
                      {key: val for key, val in cfg.items() if key != "waves"})
     else:
         _split_kernel[(splits, B * Hkv)](
-            q, k, v, drop, kv_lens if kv_lens is not None else q, o_part, lse_part, out, lse,
-            tickets if tickets is not None else lse_part, Hkv, L, kv_len, chunk, sm_scale * 1.4426950408889634,
+            q, k, v, drop, kv_lens if kv_lens is not None else q, o_part, lse_part,
+            Hkv, L, kv_len, chunk, sm_scale * 1.4426950408889634,
             q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], *ms,
             o_part.stride(0), o_part.stride(1), lse_part.stride(0),
             G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n,
             HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl,
-            INTERLEAVE=cfg["interleave"], FUSED_MERGE=tickets is not None, BLOCK_R=block_r, BLOCK_S=block_s,
-            CHUNK_S=chunk_s, LATE_TRIGGER=cfg.get("trigger") == "late",
+            INTERLEAVE=cfg["interleave"],
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             **({"launch_pdl": True} if pdl and cfg["pdl"] else {}),
         )
-    if tickets is None:
-        combine(o_part, lse_part, out.view(B * Hq, D), lse.view(B * Hq))
+    combine(o_part, lse_part, out.view(B * Hq, D), lse.view(B * Hq))
