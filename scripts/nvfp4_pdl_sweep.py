@@ -1,6 +1,8 @@
 """nvfp4_gemv v3 candidates on the GPU: programmatic dependent launch (PDL), persistent grid, layouts.
 
-Run from the repo root: `python scripts/nvfp4_pdl_sweep.py [budget_seconds]` (PYTHONPATH = repo root).
+Run from the repo root: `python scripts/nvfp4_pdl_sweep.py [budget_seconds] [--r5]` (PYTHONPATH = repo root).
+--r5: only the plan, the static_weights plan and that plan with the first tile's lookups done before the wait
+(`pre_decode`), plus the read-only streams.
 1. Probes whether PDL works eagerly and inside a captured CUDA graph (globaltimer stamps: the dependent
    kernel's entry must precede the primary's end, and its griddepcontrol.wait must return after it).
 2. Per shape (3 contest + 3 Llama): every variant on fresh full-range random inputs against the fp32 reference
@@ -28,7 +30,8 @@ from llmkernels.ops.nvfp4_gemv.reference import nvfp4_gemv_ref
 from llmkernels.ops.nvfp4_gemv.spec import GEMV_SHAPES, GEMV_TOL, gemv_bytes, make_inputs
 
 T0 = time.monotonic()
-BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 else 140.0
+BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else 140.0
+R5 = "--r5" in sys.argv
 OUT = os.environ.get("OUT")
 LOG = []
 
@@ -127,8 +130,11 @@ def read_call(x, pdl):
 
 # ---- variants ----------------------------------------------------------------------------------------------
 
-def variants(plan, KB):
+def variants(plan, KB, static=None):
     """(name, cfg or None for the plan itself); every key is documented in gemv_plan."""
+    if R5:
+        return [("plan", dict(plan)), ("static", dict(static)), ("static pre_decode", {**static, "pre_decode": True}),
+                ("static #2", dict(static)), ("static pre_decode #2", {**static, "pre_decode": True})]
     nw = plan["num_warps"]
     pdl = lambda pre, trig, **kw: {**plan, "pdl": True, "pre": pre, "trigger": trig, **kw}  # noqa: E731
     v = [("plan", dict(plan)),
@@ -170,7 +176,8 @@ def main():
         plan = gemv_plan(M, K // 16, L, dev)
         base_out = None
         log(f"-- M={M} K={K} L={L}: floor {floor_us:.2f} us, {sets} input sets, plan {plan}")
-        todo = [(n, c) for n, c in variants(plan, K // 16)] + [("read-only", "read"), ("read-only pdl", "read-pdl")]
+        static = gemv_plan(M, K // 16, L, dev, static_weights=True)
+        todo = [(n, c) for n, c in variants(plan, K // 16, static)] + [("read-only", "read"), ("read-only pdl", "read-pdl")]
         for name, cfg in todo:
             if time.monotonic() - T0 > BUDGET:
                 log(f"   {name:<30} skipped (budget {BUDGET:.0f} s spent)")
