@@ -32,6 +32,7 @@ from llmkernels.ops.nvfp4_gemv.spec import GEMV_SHAPES, GEMV_TOL, gemv_bytes, ma
 T0 = time.monotonic()
 BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else 140.0
 R5 = "--r5" in sys.argv
+RING = "--ring" in sys.argv
 OUT = os.environ.get("OUT")
 LOG = []
 
@@ -132,6 +133,16 @@ def read_call(x, pdl):
 
 def variants(plan, KB, static=None):
     """(name, cfg or None for the plan itself); every key is documented in gemv_plan."""
+    if RING:  # the Gluon ring kernel (gemv_gluon.py): no PDL, and static (PDL, ring filled before the wait)
+        ring = lambda **kw: {**plan, "kernel": "gluon", **kw}  # noqa: E731
+        st = lambda **kw: ring(pdl=True, static=True, **kw)  # noqa: E731
+        return [("plan", dict(plan)), ("static", dict(static)),
+                ("ring BM4 S6", ring()), ("ring BM8 S6", ring(BM=8)), ("ring BM4 S12", ring(STAGES=12)),
+                ("ring BM8 S8 3cta", ring(BM=8, STAGES=8, ctas_per_sm=3)),
+                ("ring static BM4 S6", st()), ("ring static BM8 S6", st(BM=8)), ("ring static BM4 S12", st(STAGES=12)),
+                ("ring static BM8 S8 3cta", st(BM=8, STAGES=8, ctas_per_sm=3)),
+                ("ring static BM4 S6 1cta", st(ctas_per_sm=1)), ("ring static BM8 S4 4cta", st(BM=8, STAGES=4, ctas_per_sm=4)),
+                ("static #2", dict(static)), ("ring static BM4 S6 #2", st())]
     if R5:
         return [("plan", dict(plan)), ("static", dict(static)), ("static pre_decode", {**static, "pre_decode": True}),
                 ("static #2", dict(static)), ("static pre_decode #2", {**static, "pre_decode": True})]
@@ -167,6 +178,21 @@ def main():
     if not all(p.get("overlap") for p in probe.values()):
         log("WARNING: PDL did not overlap in every mode: the pdl rows below may measure plain launches")
     rows = []
+    if RING:  # odd shapes first: rows not a multiple of BM, a partial last K tile, L > 1, alpha
+        for M, K, L in [(1001, 1536, 3), (5, 64, 2), (4099, 7168, 1), (130, 16384, 4)]:
+            x = make_inputs(M, K, L, dev)
+            ref = nvfp4_gemv_ref(x["a"], x["b"], x["sfa"], x["sfb"]) * 0.75
+            a, b, sa, sb = (x[k].view(torch.uint8) for k in ("a", "b", "sfa", "sfb"))
+            base = torch.full_like(x["c"], float("nan"))
+            gemv_launch(a, b, sa, sb, base, 0.75)
+            for name, cfg in variants(gemv_plan(M, K // 16, L, dev), K // 16,
+                                      gemv_plan(M, K // 16, L, dev, static_weights=True))[2:12]:
+                out = torch.full_like(x["c"], float("nan"))
+                gemv_launch(a, b, sa, sb, out, 0.75, cfg=cfg)
+                torch.cuda.synchronize()
+                err = rel_err(out, ref)
+                log(f"   check {M}x{K}x{L} {name:<26} err {err:.1e} {'ok' if err <= GEMV_TOL else 'WRONG'}  "
+                    f"bitwise vs plan {bool(torch.equal(out, base))}")
     for M, K, L in GEMV_SHAPES:
         nbytes = gemv_bytes(M, K, L)
         floor_us = nbytes / bw * 1e6

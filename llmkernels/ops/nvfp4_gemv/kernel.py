@@ -442,6 +442,11 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
     b64 = _blocks(b8[:1])[:, 0]
     sb8 = sb8[0]
     cfg = cfg or gemv_plan(M, KB, L, a8.device, static_weights)
+    if cfg.get("kernel") == "gluon":  # opt-in sm_90 ring kernel (gemv_gluon.py); falls through where unusable
+        from .gemv_gluon import ring_launch, ring_usable
+        if ring_usable(a64, sa8, sb8):
+            pdl = bool(cfg.get("pdl", False)) and pdl_enabled(a8.device)
+            return ring_launch(a64, sa8, b64, sb8, out, alpha, pdl, static_weights or bool(cfg.get("static")), cfg)
     BM, BB = cfg["BM"], cfg["BB"]
     per = -(-(-(-KB // cfg["split"])) // BB) * BB  # blocks per split, a multiple of BB
     split = -(-KB // per)

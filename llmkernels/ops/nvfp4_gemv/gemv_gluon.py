@@ -1,0 +1,139 @@
+"""NVFP4 GEMV for Hopper in Gluon: persistent programs stream their weight tiles through a cp.async ring in
+shared memory, so loads of the next tiles are in flight while the current one is decoded, and (with
+static_weights, under programmatic dependent launch) the ring is filled before griddepcontrol.wait.
+
+Same arithmetic as kernel.py's asm path (prmt lookups, dp4a block sums, fp32 scaling and accumulation in the
+same per-thread order), so results are bit-identical to it. Experimental, opt-in (cfg {"kernel": "gluon"}).
+Gluon has no interpreter: kernel.py is the portable path and what CPU tests cover; this one is tested on the GPU.
+"""
+import torch
+import triton
+
+from ..._gluon import HAVE_GLUON, async_copy, gl, gluon
+from ..._runtime import interpreting, num_sms
+from .kernel import _asm_a, _asm_b
+
+if HAVE_GLUON:
+    _ASM_A = gl.constexpr(_asm_a())
+    _ASM_B = gl.constexpr(_asm_b())
+
+    @gluon.jit
+    def _gdc(asm: gl.constexpr):
+        gl.inline_asm_elementwise(asm + " // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _issue(a_ptr, sa_ptr, a_s, sa_s, j, n_items, g0, NK, gpl, M, KB, s_al, s_am, s_sal, s_sam,
+               BM: gl.constexpr, BKB: gl.constexpr, STAGES: gl.constexpr, a_l: gl.constexpr, s_l: gl.constexpr):
+        """cp.async item j (row group g0 + j // NK, K tile j % NK) into ring slot j % STAGES; one commit group
+        per item, empty past the end, so wait_group counts stay uniform."""
+        g = g0 + j // NK
+        kt = j % NK
+        l = (g // gpl).to(gl.int64)
+        m0 = (g % gpl) * BM
+        slot = j % STAGES
+        rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, a_l))
+        cols = kt * BKB + gl.arange(0, BKB, layout=gl.SliceLayout(0, a_l))
+        ok = ((rows < M)[:, None] & (cols < KB)[None, :]) & (j < n_items)
+        async_copy.async_copy_global_to_shared(
+            a_s.index(slot), a_ptr + l * s_al + rows[:, None].to(gl.int64) * s_am + cols[None, :], mask=ok)
+        rows_s = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_l))
+        cols_s = kt * BKB + gl.arange(0, BKB, layout=gl.SliceLayout(0, s_l))
+        ok_s = ((rows_s < M)[:, None] & (cols_s < KB)[None, :]) & (j < n_items)
+        async_copy.async_copy_global_to_shared(
+            sa_s.index(slot), sa_ptr + l * s_sal + rows_s[:, None].to(gl.int64) * s_sam + cols_s[None, :], mask=ok_s)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _gemv_ring_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, alpha,
+                          M, KB, n_groups, per_prog, gpl, s_al, s_am, s_sal, s_sam, s_bl, s_sbl, s_om, s_ol,
+                          BM: gl.constexpr, BKB: gl.constexpr, STAGES: gl.constexpr, WM: gl.constexpr,
+                          USE_GDC: gl.constexpr, STATIC: gl.constexpr):
+        """Program p owns row groups [p * per_prog, ...) (BM rows of one batch l each) x all K tiles of BKB blocks.
+        a_ptr int64 blocks [L, M, KB] (strides s_al, s_am, 1); sa_ptr uint8 [L, M, KB] (s_sal, s_sam, 1);
+        b_ptr int64 [L, KB] (s_bl, 1); sb_ptr uint8 [L, KB] (s_sbl, 1); out[m * s_om + l * s_ol] fp16."""
+        WK: gl.constexpr = gl.num_warps() // WM
+        gl.static_assert(BKB == 64 * WK, "a warp spans 64 blocks along K")
+        # compute layout = a's copy layout: 2 blocks (16 bytes) per thread, warps WM x WK; the scales copy in 4 bytes
+        a_l: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [WM, WK], [1, 0])
+        s_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [WM, WK], [1, 0])
+        flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        a_s = gl.allocate_shared_memory(gl.int64, [STAGES, BM, BKB], flat)
+        sa_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BM, BKB], flat)
+        if USE_GDC:
+            if STATIC:  # weights are never written by a kernel still running: the next call may start at once
+                _gdc("griddepcontrol.launch_dependents;")
+            else:
+                _gdc("griddepcontrol.wait;")
+        NK = gl.cdiv(KB, BKB)
+        g0 = gl.program_id(0) * per_prog
+        n_items = (gl.minimum(g0 + per_prog, n_groups) - g0) * NK
+        for j in gl.static_range(STAGES - 1):
+            _issue(a_ptr, sa_ptr, a_s, sa_s, j, n_items, g0, NK, gpl, M, KB, s_al, s_am, s_sal, s_sam,
+                   BM, BKB, STAGES, a_l, s_l)
+        if USE_GDC:
+            if STATIC:  # activations and the output only after the preceding kernel is done
+                _gdc("griddepcontrol.wait;")
+            else:
+                _gdc("griddepcontrol.launch_dependents;")
+        offs_m = gl.arange(0, BM, layout=gl.SliceLayout(1, a_l))
+        offs_k = gl.arange(0, BKB, layout=gl.SliceLayout(0, a_l))
+        acc = gl.zeros([BM, BKB], gl.float32, a_l)
+        for j in range(n_items):
+            async_copy.wait_group(STAGES - 2)  # this thread's copies of item j have landed
+            gl.thread_barrier()  # everyone's have, and everyone is done reading the slot refilled next
+            _issue(a_ptr, sa_ptr, a_s, sa_s, j + STAGES - 1, n_items, g0, NK, gpl, M, KB, s_al, s_am, s_sal, s_sam,
+                   BM, BKB, STAGES, a_l, s_l)
+            a = a_s.index(j % STAGES).load(a_l)
+            sa = sa_s.index(j % STAGES).load(a_l)
+            g = g0 + j // NK
+            kt = j % NK
+            l = (g // gpl).to(gl.int64)
+            cols = kt * BKB + offs_k
+            b = gl.load(b_ptr + l * s_bl + cols, mask=cols < KB, other=0)[None, :]
+            sb = gl.load(sb_ptr + l * s_sbl + cols, mask=cols < KB, other=0)[None, :]
+            b0, b1, b2, b3, n0, n1, n2, n3 = gl.inline_asm_elementwise(
+                _ASM_B, "=r,=r,=r,=r,=r,=r,=r,=r,l", [b],
+                dtype=(gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32),
+                is_pure=True, pack=1)
+            dot = gl.inline_asm_elementwise(_ASM_A, "=r,l,r,r,r,r,r,r,r,r", [a, b0, b1, b2, b3, n0, n1, n2, n3],
+                                            dtype=gl.int32, is_pure=True, pack=1)
+            scale = sa.to(gl.float8e4nv, bitcast=True).to(gl.float32) * (
+                sb.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 0.25)
+            acc += dot.to(gl.float32) * scale
+            if kt == NK - 1:
+                rows = (g % gpl) * BM + offs_m
+                total = gl.sum(acc, axis=1)
+                gl.store(out_ptr + rows * s_om + l * s_ol, (total * alpha).to(gl.float16), mask=rows < M)
+                acc = gl.zeros([BM, BKB], gl.float32, a_l)
+        async_copy.wait_group(0)
+
+
+RING_CONFIG = {"BM": 4, "BKB": 128, "STAGES": 6, "WM": 2, "num_warps": 4, "ctas_per_sm": 2}
+
+
+def ring_usable(a64, sa8, sb8) -> bool:
+    """sm_90 with Gluon; scales unit-stride along K and 4-byte aligned rows (4-byte cp.async)."""
+    if not HAVE_GLUON or interpreting() or a64.device.type != "cuda":
+        return False
+    if torch.cuda.get_device_capability(a64.device) != (9, 0):
+        return False
+    return (sa8.stride(1) == 1 and sa8.stride(0) % 4 == 0 and sa8.stride(2) % 4 == 0 and sa8.data_ptr() % 4 == 0
+            and a64.stride(2) == 1 and a64.data_ptr() % 16 == 0 and sb8.stride(0) == 1)
+
+
+def ring_launch(a64, sa8, b64, sb8, out, alpha: float, pdl: bool, static: bool, cfg: dict):
+    """a64 int64 [L, M, KB]; sa8 uint8 [M, KB, L]; b64 int64 [L, KB]; sb8 uint8 [KB, L]; out fp16 [M, 1, L]."""
+    L, M, KB = a64.shape
+    c = {**RING_CONFIG, **{k: v for k, v in cfg.items() if k in RING_CONFIG}}
+    gpl = triton.cdiv(M, c["BM"])
+    n_groups = gpl * L
+    slots = c["ctas_per_sm"] * num_sms(a64.device)
+    per = triton.cdiv(n_groups, slots)  # equal work: fewer programs than slots rather than a short last one
+    grid = (triton.cdiv(n_groups, per),)
+    _gemv_ring_kernel[grid](
+        a64, sa8, b64, sb8, out, alpha, M, KB, n_groups, per, gpl,
+        a64.stride(0), a64.stride(1), sa8.stride(2), sa8.stride(0), b64.stride(0), sb8.stride(1),
+        out.stride(0), out.stride(2),
+        BM=c["BM"], BKB=c["BKB"], STAGES=c["STAGES"], WM=c["WM"], USE_GDC=pdl, STATIC=static,
+        num_warps=c["num_warps"], **({"launch_pdl": True} if pdl else {}))
+    return out
