@@ -134,7 +134,7 @@ def read_call(x, pdl):
 def variants(plan, KB, static=None):
     """(name, cfg or None for the plan itself); every key is documented in gemv_plan."""
     if RING:  # the Gluon ring kernel (gemv_gluon.py): no PDL, and static (PDL, ring filled before the wait)
-        ring = lambda **kw: {**plan, "kernel": "gluon", **kw}  # noqa: E731
+        ring = lambda **kw: {"kernel": "gluon", **kw}  # noqa: E731
         st = lambda **kw: ring(pdl=True, static=True, **kw)  # noqa: E731
         return [("plan", dict(plan)), ("static", dict(static)),
                 ("ring BM4 S6", ring()), ("ring BM8 S6", ring(BM=8)), ("ring BM4 S12", ring(STAGES=12)),

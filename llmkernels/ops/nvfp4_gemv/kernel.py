@@ -447,6 +447,7 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
         if ring_usable(a64, sa8, sb8):
             pdl = bool(cfg.get("pdl", False)) and pdl_enabled(a8.device)
             return ring_launch(a64, sa8, b64, sb8, out, alpha, pdl, static_weights or bool(cfg.get("static")), cfg)
+        cfg = gemv_plan(M, KB, L, a8.device, static_weights)
     BM, BB = cfg["BM"], cfg["BB"]
     per = -(-(-(-KB // cfg["split"])) // BB) * BB  # blocks per split, a multiple of BB
     split = -(-KB // per)
