@@ -112,12 +112,14 @@ RING_CONFIG = {"BM": 4, "BKB": 128, "STAGES": 6, "WM": 2, "num_warps": 4, "ctas_
 
 
 def ring_usable(a64, sa8, sb8) -> bool:
-    """sm_90 with Gluon; scales unit-stride along K and 4-byte aligned rows (4-byte cp.async)."""
+    """sm_90 with Gluon; scales unit-stride along K with 16-divisible row and batch strides and a 16-byte aligned
+    base (Triton proves the 4-byte cp.async alignment only from 16-divisibility): K % 256 == 0 in the contest
+    layout."""
     if not HAVE_GLUON or interpreting() or a64.device.type != "cuda":
         return False
     if torch.cuda.get_device_capability(a64.device) != (9, 0):
         return False
-    return (sa8.stride(1) == 1 and sa8.stride(0) % 4 == 0 and sa8.stride(2) % 4 == 0 and sa8.data_ptr() % 4 == 0
+    return (sa8.stride(1) == 1 and sa8.stride(0) % 16 == 0 and sa8.stride(2) % 16 == 0 and sa8.data_ptr() % 16 == 0
             and a64.stride(2) == 1 and a64.data_ptr() % 16 == 0 and sb8.stride(0) == 1)
 
 
