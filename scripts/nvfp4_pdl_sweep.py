@@ -137,12 +137,14 @@ def variants(plan, KB, static=None):
         ring = lambda **kw: {"kernel": "gluon", **kw}  # noqa: E731
         st = lambda **kw: ring(pdl=True, static=True, **kw)  # noqa: E731
         return [("plan", dict(plan)), ("static", dict(static)),
-                ("ring BM4 S6", ring()), ("ring BM8 S6", ring(BM=8)), ("ring BM4 S12", ring(STAGES=12)),
-                ("ring BM8 S8 3cta", ring(BM=8, STAGES=8, ctas_per_sm=3)),
-                ("ring static BM4 S6", st()), ("ring static BM8 S6", st(BM=8)), ("ring static BM4 S12", st(STAGES=12)),
-                ("ring static BM8 S8 3cta", st(BM=8, STAGES=8, ctas_per_sm=3)),
-                ("ring static BM4 S6 1cta", st(ctas_per_sm=1)), ("ring static BM8 S4 4cta", st(BM=8, STAGES=4, ctas_per_sm=4)),
-                ("static #2", dict(static)), ("ring static BM4 S6 #2", st())]
+                ("ring BM16 S4", ring()), ("ring BM8 S6", ring(BM=8, STAGES=6)), ("ring BM16 S6", ring(STAGES=6)),
+                ("ring BM32 8w S4 1cta", ring(BM=32, WM=4, num_warps=8, ctas_per_sm=1)),
+                ("ring BM16 S3 3cta", ring(STAGES=3, ctas_per_sm=3)),
+                ("ring static BM16 S4", st()), ("ring static BM8 S6", st(BM=8, STAGES=6)),
+                ("ring static BM16 S6", st(STAGES=6)),
+                ("ring static BM32 8w S4 1cta", st(BM=32, WM=4, num_warps=8, ctas_per_sm=1)),
+                ("ring static BM16 S3 3cta", st(STAGES=3, ctas_per_sm=3)),
+                ("static #2", dict(static)), ("ring static BM16 S4 #2", st())]
     if R5:
         return [("plan", dict(plan)), ("static", dict(static)), ("static pre_decode", {**static, "pre_decode": True}),
                 ("static #2", dict(static)), ("static pre_decode #2", {**static, "pre_decode": True})]

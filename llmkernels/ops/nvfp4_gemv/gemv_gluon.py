@@ -22,26 +22,34 @@ if HAVE_GLUON:
         gl.inline_asm_elementwise(asm + " // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
-    def _issue(a_ptr, sa_ptr, a_s, sa_s, j, n_items, g0, NK, gpl, M, KB, s_al, s_am, s_sal, s_sam,
-               BM: gl.constexpr, BKB: gl.constexpr, STAGES: gl.constexpr, a_l: gl.constexpr, s_l: gl.constexpr):
-        """cp.async item j (row group g0 + j // NK, K tile j % NK) into ring slot j % STAGES; one commit group
-        per item, empty past the end, so wait_group counts stay uniform."""
-        g = g0 + j // NK
-        kt = j % NK
-        l = (g // gpl).to(gl.int64)
-        m0 = (g % gpl) * BM
-        slot = j % STAGES
+    def _issue(a_ptr, sa_ptr, a_s, sa_s, slot, valid, l, m0, kt, M, KB, s_al, s_am, s_sal, s_sam,
+               BM: gl.constexpr, BKB: gl.constexpr, a_l: gl.constexpr, s_l: gl.constexpr):
+        """cp.async the tile (batch l, rows m0.., K tile kt) into ring slot `slot`; one commit group per tile, empty
+        when not valid, so wait_group counts stay uniform."""
         rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, a_l))
         cols = kt * BKB + gl.arange(0, BKB, layout=gl.SliceLayout(0, a_l))
-        ok = ((rows < M)[:, None] & (cols < KB)[None, :]) & (j < n_items)
+        ok = ((rows < M)[:, None] & (cols < KB)[None, :]) & valid
         async_copy.async_copy_global_to_shared(
             a_s.index(slot), a_ptr + l * s_al + rows[:, None].to(gl.int64) * s_am + cols[None, :], mask=ok)
         rows_s = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_l))
         cols_s = kt * BKB + gl.arange(0, BKB, layout=gl.SliceLayout(0, s_l))
-        ok_s = ((rows_s < M)[:, None] & (cols_s < KB)[None, :]) & (j < n_items)
+        ok_s = ((rows_s < M)[:, None] & (cols_s < KB)[None, :]) & valid
         async_copy.async_copy_global_to_shared(
             sa_s.index(slot), sa_ptr + l * s_sal + rows_s[:, None].to(gl.int64) * s_sam + cols_s[None, :], mask=ok_s)
         async_copy.commit_group()
+
+    @gluon.jit
+    def _advance(l, m0, kt, NK, M, BM: gl.constexpr):
+        """The next tile in a program's order (K tiles of a row group, then the next group, then the next batch),
+        without divisions."""
+        kt += 1
+        if kt == NK:
+            kt = 0
+            m0 += BM
+            if m0 >= M:
+                m0 = 0
+                l += 1
+        return l, m0, kt
 
     @gluon.jit
     def _gemv_ring_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, alpha,
@@ -67,9 +75,16 @@ if HAVE_GLUON:
         NK = gl.cdiv(KB, BKB)
         g0 = gl.program_id(0) * per_prog
         n_items = (gl.minimum(g0 + per_prog, n_groups) - g0) * NK
+        l = g0 // gpl  # consumer position
+        m0 = (g0 % gpl) * BM
+        kt = 0
+        il = l  # producer position, STAGES - 1 tiles ahead
+        im0 = m0
+        ikt = 0
         for j in gl.static_range(STAGES - 1):
-            _issue(a_ptr, sa_ptr, a_s, sa_s, j, n_items, g0, NK, gpl, M, KB, s_al, s_am, s_sal, s_sam,
-                   BM, BKB, STAGES, a_l, s_l)
+            _issue(a_ptr, sa_ptr, a_s, sa_s, j, j < n_items, il.to(gl.int64), im0, ikt, M, KB, s_al, s_am, s_sal,
+                   s_sam, BM, BKB, a_l, s_l)
+            il, im0, ikt = _advance(il, im0, ikt, NK, M, BM)
         if USE_GDC:
             if STATIC:  # activations and the output only after the preceding kernel is done
                 _gdc("griddepcontrol.wait;")
@@ -78,19 +93,22 @@ if HAVE_GLUON:
         offs_m = gl.arange(0, BM, layout=gl.SliceLayout(1, a_l))
         offs_k = gl.arange(0, BKB, layout=gl.SliceLayout(0, a_l))
         acc = gl.zeros([BM, BKB], gl.float32, a_l)
+        slot = 0
+        islot = STAGES - 1
         for j in range(n_items):
-            async_copy.wait_group(STAGES - 2)  # this thread's copies of item j have landed
+            async_copy.wait_group(STAGES - 2)  # this thread's copies of tile j have landed
             gl.thread_barrier()  # everyone's have, and everyone is done reading the slot refilled next
-            _issue(a_ptr, sa_ptr, a_s, sa_s, j + STAGES - 1, n_items, g0, NK, gpl, M, KB, s_al, s_am, s_sal, s_sam,
-                   BM, BKB, STAGES, a_l, s_l)
-            a = a_s.index(j % STAGES).load(a_l)
-            sa = sa_s.index(j % STAGES).load(a_l)
-            g = g0 + j // NK
-            kt = j % NK
-            l = (g // gpl).to(gl.int64)
+            _issue(a_ptr, sa_ptr, a_s, sa_s, islot, j + STAGES - 1 < n_items, il.to(gl.int64), im0, ikt, M, KB,
+                   s_al, s_am, s_sal, s_sam, BM, BKB, a_l, s_l)
+            il, im0, ikt = _advance(il, im0, ikt, NK, M, BM)
+            islot = gl.where(islot == STAGES - 1, 0, islot + 1)
+            a = a_s.index(slot).load(a_l)
+            sa = sa_s.index(slot).load(a_l)
+            slot = gl.where(slot == STAGES - 1, 0, slot + 1)
+            l64 = l.to(gl.int64)
             cols = kt * BKB + offs_k
-            b = gl.load(b_ptr + l * s_bl + cols, mask=cols < KB, other=0)[None, :]
-            sb = gl.load(sb_ptr + l * s_sbl + cols, mask=cols < KB, other=0)[None, :]
+            b = gl.load(b_ptr + l64 * s_bl + cols, mask=cols < KB, other=0)[None, :]
+            sb = gl.load(sb_ptr + l64 * s_sbl + cols, mask=cols < KB, other=0)[None, :]
             b0, b1, b2, b3, n0, n1, n2, n3 = gl.inline_asm_elementwise(
                 _ASM_B, "=r,=r,=r,=r,=r,=r,=r,=r,l", [b],
                 dtype=(gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32, gl.int32),
@@ -101,14 +119,15 @@ if HAVE_GLUON:
                 sb.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 0.25)
             acc += dot.to(gl.float32) * scale
             if kt == NK - 1:
-                rows = (g % gpl) * BM + offs_m
+                rows = m0 + offs_m
                 total = gl.sum(acc, axis=1)
-                gl.store(out_ptr + rows * s_om + l * s_ol, (total * alpha).to(gl.float16), mask=rows < M)
+                gl.store(out_ptr + rows * s_om + l64 * s_ol, (total * alpha).to(gl.float16), mask=rows < M)
                 acc = gl.zeros([BM, BKB], gl.float32, a_l)
+            l, m0, kt = _advance(l, m0, kt, NK, M, BM)
         async_copy.wait_group(0)
 
 
-RING_CONFIG = {"BM": 4, "BKB": 128, "STAGES": 6, "WM": 2, "num_warps": 4, "ctas_per_sm": 2}
+RING_CONFIG = {"BM": 16, "BKB": 128, "STAGES": 4, "WM": 2, "num_warps": 4, "ctas_per_sm": 2}
 
 
 def ring_usable(a64, sa8, sb8) -> bool:
