@@ -54,16 +54,16 @@ if HAVE_GLUON:
     @gluon.jit
     def _gemv_ring_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, alpha,
                           M, KB, n_groups, per_prog, gpl, s_al, s_am, s_sal, s_sam, s_bl, s_sbl, s_om, s_ol,
-                          BM: gl.constexpr, BKB: gl.constexpr, STAGES: gl.constexpr, WM: gl.constexpr,
+                          BM: gl.constexpr, BKB: gl.constexpr, STAGES: gl.constexpr,
                           USE_GDC: gl.constexpr, STATIC: gl.constexpr):
         """Program p owns row groups [p * per_prog, ...) (BM rows of one batch l each) x all K tiles of BKB blocks.
         a_ptr int64 blocks [L, M, KB] (strides s_al, s_am, 1); sa_ptr uint8 [L, M, KB] (s_sal, s_sam, 1);
         b_ptr int64 [L, KB] (s_bl, 1); sb_ptr uint8 [L, KB] (s_sbl, 1); out[m * s_om + l * s_ol] fp16."""
-        WK: gl.constexpr = gl.num_warps() // WM
-        gl.static_assert(BKB == 64 * WK, "a warp spans 64 blocks along K")
-        # compute layout = a's copy layout: 2 blocks (16 bytes) per thread, warps WM x WK; the scales copy in 4 bytes
-        a_l: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [WM, WK], [1, 0])
-        s_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [WM, WK], [1, 0])
+        gl.static_assert(BKB == 128, "a warp spans 128 blocks along K, 4 per thread")
+        # every thread copies exactly the bytes it later reads (4 blocks = 32 bytes of a, 4 bytes of scales, per
+        # row), so its own wait_group is all the synchronisation the ring needs: no CTA barrier, warps run free
+        a_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
+        s_l: gl.constexpr = a_l
         flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         a_s = gl.allocate_shared_memory(gl.int64, [STAGES, BM, BKB], flat)
         sa_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BM, BKB], flat)
@@ -97,7 +97,6 @@ if HAVE_GLUON:
         islot = STAGES - 1
         for j in range(n_items):
             async_copy.wait_group(STAGES - 2)  # this thread's copies of tile j have landed
-            gl.thread_barrier()  # everyone's have, and everyone is done reading the slot refilled next
             _issue(a_ptr, sa_ptr, a_s, sa_s, islot, j + STAGES - 1 < n_items, il.to(gl.int64), im0, ikt, M, KB,
                    s_al, s_am, s_sal, s_sam, BM, BKB, a_l, s_l)
             il, im0, ikt = _advance(il, im0, ikt, NK, M, BM)
@@ -127,7 +126,7 @@ if HAVE_GLUON:
         async_copy.wait_group(0)
 
 
-RING_CONFIG = {"BM": 16, "BKB": 128, "STAGES": 4, "WM": 2, "num_warps": 4, "ctas_per_sm": 2}
+RING_CONFIG = {"BM": 8, "BKB": 128, "STAGES": 4, "num_warps": 4, "ctas_per_sm": 4}
 
 
 def ring_usable(a64, sa8, sb8) -> bool:
@@ -155,6 +154,6 @@ def ring_launch(a64, sa8, b64, sb8, out, alpha: float, pdl: bool, static: bool, 
         a64, sa8, b64, sb8, out, alpha, M, KB, n_groups, per, gpl,
         a64.stride(0), a64.stride(1), sa8.stride(2), sa8.stride(0), b64.stride(0), sb8.stride(1),
         out.stride(0), out.stride(2),
-        BM=c["BM"], BKB=c["BKB"], STAGES=c["STAGES"], WM=c["WM"], USE_GDC=pdl, STATIC=static,
+        BM=c["BM"], BKB=c["BKB"], STAGES=c["STAGES"], USE_GDC=pdl, STATIC=static,
         num_warps=c["num_warps"], **({"launch_pdl": True} if pdl else {}))
     return out
