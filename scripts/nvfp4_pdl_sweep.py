@@ -1,8 +1,6 @@
 """nvfp4_gemv v3 candidates on the GPU: programmatic dependent launch (PDL), persistent grid, layouts.
 
-Run from the repo root: `python scripts/nvfp4_pdl_sweep.py [budget_seconds] [--r5]` (PYTHONPATH = repo root).
---r5: only the plan, the static_weights plan and that plan with the first tile's lookups done before the wait
-(`pre_decode`), plus the read-only streams.
+Run from the repo root: `python scripts/nvfp4_pdl_sweep.py [budget_seconds]` (PYTHONPATH = repo root).
 1. Probes whether PDL works eagerly and inside a captured CUDA graph (globaltimer stamps: the dependent
    kernel's entry must precede the primary's end, and its griddepcontrol.wait must return after it).
 2. Per shape (3 contest + 3 Llama): every variant on fresh full-range random inputs against the fp32 reference
@@ -30,9 +28,7 @@ from llmkernels.ops.nvfp4_gemv.reference import nvfp4_gemv_ref
 from llmkernels.ops.nvfp4_gemv.spec import GEMV_SHAPES, GEMV_TOL, gemv_bytes, make_inputs
 
 T0 = time.monotonic()
-BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else 140.0
-R5 = "--r5" in sys.argv
-RING = "--ring" in sys.argv
+BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 else 140.0
 OUT = os.environ.get("OUT")
 LOG = []
 
@@ -131,20 +127,8 @@ def read_call(x, pdl):
 
 # ---- variants ----------------------------------------------------------------------------------------------
 
-def variants(plan, KB, static=None):
+def variants(plan, KB):
     """(name, cfg or None for the plan itself); every key is documented in gemv_plan."""
-    if RING:  # the Gluon ring kernel (gemv_gluon.py): no PDL, and static (PDL, ring filled before the wait)
-        ring = lambda **kw: {"kernel": "gluon", **kw}  # noqa: E731
-        st = lambda **kw: ring(pdl=True, static=True, **kw)  # noqa: E731
-        return [("plan", dict(plan)), ("static", dict(static)),
-                ("ring BM8 S4 4cta", ring()), ("ring BM8 S6 4cta", ring(STAGES=6)), ("ring BM16 S4 3cta", ring(BM=16, ctas_per_sm=3)),
-                ("ring BM4 S8 6cta", ring(BM=4, STAGES=8, ctas_per_sm=6)),
-                ("ring static BM8 S4 4cta", st()), ("ring static BM8 S6 4cta", st(STAGES=6)),
-                ("ring static BM16 S4 3cta", st(BM=16, ctas_per_sm=3)), ("ring static BM4 S8 6cta", st(BM=4, STAGES=8, ctas_per_sm=6)),
-                ("static #2", dict(static)), ("ring static BM8 S4 4cta #2", st())]
-    if R5:
-        return [("plan", dict(plan)), ("static", dict(static)), ("static pre_decode", {**static, "pre_decode": True}),
-                ("static #2", dict(static)), ("static pre_decode #2", {**static, "pre_decode": True})]
     nw = plan["num_warps"]
     pdl = lambda pre, trig, **kw: {**plan, "pdl": True, "pre": pre, "trigger": trig, **kw}  # noqa: E731
     v = [("plan", dict(plan)),
@@ -177,21 +161,6 @@ def main():
     if not all(p.get("overlap") for p in probe.values()):
         log("WARNING: PDL did not overlap in every mode: the pdl rows below may measure plain launches")
     rows = []
-    if RING:  # odd shapes first: rows not a multiple of BM, a partial last K tile, L > 1, alpha
-        for M, K, L in [(1001, 1536, 3), (5, 64, 2), (4099, 7168, 1), (130, 16384, 4)]:
-            x = make_inputs(M, K, L, dev)
-            ref = nvfp4_gemv_ref(x["a"], x["b"], x["sfa"], x["sfb"]) * 0.75
-            a, b, sa, sb = (x[k].view(torch.uint8) for k in ("a", "b", "sfa", "sfb"))
-            base = torch.full_like(x["c"], float("nan"))
-            gemv_launch(a, b, sa, sb, base, 0.75)
-            for name, cfg in variants(gemv_plan(M, K // 16, L, dev), K // 16,
-                                      gemv_plan(M, K // 16, L, dev, static_weights=True))[2:10]:
-                out = torch.full_like(x["c"], float("nan"))
-                gemv_launch(a, b, sa, sb, out, 0.75, cfg=cfg)
-                torch.cuda.synchronize()
-                err = rel_err(out, ref)
-                log(f"   check {M}x{K}x{L} {name:<26} err {err:.1e} {'ok' if err <= GEMV_TOL else 'WRONG'}  "
-                    f"bitwise vs plan {bool(torch.equal(out, base))}")
     for M, K, L in GEMV_SHAPES:
         nbytes = gemv_bytes(M, K, L)
         floor_us = nbytes / bw * 1e6
@@ -201,8 +170,7 @@ def main():
         plan = gemv_plan(M, K // 16, L, dev)
         base_out = None
         log(f"-- M={M} K={K} L={L}: floor {floor_us:.2f} us, {sets} input sets, plan {plan}")
-        static = gemv_plan(M, K // 16, L, dev, static_weights=True)
-        todo = [(n, c) for n, c in variants(plan, K // 16, static)] + [("read-only", "read"), ("read-only pdl", "read-pdl")]
+        todo = [(n, c) for n, c in variants(plan, K // 16)] + [("read-only", "read"), ("read-only pdl", "read-pdl")]
         for name, cfg in todo:
             if time.monotonic() - T0 > BUDGET:
                 log(f"   {name:<30} skipped (budget {BUDGET:.0f} s spent)")

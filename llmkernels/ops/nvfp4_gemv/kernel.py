@@ -42,22 +42,8 @@ def _asm_a():
     return s + "mov.b32 $0, qacc;\n}"
 
 
-def _asm_a_signed():
-    """a block (int64) -> 2a as signed int8x4 (values 0-3, 4-7, 8-11, 12-15): the lookups alone, so they can run
-    before griddepcontrol.wait (they need no activations)."""
-    s = "{\n.reg .b32 qlo, qhi, ql16, qh16, qk0, qk1, qm, qp, qn, qs, qu;\n" + _SPLIT % "$4" + _LUT
-    s += "mov.b32 qm, 0x80808080;\n"
-    for g, q in enumerate(_SEL):
-        s += (f"prmt.b32 qp, qk0, qk1, {q};\nxor.b32 qs, {q}, 0x8888;\nprmt.b32 qn, qk0, qk1, qs;\n"
-              f"sub.u32 qu, qm, qn;\nxor.b32 qu, qu, qm;\nor.b32 ${g}, qp, qu;\n")  # p | -n bytewise (see _asm_b)
-    return s + "}"
-
-
 ASM_B = tl.constexpr(_asm_b())
 ASM_A = tl.constexpr(_asm_a())
-ASM_A_SIGNED = tl.constexpr(_asm_a_signed())
-ASM_DOT4 = tl.constexpr("dp4a.s32.s32 $0, $1, $5, 0;\ndp4a.s32.s32 $0, $2, $6, $0;\n"
-                        "dp4a.s32.s32 $0, $3, $7, $0;\ndp4a.s32.s32 $0, $4, $8, $0;")
 
 
 @triton.jit
@@ -103,24 +89,6 @@ def _block_dot(a, b, USE_ASM: tl.constexpr):
             cb = ((b >> (4 * j)) & 15).to(tl.int32)
             acc += _e2m1_x2(ca) * _e2m1_x2(cb)
     return acc
-
-
-@triton.jit
-def _a_signed(a):
-    """a [BM, BB] int64 blocks -> 4 x int32 [BM, BB]: 2a as signed bytes (sm_90 asm path only)."""
-    return tl.inline_asm_elementwise(ASM_A_SIGNED, "=r,=r,=r,=r,l", [a],
-                                     dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1)
-
-
-@triton.jit
-def _tile_term_signed(a0, a1, a2, a3, sa, b, sb):
-    """_tile_term with a already looked up by _a_signed: the same exact int32 block sums (4 dp4a each)."""
-    b0, b1, b2, b3, n0, n1, n2, n3 = tl.inline_asm_elementwise(
-        ASM_B, "=r,=r,=r,=r,=r,=r,=r,=r,l", [b],
-        dtype=(tl.int32, tl.int32, tl.int32, tl.int32, tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
-    dot = tl.inline_asm_elementwise(ASM_DOT4, "=r,r,r,r,r,r,r,r,r", [a0, a1, a2, a3, b0, b1, b2, b3],
-                                    dtype=tl.int32, is_pure=True, pack=1)
-    return dot.to(tl.float32) * (_e4m3_f32(sa, False) * (_e4m3_f32(sb, False) * 0.25))
 
 
 @triton.jit
@@ -184,7 +152,7 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
               s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
               BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
               USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr,
-              TRIGGER: tl.constexpr, EMIT: tl.constexpr, PRE_DECODE: tl.constexpr):
+              TRIGGER: tl.constexpr, EMIT: tl.constexpr):
     """Output rows pid_m*BM.. of batch l over the K range of `split`."""
     rows = pid_m * BM + tl.arange(0, BM)
     row_ok = rows < M
@@ -202,17 +170,9 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
         # The tiles are summed in the same order as below (bit-identical results).
         if PRE >= 1:
             a0, sa0 = _load_weights(a_rows, sa_rows, row_ok, k_lo, k_hi, s_sak, BB)
-            if PRE_DECODE:  # the weight lookups too, while the preceding kernel runs: less decode after the wait
-                q0, q1, q2, q3 = _a_signed(a0)
         if PRE >= 2:
             a1, sa1 = _load_weights(a_rows, sa_rows, row_ok, k_lo + BB, k_hi, s_sak, BB)
-        if PRE_DECODE:
-            # ptxas would sink the lookups below griddepcontrol.wait (an ALU op may move past it): make the wait
-            # depend on them. Their bytes lie in [-12, 12], so an OR of them is never 0x7f7f7f7f: always waits.
-            if tl.max(q0 | q1 | q2 | q3) != 0x7F7F7F7F:
-                _gdc_wait(EMIT)
-        else:
-            _gdc_wait(EMIT)
+        _gdc_wait(EMIT)
         if TRIGGER == 1:  # once the preceding kernel is done: the next one may start
             _gdc_trigger(EMIT)
         if PRE >= 1:
@@ -222,10 +182,7 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
                 _trigger_if_last(k_lo + BB, k_hi, BB, TRIGGER, EMIT)
             else:
                 _trigger_if_last(k_lo, k_hi, BB, TRIGGER, EMIT)
-            if PRE_DECODE:
-                acc += _tile_term_signed(q0, q1, q2, q3, sa0, b0, sb0)
-            else:
-                acc += _tile_term(a0, sa0, b0, sb0, USE_ASM, FIX_NAN)
+            acc += _tile_term(a0, sa0, b0, sb0, USE_ASM, FIX_NAN)
             if PRE >= 2:
                 acc += _tile_term(a1, sa1, b1, sb1, USE_ASM, FIX_NAN)
             k_start = k_lo + PRE * BB
@@ -256,7 +213,7 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
                  s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
                  BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
                  USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr,
-                 TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr, EMIT: tl.constexpr, PRE_DECODE: tl.constexpr):
+                 TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr, EMIT: tl.constexpr):
     """USE_GDC (launched with programmatic dependent launch): TRIGGER 0 = no explicit trigger (the next
     kernel may start when this grid's programs have exited), 1 = right after griddepcontrol.wait, 2 = after
     the program's last load is issued, 3 = at entry. PERSISTENT: grid (P, 1, 1), program p handles the row
@@ -270,12 +227,12 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
                       # split 0 as a runtime value: with a constant 0 the K offsets look fully contiguous and
                       # the weight loads get a wider layout than the math (shared-memory shuffles)
                       tl.program_id(2), M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
-                      BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, PRE_DECODE)
+                      BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT)
     else:
         _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, tl.program_id(0),
                   tl.program_id(1).to(tl.int64), tl.program_id(2),
                   M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
-                  BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, PRE_DECODE)
+                  BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT)
 
 
 @triton.jit
@@ -442,12 +399,6 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
     b64 = _blocks(b8[:1])[:, 0]
     sb8 = sb8[0]
     cfg = cfg or gemv_plan(M, KB, L, a8.device, static_weights)
-    if cfg.get("kernel") == "gluon":  # opt-in sm_90 ring kernel (gemv_gluon.py); falls through where unusable
-        from .gemv_gluon import ring_launch, ring_usable
-        if ring_usable(a64, sa8, sb8):
-            pdl = bool(cfg.get("pdl", False)) and pdl_enabled(a8.device)
-            return ring_launch(a64, sa8, b64, sb8, out, alpha, pdl, static_weights or bool(cfg.get("static")), cfg)
-        cfg = gemv_plan(M, KB, L, a8.device, static_weights)
     BM, BB = cfg["BM"], cfg["BB"]
     per = -(-(-(-KB // cfg["split"])) // BB) * BB  # blocks per split, a multiple of BB
     split = -(-KB // per)
@@ -470,7 +421,6 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
         BM=BM, BB=BB, PARTIAL=split > 1, PREFETCH=cfg.get("prefetch", False), USE_ASM=use_asm,
         FIX_NAN=interpreting(), USE_GDC=order, PRE=int(cfg.get("pre", 1)) if order else 0,
         TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0, PERSISTENT=bool(persistent), EMIT=pdl,
-        PRE_DECODE=bool(cfg.get("pre_decode", False)) and order and use_asm and int(cfg.get("pre", 1)) >= 1,
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1), **({"launch_pdl": True} if pdl else {}))
     if split > 1:
         blk = 256
