@@ -42,6 +42,40 @@ def _asm_a():
     return s + "mov.b32 $0, qacc;\n}"
 
 
+def _asm_w16(bf16: bool):
+    """4 weight bytes ($4) and their scales (16-bit x2: $5 for bytes 0-1, $6 for bytes 2-3) -> the low-nibble
+    values of the 4 bytes ($0: bytes 0-1, $1: bytes 2-3) and the high-nibble values ($2, $3), each e2m1 * scale
+    as bf16 or fp16 (exact: <= 6 significant bits in [2^-10, 2688]). prmt looks the magnitudes up in byte
+    tables (code 0 -> 0, so the spare selector nibbles give zero bytes), prmt's sign-replicate mode copies each
+    code's sign bit, one mul.rn.x2 applies the scale to two values."""
+    if bf16:  # bf16 of 0, .5, 1, 1.5, 2, 3, 4, 6: low bytes 00 00 80 c0 00 40 80 c0, high 00 3f 3f 3f 40 40 40 40
+        tabs = "mov.b32 la, 0xC0800000;\nmov.b32 lb, 0xC0804000;\nmov.b32 ha, 0x3F3F3F00;\nmov.b32 hb, 0x40404040;\n"
+        mul = "mul.rn.bf16x2"
+    else:  # fp16 of the same values: low bytes all 00, high 00 38 3c 3e 40 42 44 46
+        tabs = "mov.b32 ha, 0x3E3C3800;\nmov.b32 hb, 0x46444240;\n"
+        mul = "mul.rn.f16x2"
+    s = ("{\n.reg .b32 la, lb, ha, hb, m, sg, t, u, v, ss;\n" + tabs)
+    for out, (shift, signsrc) in enumerate([(0, "ss"), (4, "$4")]):  # low nibbles, then high nibbles
+        s += f"shr.b32 m, $4, {shift};\nand.b32 m, m, 0x07070707;\n" if shift else "and.b32 m, $4, 0x07070707;\n"
+        if out == 0:
+            s += "shl.b32 ss, $4, 4;\n"  # the msb of byte j of ss is the sign of byte j's low code
+        for half in range(2):  # bytes 0-1, then 2-3
+            sel = "m" if half == 0 else "t"
+            if half:
+                s += "shr.b32 t, m, 16;\n"
+            if bf16:
+                s += (f"prmt.b32 u, la, lb, {sel};\nprmt.b32 v, ha, hb, {sel};\n"
+                      "prmt.b32 v, u, v, 0x6240;\n")  # [lo(c), hi(c), lo(c'), hi(c')]
+            else:
+                s += f"prmt.b32 v, ha, hb, {sel};\nshl.b32 v, v, 8;\n"
+            s += (f"prmt.b32 sg, {signsrc}, {signsrc}, {'0x9080' if half == 0 else '0xB0A0'};\n"
+                  "lop3.b32 v, v, sg, 0x80008000, 0xF8;\n"   # v | (sg & 0x80008000)
+                  f"{mul} ${2 * out + half}, v, ${5 + half};\n")
+    return s + "}"
+
+
+ASM_W16_BF16 = tl.constexpr(_asm_w16(True))
+ASM_W16_F16 = tl.constexpr(_asm_w16(False))
 ASM_B = tl.constexpr(_asm_b())
 ASM_A = tl.constexpr(_asm_a())
 
@@ -261,7 +295,7 @@ def _reduce_kernel(part_ptr, out_ptr, scale_ptr, bias_ptr, alpha, R, C, s_or, s_
 def _linear_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
                    T, N, KH, per_split, s_xt, s_wn, s_sn, s_yt,
                    BN: tl.constexpr, BKH: tl.constexpr, TP: tl.constexpr, PARTIAL: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, FIX_NAN: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, FIX_NAN: tl.constexpr, USE_ASM: tl.constexpr):
     """y [T, N] = x [T, K] @ W^T: the weight tile is decoded once for all T (<= TP) tokens; tensor-core dot."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -280,14 +314,21 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
         w = tl.load(w_rows + kb[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
         sk = k0 // 8 + tl.arange(0, BKH // 8)
         sc = tl.load(s_rows + sk[None, :], mask=row_ok[:, None] & (sk * 8 < k_hi)[None, :], other=0)
-        sc = _e4m3_f32(sc, FIX_NAN) * 16384.0  # undoes the 2^-14 of _e2m1_f16
-        sc = tl.reshape(tl.broadcast_to(sc[:, :, None], [BN, BKH // 8, 8]), [BN, BKH])
         xm = k_ok[:, None] & tok_ok[None, :]
         xe = tl.load(x_ptr + toks[None, :] * s_xt + 2 * kb[:, None], mask=xm, other=0.0)  # [BKH, TP]
         xo = tl.load(x_ptr + toks[None, :] * s_xt + 2 * kb[:, None] + 1, mask=xm, other=0.0)
         # e2m1 * scale has <= 6 significant bits and lies in [2^-10, 2688]: exact in fp16 and bf16
-        lo = (_e2m1_f16(w & 15).to(tl.float32) * sc).to(xe.dtype)
-        hi = (_e2m1_f16(w >> 4).to(tl.float32) * sc).to(xe.dtype)
+        if USE_ASM:  # two values per instruction, the scale applied in 16 bits (exact, as above)
+            sc = tl.reshape(tl.broadcast_to(_e4m3_f32(sc, False).to(xe.dtype)[:, :, None], [BN, BKH // 8, 8]),
+                            [BN, BKH])
+            lo, hi = tl.inline_asm_elementwise(
+                ASM_W16_BF16 if xe.dtype == tl.bfloat16 else ASM_W16_F16, "=r,=r,=r,=r,r,r,r", [w, sc],
+                dtype=(xe.dtype, xe.dtype), is_pure=True, pack=4)
+        else:
+            sc = _e4m3_f32(sc, FIX_NAN) * 16384.0  # undoes the 2^-14 of _e2m1_f16
+            sc = tl.reshape(tl.broadcast_to(sc[:, :, None], [BN, BKH // 8, 8]), [BN, BKH])
+            lo = (_e2m1_f16(w & 15).to(tl.float32) * sc).to(xe.dtype)
+            hi = (_e2m1_f16(w >> 4).to(tl.float32) * sc).to(xe.dtype)
         acc = tl.dot(lo, xe, acc)
         acc = tl.dot(hi, xo, acc)
     if PARTIAL:
@@ -447,7 +488,7 @@ def _unit_k(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(1) == 1 else t.contiguous()
 
 
-def linear_launch(x, w8, s8, gs, bias, y, cfg=None):
+def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
     """x [T, K] (unit last stride), w8 uint8 [N, K/2], s8 uint8 [N, K/16], gs fp32 [1] -> y [T, N]."""
     T, K = x.shape
     N, KH = w8.shape
@@ -463,7 +504,8 @@ def linear_launch(x, w8, s8, gs, bias, y, cfg=None):
         x, w8, s8, gs, bias if bias is not None else gs, y, part,
         T, N, KH, per, x.stride(0), w8.stride(0), s8.stride(0), y.stride(0),
         BN=BN, BKH=BKH, TP=max(16, triton.next_power_of_2(T)), PARTIAL=split > 1, HAS_BIAS=bias is not None,
-        FIX_NAN=interpreting(), num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2))
+        FIX_NAN=interpreting(), USE_ASM=(not interpreting()) if use_asm is None else use_asm,
+        num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2))
     if split > 1:
         blk = 256
         _reduce_kernel[(triton.cdiv(N, blk), T)](part, y, gs, bias if bias is not None else gs, 1.0, T, N,

@@ -1,0 +1,82 @@
+"""nvfp4_linear on the GPU: the packed-pair decode (inline asm, default) against the element-wise decode
+(use_asm=False), bit for bit, and timed side by side (graph replay, inputs rotated beyond 3x L2).
+
+Usage (device, repo root, PYTHONPATH=.): python scripts/nvfp4_linear_ab.py. Output also in $OUT/nvfp4_linear_ab.txt.
+"""
+import math
+import os
+
+import torch
+
+from llmkernels.bench.ceilings import copy_bandwidth
+from llmkernels.bench.harness import _graph_time_ms
+from llmkernels.checking import rel_err
+from llmkernels.ops.nvfp4_gemv.kernel import linear_launch
+from llmkernels.ops.nvfp4_gemv.reference import nvfp4_linear_ref
+from llmkernels.ops.nvfp4_gemv.spec import LINEAR_TOL, linear_bytes, random_scales
+
+log = open(os.path.join(os.environ["OUT"], "nvfp4_linear_ab.txt"), "w") if os.environ.get("OUT") else None
+
+
+def say(*a):
+    line = " ".join(str(x) for x in a)
+    print(line, flush=True)
+    if log:
+        log.write(line + "\n")
+        log.flush()
+
+
+dev = torch.device("cuda")
+
+
+def inputs(T, N, K, dtype):
+    """Full-range weight bytes (all 16 codes, both signs) and scales over the e4m3 range."""
+    w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device=dev)
+    s = random_scales((N, K // 16), dev, 0x08, 0x60).view(torch.uint8)
+    x = torch.randn(T, K, device=dev).to(dtype)
+    gs = torch.full((1,), 0.37, device=dev)
+    return x, w, s, gs
+
+
+bad = 0
+for T, N, K, dtype in [(1, 37, 96, torch.bfloat16), (3, 300, 1024, torch.float16), (16, 129, 4096, torch.bfloat16),
+                       (7, 4096, 4096, torch.float16), (1, 14336, 4096, torch.bfloat16), (16, 4096, 14336, torch.float16)]:
+    x, w, s, gs = inputs(T, N, K, dtype)
+    bias = torch.randn(N, device=dev)
+    ref = nvfp4_linear_ref(x, w, s.view(torch.float8_e4m3fn), gs, bias)
+    ys = []
+    for asm in (False, True):
+        y = torch.full((T, N), float("nan"), dtype=dtype, device=dev)
+        linear_launch(x, w, s, gs, bias, y, use_asm=asm)
+        ys.append(y)
+    torch.cuda.synchronize()
+    err = rel_err(ys[1], ref)
+    same = torch.equal(ys[0], ys[1])
+    ok = err <= LINEAR_TOL[dtype] and same
+    bad += not ok
+    say(f"check T={T} N={N} K={K} {str(dtype)[6:]}: rel err {err:.1e}, bitwise equal to the element-wise decode: {same}"
+        f"{'' if ok else '  WRONG'}")
+say(f"correctness: {bad} wrong")
+
+bw = copy_bandwidth()
+l2 = torch.cuda.get_device_properties(0).L2_cache_size
+say(f"copy {bw / 1e12:.3f} TB/s")
+rows = []
+for N, K in [(4096, 4096), (14336, 4096), (4096, 14336)]:
+    for T in (1, 4, 16):
+        nbytes = linear_bytes(T, N, K)
+        floor = nbytes / bw * 1e3
+        sets = [inputs(T, N, K, torch.bfloat16) for _ in range(min(max(3, math.ceil(3 * l2 / nbytes)), 24))]
+        ys = [torch.empty(T, N, dtype=torch.bfloat16, device=dev) for _ in sets]
+        res = []
+        for asm in (False, True, False, True):
+            fns = [lambda z=z, y=y, asm=asm: linear_launch(z[0], z[1], z[2], z[3], None, y, use_asm=asm)
+                   for z, y in zip(sets, ys)]
+            res.append(100 * floor / _graph_time_ms(fns, calls=max(len(fns), 32), reps=15))
+        rows.append((N, K, T, res))
+        say(f"N={N} K={K} T={T}: element-wise {res[0]:.1f} / {res[2]:.1f} %, packed asm {res[1]:.1f} / {res[3]:.1f} % "
+            f"of the floor ({floor * 1e3:.2f} us)")
+        del sets, ys
+say("\nN K T | element-wise % | packed asm %")
+for N, K, T, r in rows:
+    say(f"{N} {K} {T} | {max(r[0], r[2]):.1f} | {max(r[1], r[3]):.1f}")
