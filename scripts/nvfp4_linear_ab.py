@@ -1,10 +1,12 @@
 """nvfp4_linear on the GPU: the packed-pair decode (inline asm, default) against the element-wise decode
-(use_asm=False), bit for bit, and timed side by side (graph replay, inputs rotated beyond 3x L2).
+(use_asm=False), bit for bit, and timed side by side (graph replay, inputs rotated beyond 3x L2); with --mma also
+the register-fed mma kernel for T <= 8 (cfg {"kernel": "mma"}, against the reference) in a few configs.
 
 Usage (device, repo root, PYTHONPATH=.): python scripts/nvfp4_linear_ab.py. Output also in $OUT/nvfp4_linear_ab.txt.
 """
 import math
 import os
+import sys
 
 import torch
 
@@ -27,6 +29,8 @@ def say(*a):
 
 
 dev = torch.device("cuda")
+MMA = "--mma" in sys.argv
+MMA_CFGS = [{}, {"W": 8}, {"U": 4}, {"programs_per_sm": 16}, {"programs_per_sm": 4}]
 
 
 def inputs(T, N, K, dtype):
@@ -40,7 +44,8 @@ def inputs(T, N, K, dtype):
 
 bad = 0
 for T, N, K, dtype in [(1, 37, 96, torch.bfloat16), (3, 300, 1024, torch.float16), (16, 129, 4096, torch.bfloat16),
-                       (7, 4096, 4096, torch.float16), (1, 14336, 4096, torch.bfloat16), (16, 4096, 14336, torch.float16)]:
+                       (7, 4096, 4096, torch.float16), (1, 14336, 4096, torch.bfloat16), (16, 4096, 14336, torch.float16),
+                       (8, 77, 1040, torch.bfloat16), (5, 1000, 14336, torch.bfloat16)]:
     x, w, s, gs = inputs(T, N, K, dtype)
     bias = torch.randn(N, device=dev)
     ref = nvfp4_linear_ref(x, w, s.view(torch.float8_e4m3fn), gs, bias)
@@ -56,27 +61,35 @@ for T, N, K, dtype in [(1, 37, 96, torch.bfloat16), (3, 300, 1024, torch.float16
     bad += not ok
     say(f"check T={T} N={N} K={K} {str(dtype)[6:]}: rel err {err:.1e}, bitwise equal to the element-wise decode: {same}"
         f"{'' if ok else '  WRONG'}")
+    if MMA and T <= 8:
+        for cfg in MMA_CFGS:
+            y = torch.full((T, N), float("nan"), dtype=dtype, device=dev)
+            linear_launch(x, w, s, gs, bias, y, cfg={"kernel": "mma", **cfg})
+            torch.cuda.synchronize()
+            e2 = rel_err(y, ref)
+            bad += not e2 <= LINEAR_TOL[dtype]
+            say(f"   mma {cfg}: rel err {e2:.1e}{'' if e2 <= LINEAR_TOL[dtype] else '  WRONG'}")
 say(f"correctness: {bad} wrong")
 
 bw = copy_bandwidth()
 l2 = torch.cuda.get_device_properties(0).L2_cache_size
 say(f"copy {bw / 1e12:.3f} TB/s")
 rows = []
+variants = [("element-wise", {"use_asm": False}), ("packed asm", {})]
+if MMA:
+    variants += [(f"mma {c}", {"cfg": {"kernel": "mma", **c}}) for c in MMA_CFGS]
 for N, K in [(4096, 4096), (14336, 4096), (4096, 14336)]:
-    for T in (1, 4, 16):
+    for T in ((1, 4, 8, 16) if MMA else (1, 4, 16)):
         nbytes = linear_bytes(T, N, K)
         floor = nbytes / bw * 1e3
         sets = [inputs(T, N, K, torch.bfloat16) for _ in range(min(max(3, math.ceil(3 * l2 / nbytes)), 24))]
         ys = [torch.empty(T, N, dtype=torch.bfloat16, device=dev) for _ in sets]
-        res = []
-        for asm in (False, True, False, True):
-            fns = [lambda z=z, y=y, asm=asm: linear_launch(z[0], z[1], z[2], z[3], None, y, use_asm=asm)
-                   for z, y in zip(sets, ys)]
-            res.append(100 * floor / _graph_time_ms(fns, calls=max(len(fns), 32), reps=15))
+        res = {}
+        for name, kw in variants:
+            if name.startswith("mma") and T > 8:
+                continue
+            fns = [lambda z=z, y=y, kw=kw: linear_launch(z[0], z[1], z[2], z[3], None, y, **kw) for z, y in zip(sets, ys)]
+            res[name] = 100 * floor / _graph_time_ms(fns, calls=max(len(fns), 32), reps=15)
         rows.append((N, K, T, res))
-        say(f"N={N} K={K} T={T}: element-wise {res[0]:.1f} / {res[2]:.1f} %, packed asm {res[1]:.1f} / {res[3]:.1f} % "
-            f"of the floor ({floor * 1e3:.2f} us)")
+        say(f"N={N} K={K} T={T} (floor {floor * 1e3:.2f} us): " + ", ".join(f"{n} {p:.1f} %" for n, p in res.items()))
         del sets, ys
-say("\nN K T | element-wise % | packed asm %")
-for N, K, T, r in rows:
-    say(f"{N} {K} {T} | {max(r[0], r[2]):.1f} | {max(r[1], r[3]):.1f}")

@@ -74,6 +74,44 @@ def _asm_w16(bf16: bool):
     return s + "}"
 
 
+def _asm_mma(bf16: bool):
+    """One thread's share of 4 mma.m16n8k16 steps: weight bytes of rows r ($8) and r + 8 ($9) (8 bytes each, one
+    scale block), their scales ($10, $11: 16-bit), 16 activations of token n ($12-$15: 4 x 16-bit each); accumulators
+    $0-$3 (tied to $4-$7) in the fragment order (row r: tokens 2t, 2t + 1; row r + 8: the same). Each 16-bit chunk
+    of weights (4 codes) becomes two scaled pairs (the A registers of k slots 2t..2t+1 and 2t+8..2t+9); the matching
+    4 activations are the two halves of one 64-bit activation word."""
+    ty = "bf16" if bf16 else "f16"
+    # byte tables of the 16-bit patterns of 0, .5, 1, 1.5, 2, 3, 4, 6 (low bytes, high bytes); fp16's low bytes are 0
+    la, lb = ("0xC0800000", "0xC0804000") if bf16 else ("0x00000000", "0x00000000")
+    ha, hb = ("0x3F3F3F00", "0x40404040") if bf16 else ("0x3E3C3800", "0x46444240")
+    s = ("{\n.reg .b32 la, lb, ha, hb, w<4>, m, t, u, v, sg, sc<2>, a<4>, b<2>;\n"
+         f"mov.b32 la, {la};\nmov.b32 lb, {lb};\nmov.b32 ha, {ha};\nmov.b32 hb, {hb};\n"
+         "mov.b64 {w0, w1}, $8;\nmov.b64 {w2, w3}, $9;\n"
+         "mov.b32 sc0, {$10, $10};\nmov.b32 sc1, {$11, $11};\n")
+
+    def pair(word, half, dst_a, dst_b, sc):
+        """codes of bytes 2*half, 2*half + 1 of `word` -> scaled pairs in dst_a (first byte), dst_b (second)."""
+        out = f"and.b32 m, {word}, 0x77777777;\n"
+        if half:
+            out += "shr.b32 m, m, 16;\n"
+        out += f"shl.b32 t, {word}, 4;\nprmt.b32 u, la, lb, m;\nprmt.b32 v, ha, hb, m;\n"
+        for dst, (inter, sgn) in ((dst_a, ("0x5140", "0xC080" if not half else "0xE0A0")),
+                                  (dst_b, ("0x7362", "0xD090" if not half else "0xF0B0"))):
+            out += (f"prmt.b32 {dst}, u, v, {inter};\nprmt.b32 sg, t, {word}, {sgn};\n"
+                    f"lop3.b32 {dst}, {dst}, sg, 0x80008000, 0xF8;\nmul.rn.{ty}x2 {dst}, {dst}, {sc};\n")
+        return out
+
+    for j in range(4):  # weight byte pair j of each row, activation word j
+        word_t, word_b, half = (f"w{j // 2}", f"w{2 + j // 2}", j % 2)
+        s += pair(word_t, half, "a0", "a2", "sc0") + pair(word_b, half, "a1", "a3", "sc1")
+        s += (f"mov.b64 {{b0, b1}}, ${12 + j};\n"
+              f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0, $1, $2, $3}}, {{a0, a1, a2, a3}}, "
+              "{b0, b1}, {$0, $1, $2, $3};\n")
+    return s + "}"
+
+
+ASM_MMA_BF16 = tl.constexpr(_asm_mma(True))
+ASM_MMA_F16 = tl.constexpr(_asm_mma(False))
 ASM_W16_BF16 = tl.constexpr(_asm_w16(True))
 ASM_W16_F16 = tl.constexpr(_asm_w16(False))
 ASM_B = tl.constexpr(_asm_b())
@@ -343,6 +381,78 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
 
 
 @triton.jit
+def _store_out(acc, row, t, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one,
+               PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Rows times the runtime 1: consecutive rows must not look contiguous (Triton would then lay the tensor out
+    along rows, not in the mma fragment order)."""
+    ok = (row < N) & (t < T)
+    off = row * one
+    if PARTIAL:
+        tl.store(part_ptr + (split * T + t) * N + off, acc, mask=ok)
+    else:
+        v = acc * tl.load(gs_ptr)
+        if HAS_BIAS:
+            v += tl.load(bias_ptr + off, mask=row < N, other=0.0).to(tl.float32)
+        tl.store(y_ptr + t * s_yt + off, v.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit(do_not_specialize=["one"])
+def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
+                       T, N, KW, per_split, s_xt, s_wn, s_sn, s_yt, one,
+                       W: tl.constexpr, U: tl.constexpr, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """y [T <= 8, N] = x @ W^T on mma.sync m16n8k16 fed from registers: warp g of the program owns rows
+    16g..16g+15 (of BM = 16 W), the 8 tokens are the mma's N. x_ptr int64 [T, K/4] (4 activations a word),
+    w_ptr int64 [N, K/16] (one scale block a word), s_ptr uint8 [N, K/16]; KW = K/16 words per row.
+
+    Element e of the [32 W] tensors below must live in lane e % 32 of warp e // 32 (so lane = 4 * group + thread
+    in group, the mma fragment order): Triton's default layout for a 1-D tensor of 32 W elements over W warps, as
+    long as no address looks contiguous (which would give a thread several elements): the runtime `one` (= 1, not
+    specialised) sees to that. The GPU tests check the result."""
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    e = tl.arange(0, 32 * W)
+    lane = e % 32
+    c = (lane % 4) * one  # thread in group: its scale block within 4 consecutive ones
+    r_top = pid * (16 * W) + (e // 32) * 16 + lane // 4
+    r_bot = r_top + 8
+    tok = lane // 4  # the mma's column n: a token
+    k_lo = split * per_split
+    k_hi = tl.minimum(k_lo + per_split, KW)
+    acc0 = tl.zeros([32 * W], tl.float32)  # (row r, token 2c), (r, 2c + 1), (r + 8, 2c), (r + 8, 2c + 1)
+    acc1 = tl.zeros([32 * W], tl.float32)
+    acc2 = tl.zeros([32 * W], tl.float32)
+    acc3 = tl.zeros([32 * W], tl.float32)
+    for k0 in range(k_lo, k_hi, 4 * U):
+        for u in tl.static_range(U):
+            kw = k0 + 4 * u + c  # this thread's scale block (word) of both rows
+            k_ok = kw < k_hi
+            m_t = (r_top < N) & k_ok
+            m_b = (r_bot < N) & k_ok
+            wt = tl.load(w_ptr + r_top.to(tl.int64) * s_wn + kw, mask=m_t, other=0)
+            wb = tl.load(w_ptr + r_bot.to(tl.int64) * s_wn + kw, mask=m_b, other=0)
+            st = tl.load(s_ptr + r_top.to(tl.int64) * s_sn + kw, mask=m_t, other=0)
+            sb = tl.load(s_ptr + r_bot.to(tl.int64) * s_sn + kw, mask=m_b, other=0)
+            xm = (tok < T) & k_ok
+            xb = x_ptr + tok * s_xt + 4 * kw
+            x0 = tl.load(xb, mask=xm, other=0)
+            x1 = tl.load(xb + one, mask=xm, other=0)
+            x2 = tl.load(xb + 2 * one, mask=xm, other=0)
+            x3 = tl.load(xb + 3 * one, mask=xm, other=0)
+            st16 = _e4m3_f32(st, False).to(y_ptr.dtype.element_ty)
+            sb16 = _e4m3_f32(sb, False).to(y_ptr.dtype.element_ty)
+            acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
+                ASM_MMA_BF16 if y_ptr.dtype.element_ty == tl.bfloat16 else ASM_MMA_F16,
+                "=f,=f,=f,=f,0,1,2,3,l,l,h,h,l,l,l,l",
+                [acc0, acc1, acc2, acc3, wt, wb, st16, sb16, x0, x1, x2, x3],
+                dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+    t0 = 2 * c
+    _store_out(acc0, r_top, t0, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
+    _store_out(acc1, r_top, t0 + 1, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
+    _store_out(acc2, r_bot, t0, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
+    _store_out(acc3, r_bot, t0 + 1, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
+
+
+@triton.jit
 def _dequant_kernel(w_ptr, s_ptr, gs_ptr, out_ptr, N, KH, s_wn, s_sn, s_on,
                     BN: tl.constexpr, BKH: tl.constexpr, FIX_NAN: tl.constexpr):
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -488,6 +598,43 @@ def _unit_k(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(1) == 1 else t.contiguous()
 
 
+MMA_MAX_T = 8  # tokens of the register-fed mma kernel (the mma's N)
+
+
+def _mma_usable(x, w8, y) -> bool:
+    """sm_80+ GPU (mma.sync; mul.rn.bf16x2 needs sm_90), 8-byte aligned rows of weights and activations."""
+    if interpreting() or x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] < 9:
+        return False
+    return (x.shape[0] <= MMA_MAX_T and x.stride(1) == 1 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0
+            and w8.stride(0) % 8 == 0 and w8.data_ptr() % 8 == 0 and y.stride(1) == 1)
+
+
+def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
+    """T <= 8: the mma-fragment kernel. x [T, K], w8 uint8 [N, K/2] (8-byte aligned rows), s8 uint8 [N, K/16]."""
+    T, K = x.shape
+    N, KH = w8.shape
+    KW = KH // 8
+    c = {"W": 4, "U": 2, "programs_per_sm": 8, **(cfg or {})}
+    BM = 16 * c["W"]
+    tiles = triton.cdiv(N, BM)
+    step = 4 * c["U"]
+    target = c["programs_per_sm"] * num_sms(x.device)
+    split = 1 if tiles >= target else min(-(-target // tiles), triton.cdiv(KW, step))
+    per = -(-(-(-KW // split)) // step) * step
+    split = max(1, -(-KW // per))
+    part = torch.empty(split, T, N, dtype=torch.float32, device=x.device) if split > 1 else y
+    _linear_mma_kernel[(tiles, split)](
+        x.view(torch.int64), w8.view(torch.int64), s8, gs, bias if bias is not None else gs, y, part,
+        T, N, KW, per, x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), y.stride(0), 1,
+        W=c["W"], U=c["U"], PARTIAL=split > 1, HAS_BIAS=bias is not None, num_warps=c["W"])
+    if split > 1:
+        blk = 256
+        _reduce_kernel[(triton.cdiv(N, blk), T)](part, y, gs, bias if bias is not None else gs, 1.0, T, N,
+                                                 y.stride(0), 1, SPLIT=split, BLOCK=blk, HAS_SCALE_PTR=True,
+                                                 HAS_BIAS=bias is not None)
+    return y
+
+
 def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
     """x [T, K] (unit last stride), w8 uint8 [N, K/2], s8 uint8 [N, K/16], gs fp32 [1] -> y [T, N]."""
     T, K = x.shape
@@ -495,7 +642,9 @@ def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
     if T == 0 or N == 0:
         return y
     w8, s8 = _unit_k(w8), _unit_k(s8)
-    cfg = cfg or linear_plan(T, N, KH, x.device)
+    if (cfg or {}).get("kernel") == "mma" and _mma_usable(x, w8, y):
+        return linear_mma_launch(x, w8, s8, gs, bias, y, {k: v for k, v in cfg.items() if k != "kernel"})
+    cfg = linear_plan(T, N, KH, x.device) if not cfg or cfg.get("kernel") == "mma" else cfg
     BN, BKH = cfg["BN"], cfg["BKH"]
     per = -(-(-(-KH // cfg["split"])) // BKH) * BKH
     split = max(1, -(-KH // per))
