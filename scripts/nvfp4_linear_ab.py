@@ -30,7 +30,7 @@ def say(*a):
 
 dev = torch.device("cuda")
 MMA = "--mma" in sys.argv
-MMA_CFGS = [{}, {"W": 8}, {"U": 4}, {"programs_per_sm": 16}, {"programs_per_sm": 4}]
+MMA_CFGS = [{}, {"U": 2}, {"U": 8}, {"pingpong": True}, {"pingpong": True, "programs_per_sm": 12}, {"programs_per_sm": 12}]
 
 
 def inputs(T, N, K, dtype):

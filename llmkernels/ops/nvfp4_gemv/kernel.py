@@ -396,10 +396,39 @@ def _store_out(acc, row, t, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt
         tl.store(y_ptr + t * s_yt + off, v.to(y_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _mma_loads(w_ptr, s_ptr, x_ptr, r_top, r_bot, tok, kw, k_hi, N, T, s_wn, s_sn, s_xt, one, DT: tl.constexpr):
+    """One mma step's operands for this thread: weight word kw (one scale block) of rows r_top and r_bot, their
+    scales in the activations' 16-bit type, and the 4 activation words of token `tok` over the same 16 columns."""
+    k_ok = kw < k_hi
+    m_t = (r_top < N) & k_ok
+    m_b = (r_bot < N) & k_ok
+    wt = tl.load(w_ptr + r_top.to(tl.int64) * s_wn + kw, mask=m_t, other=0)
+    wb = tl.load(w_ptr + r_bot.to(tl.int64) * s_wn + kw, mask=m_b, other=0)
+    st = _e4m3_f32(tl.load(s_ptr + r_top.to(tl.int64) * s_sn + kw, mask=m_t, other=0), False).to(DT)
+    sb = _e4m3_f32(tl.load(s_ptr + r_bot.to(tl.int64) * s_sn + kw, mask=m_b, other=0), False).to(DT)
+    xm = (tok < T) & k_ok
+    xb = x_ptr + tok * s_xt + 4 * kw
+    x0 = tl.load(xb, mask=xm, other=0)
+    x1 = tl.load(xb + one, mask=xm, other=0)
+    x2 = tl.load(xb + 2 * one, mask=xm, other=0)
+    x3 = tl.load(xb + 3 * one, mask=xm, other=0)
+    return wt, wb, st, sb, x0, x1, x2, x3
+
+
+@triton.jit
+def _mma_apply(acc0, acc1, acc2, acc3, wt, wb, st, sb, x0, x1, x2, x3, DT: tl.constexpr):
+    return tl.inline_asm_elementwise(
+        ASM_MMA_BF16 if DT == tl.bfloat16 else ASM_MMA_F16, "=f,=f,=f,=f,0,1,2,3,l,l,h,h,l,l,l,l",
+        [acc0, acc1, acc2, acc3, wt, wb, st, sb, x0, x1, x2, x3],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+
+
 @triton.jit(do_not_specialize=["one"])
 def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
                        T, N, KW, per_split, s_xt, s_wn, s_sn, s_yt, one,
-                       W: tl.constexpr, U: tl.constexpr, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr):
+                       W: tl.constexpr, U: tl.constexpr, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       PINGPONG: tl.constexpr):
     """y [T <= 8, N] = x @ W^T on mma.sync m16n8k16 fed from registers: warp g of the program owns rows
     16g..16g+15 (of BM = 16 W), the 8 tokens are the mma's N. x_ptr int64 [T, K/4] (4 activations a word),
     w_ptr int64 [N, K/16] (one scale block a word), s_ptr uint8 [N, K/16]; KW = K/16 words per row.
@@ -422,29 +451,26 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
     acc1 = tl.zeros([32 * W], tl.float32)
     acc2 = tl.zeros([32 * W], tl.float32)
     acc3 = tl.zeros([32 * W], tl.float32)
-    for k0 in range(k_lo, k_hi, 4 * U):
-        for u in tl.static_range(U):
-            kw = k0 + 4 * u + c  # this thread's scale block (word) of both rows
-            k_ok = kw < k_hi
-            m_t = (r_top < N) & k_ok
-            m_b = (r_bot < N) & k_ok
-            wt = tl.load(w_ptr + r_top.to(tl.int64) * s_wn + kw, mask=m_t, other=0)
-            wb = tl.load(w_ptr + r_bot.to(tl.int64) * s_wn + kw, mask=m_b, other=0)
-            st = tl.load(s_ptr + r_top.to(tl.int64) * s_sn + kw, mask=m_t, other=0)
-            sb = tl.load(s_ptr + r_bot.to(tl.int64) * s_sn + kw, mask=m_b, other=0)
-            xm = (tok < T) & k_ok
-            xb = x_ptr + tok * s_xt + 4 * kw
-            x0 = tl.load(xb, mask=xm, other=0)
-            x1 = tl.load(xb + one, mask=xm, other=0)
-            x2 = tl.load(xb + 2 * one, mask=xm, other=0)
-            x3 = tl.load(xb + 3 * one, mask=xm, other=0)
-            st16 = _e4m3_f32(st, False).to(y_ptr.dtype.element_ty)
-            sb16 = _e4m3_f32(sb, False).to(y_ptr.dtype.element_ty)
-            acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
-                ASM_MMA_BF16 if y_ptr.dtype.element_ty == tl.bfloat16 else ASM_MMA_F16,
-                "=f,=f,=f,=f,0,1,2,3,l,l,h,h,l,l,l,l",
-                [acc0, acc1, acc2, acc3, wt, wb, st16, sb16, x0, x1, x2, x3],
-                dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+    if PINGPONG:  # step j + 1's loads are in flight while step j's weights are decoded (no register copies:
+        # each set is consumed before it is loaded again)
+        wt, wb, st, sb, x0, x1, x2, x3 = _mma_loads(w_ptr, s_ptr, x_ptr, r_top, r_bot, tok, k_lo + c, k_hi, N, T,
+                                                    s_wn, s_sn, s_xt, one, y_ptr.dtype.element_ty)
+        for k0 in range(k_lo, k_hi, 8):
+            vt, vb, su, sv, y0, y1, y2, y3 = _mma_loads(w_ptr, s_ptr, x_ptr, r_top, r_bot, tok, k0 + 4 + c, k_hi, N,
+                                                        T, s_wn, s_sn, s_xt, one, y_ptr.dtype.element_ty)
+            acc0, acc1, acc2, acc3 = _mma_apply(acc0, acc1, acc2, acc3, wt, wb, st, sb, x0, x1, x2, x3,
+                                                y_ptr.dtype.element_ty)
+            wt, wb, st, sb, x0, x1, x2, x3 = _mma_loads(w_ptr, s_ptr, x_ptr, r_top, r_bot, tok, k0 + 8 + c, k_hi, N,
+                                                        T, s_wn, s_sn, s_xt, one, y_ptr.dtype.element_ty)
+            acc0, acc1, acc2, acc3 = _mma_apply(acc0, acc1, acc2, acc3, vt, vb, su, sv, y0, y1, y2, y3,
+                                                y_ptr.dtype.element_ty)
+    else:
+        for k0 in range(k_lo, k_hi, 4 * U):
+            for u in tl.static_range(U):
+                wt, wb, st, sb, x0, x1, x2, x3 = _mma_loads(w_ptr, s_ptr, x_ptr, r_top, r_bot, tok, k0 + 4 * u + c,
+                                                            k_hi, N, T, s_wn, s_sn, s_xt, one, y_ptr.dtype.element_ty)
+                acc0, acc1, acc2, acc3 = _mma_apply(acc0, acc1, acc2, acc3, wt, wb, st, sb, x0, x1, x2, x3,
+                                                    y_ptr.dtype.element_ty)
     t0 = 2 * c
     _store_out(acc0, r_top, t0, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
     _store_out(acc1, r_top, t0 + 1, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
@@ -614,10 +640,10 @@ def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
     T, K = x.shape
     N, KH = w8.shape
     KW = KH // 8
-    c = {"W": 4, "U": 2, "programs_per_sm": 8, **(cfg or {})}
+    c = {"W": 4, "U": 4, "programs_per_sm": 8, "pingpong": False, **(cfg or {})}
     BM = 16 * c["W"]
     tiles = triton.cdiv(N, BM)
-    step = 4 * c["U"]
+    step = 8 if c["pingpong"] else 4 * c["U"]
     target = c["programs_per_sm"] * num_sms(x.device)
     split = 1 if tiles >= target else min(-(-target // tiles), triton.cdiv(KW, step))
     per = -(-(-(-KW // split)) // step) * step
@@ -626,7 +652,8 @@ def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
     _linear_mma_kernel[(tiles, split)](
         x.view(torch.int64), w8.view(torch.int64), s8, gs, bias if bias is not None else gs, y, part,
         T, N, KW, per, x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), y.stride(0), 1,
-        W=c["W"], U=c["U"], PARTIAL=split > 1, HAS_BIAS=bias is not None, num_warps=c["W"])
+        W=c["W"], U=c["U"], PARTIAL=split > 1, HAS_BIAS=bias is not None, PINGPONG=bool(c["pingpong"]),
+        num_warps=c["W"])
     if split > 1:
         blk = 256
         _reduce_kernel[(triton.cdiv(N, blk), T)](part, y, gs, bias if bias is not None else gs, 1.0, T, N,
