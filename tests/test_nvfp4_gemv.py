@@ -490,3 +490,39 @@ def test_gpu_pdl_variants_graph(extra):
     torch.cuda.synchronize()
     for x, o, w in zip(xs, outs, want):
         assert torch.equal(o, w) and rel_err(o, _ref(x)) <= GEMV_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T,N,K,cfg", [(1, 37, 96, {}), (8, 77, 1040, {}), (5, 1000, 14336, {}),
+                                       (3, 300, 1024, {"W": 8, "U": 2}), (2, 129, 4096, {"pingpong": True}),
+                                       (7, 4096, 512, {"programs_per_sm": 1})])
+def test_gpu_linear_mma(dtype, T, N, K, cfg):
+    # the register-fed mma kernel (T <= 8): full-range weight bytes (all codes, both signs) and scales over the
+    # e4m3 range, NaN-poisoned output, odd N and K/16, split K and not, bias; a wrong fragment layout would mix
+    # rows, tokens or K slices and miss the reference by far more than the tolerance
+    dev = torch.device("cuda")
+    w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device=dev)
+    s = random_scales((N, K // 16), dev, 0x08, 0x60)
+    x = torch.randn(T, K, device=dev).to(dtype)
+    gs = torch.full((1,), 0.37, device=dev)
+    bias = torch.randn(N, device=dev)
+    ref = nvfp4_linear_ref(x, w, s, gs, bias)
+    y = torch.full((T, N), float("nan"), dtype=dtype, device=dev)
+    linear_launch(x, w, s.view(torch.uint8), gs, bias, y, cfg={"kernel": "mma", **cfg})
+    assert rel_err(y, ref) <= LINEAR_TOL[dtype]
+    dot = torch.full((T, N), float("nan"), dtype=dtype, device=dev)
+    linear_launch(x, w, s.view(torch.uint8), gs, bias, dot, cfg={"kernel": "dot"})
+    assert rel_err(y, dot) <= LINEAR_TOL[dtype]
+
+
+@pytest.mark.gpu
+def test_gpu_linear_mma_unaligned_falls_back():
+    # activations whose rows are not 8-byte aligned cannot take the mma kernel: the dot kernel serves them
+    dev = torch.device("cuda")
+    x = make_linear_inputs(3, 64, 256, torch.bfloat16, dev)
+    xs = torch.empty(3, 256 + 1, dtype=torch.bfloat16, device=dev)[:, 1:]
+    xs.copy_(x["x"])
+    y = nvfp4_linear(xs, x["packed"], x["scales"], x["gs"], x["bias"])
+    ref = nvfp4_linear_ref(x["x"], x["packed"], x["scales"], x["gs"], x["bias"])
+    assert rel_err(y, ref) <= LINEAR_TOL[torch.bfloat16]

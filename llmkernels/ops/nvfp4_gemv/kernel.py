@@ -628,7 +628,7 @@ MMA_MAX_T = 8  # tokens of the register-fed mma kernel (the mma's N)
 
 
 def _mma_usable(x, w8, y) -> bool:
-    """sm_80+ GPU (mma.sync; mul.rn.bf16x2 needs sm_90), 8-byte aligned rows of weights and activations."""
+    """sm_90+ (mma.sync, mul.rn.bf16x2), at most 8 tokens, 8-byte aligned rows of weights and activations."""
     if interpreting() or x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] < 9:
         return False
     return (x.shape[0] <= MMA_MAX_T and x.stride(1) == 1 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0
@@ -663,15 +663,20 @@ def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
 
 
 def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
-    """x [T, K] (unit last stride), w8 uint8 [N, K/2], s8 uint8 [N, K/16], gs fp32 [1] -> y [T, N]."""
+    """x [T, K] (unit last stride), w8 uint8 [N, K/2], s8 uint8 [N, K/16], gs fp32 [1] -> y [T, N].
+
+    T <= 8 on sm_90 with 8-byte aligned rows: the register-fed mma kernel (cfg {"kernel": "dot"} or a dot-kernel
+    cfg (with "BN") skips it; W / U / programs_per_sm / pingpong tune it); else the dot kernel (use_asm=False: with
+    its element-wise decode, and never the mma kernel)."""
     T, K = x.shape
     N, KH = w8.shape
     if T == 0 or N == 0:
         return y
     w8, s8 = _unit_k(w8), _unit_k(s8)
-    if (cfg or {}).get("kernel") == "mma" and _mma_usable(x, w8, y):
-        return linear_mma_launch(x, w8, s8, gs, bias, y, {k: v for k, v in cfg.items() if k != "kernel"})
-    cfg = linear_plan(T, N, KH, x.device) if not cfg or cfg.get("kernel") == "mma" else cfg
+    kernel = (cfg or {}).get("kernel") or ("dot" if use_asm is False or (cfg and "BN" in cfg) else "mma")
+    if kernel == "mma" and _mma_usable(x, w8, y):  # T <= 8 on sm_90: ~2x the dot kernel (notes, linear round 3)
+        return linear_mma_launch(x, w8, s8, gs, bias, y, {k: v for k, v in (cfg or {}).items() if k != "kernel"})
+    cfg = {k: v for k, v in cfg.items() if k != "kernel"} if cfg and "BN" in cfg else linear_plan(T, N, KH, x.device)
     BN, BKH = cfg["BN"], cfg["BKH"]
     per = -(-(-(-KH // cfg["split"])) // BKH) * BKH
     split = max(1, -(-KH // per))
