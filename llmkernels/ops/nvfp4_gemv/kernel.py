@@ -74,20 +74,24 @@ def _asm_w16(bf16: bool):
     return s + "}"
 
 
-def _asm_mma(bf16: bool):
-    """One thread's share of 4 mma.m16n8k16 steps: weight bytes of rows r ($8) and r + 8 ($9) (8 bytes each, one
-    scale block), their scales ($10, $11: 16-bit), 16 activations of token n ($12-$15: 4 x 16-bit each); accumulators
-    $0-$3 (tied to $4-$7) in the fragment order (row r: tokens 2t, 2t + 1; row r + 8: the same). Each 16-bit chunk
-    of weights (4 codes) becomes two scaled pairs (the A registers of k slots 2t..2t+1 and 2t+8..2t+9); the matching
-    4 activations are the two halves of one 64-bit activation word."""
+def _asm_mma(bf16: bool, nt: int = 1):
+    """One thread's share of 4 mma.m16n8k16 steps over nt groups of 8 tokens. Operands (A = 4 nt): accumulators
+    $0..$A-1 (tied to $A..$2A-1), 4 per token group in the fragment order (row r: tokens 2t, 2t + 1; row r + 8: the
+    same); weight bytes of rows r ($2A) and r + 8 ($2A+1) (8 bytes each, one scale block); their scales ($2A+2,
+    $2A+3: 16-bit); then per token group the 16 activations of its token n (4 words of 4 x 16-bit). Each 16-bit
+    chunk of weights (4 codes) becomes two scaled pairs (the A registers of k slots 2t..2t+1 and 2t+8..2t+9); the
+    matching 4 activations are the two halves of one 64-bit activation word. The weights are decoded once for all
+    token groups."""
+    na = 4 * nt
+    wt, wb, st, sb = 2 * na, 2 * na + 1, 2 * na + 2, 2 * na + 3
     ty = "bf16" if bf16 else "f16"
     # byte tables of the 16-bit patterns of 0, .5, 1, 1.5, 2, 3, 4, 6 (low bytes, high bytes); fp16's low bytes are 0
     la, lb = ("0xC0800000", "0xC0804000") if bf16 else ("0x00000000", "0x00000000")
     ha, hb = ("0x3F3F3F00", "0x40404040") if bf16 else ("0x3E3C3800", "0x46444240")
     s = ("{\n.reg .b32 la, lb, ha, hb, w<4>, m, t, u, v, sg, sc<2>, a<4>, b<2>;\n"
          f"mov.b32 la, {la};\nmov.b32 lb, {lb};\nmov.b32 ha, {ha};\nmov.b32 hb, {hb};\n"
-         "mov.b64 {w0, w1}, $8;\nmov.b64 {w2, w3}, $9;\n"
-         "mov.b32 sc0, {$10, $10};\nmov.b32 sc1, {$11, $11};\n")
+         f"mov.b64 {{w0, w1}}, ${wt};\nmov.b64 {{w2, w3}}, ${wb};\n"
+         f"mov.b32 sc0, {{${st}, ${st}}};\nmov.b32 sc1, {{${sb}, ${sb}}};\n")
 
     def pair(word, half, dst_a, dst_b, sc):
         """codes of bytes 2*half, 2*half + 1 of `word` -> scaled pairs in dst_a (first byte), dst_b (second)."""
@@ -104,14 +108,18 @@ def _asm_mma(bf16: bool):
     for j in range(4):  # weight byte pair j of each row, activation word j
         word_t, word_b, half = (f"w{j // 2}", f"w{2 + j // 2}", j % 2)
         s += pair(word_t, half, "a0", "a2", "sc0") + pair(word_b, half, "a1", "a3", "sc1")
-        s += (f"mov.b64 {{b0, b1}}, ${12 + j};\n"
-              f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0, $1, $2, $3}}, {{a0, a1, a2, a3}}, "
-              "{b0, b1}, {$0, $1, $2, $3};\n")
+        for q in range(nt):
+            d = ", ".join(f"${4 * q + i}" for i in range(4))
+            s += (f"mov.b64 {{b0, b1}}, ${2 * na + 4 + 4 * q + j};\n"
+                  f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{{d}}}, {{a0, a1, a2, a3}}, "
+                  f"{{b0, b1}}, {{{d}}};\n")
     return s + "}"
 
 
 ASM_MMA_BF16 = tl.constexpr(_asm_mma(True))
 ASM_MMA_F16 = tl.constexpr(_asm_mma(False))
+ASM_MMA2_BF16 = tl.constexpr(_asm_mma(True, 2))
+ASM_MMA2_F16 = tl.constexpr(_asm_mma(False, 2))
 ASM_W16_BF16 = tl.constexpr(_asm_w16(True))
 ASM_W16_F16 = tl.constexpr(_asm_w16(False))
 ASM_B = tl.constexpr(_asm_b())
@@ -397,46 +405,41 @@ def _store_out(acc, row, t, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt
 
 
 @triton.jit
-def _mma_loads(w_ptr, s_ptr, x_ptr, r_top, r_bot, tok, kw, k_hi, N, T, s_wn, s_sn, s_xt, one, DT: tl.constexpr):
-    """One mma step's operands for this thread: weight word kw (one scale block) of rows r_top and r_bot, their
-    scales in the activations' 16-bit type, and the 4 activation words of token `tok` over the same 16 columns."""
-    k_ok = kw < k_hi
+def _mma_weights(w_ptr, s_ptr, r_top, r_bot, kw, k_ok, N, s_wn, s_sn, DT: tl.constexpr):
+    """Weight word kw (one scale block) of rows r_top and r_bot, and their scales in the activations' type."""
     m_t = (r_top < N) & k_ok
     m_b = (r_bot < N) & k_ok
     wt = tl.load(w_ptr + r_top.to(tl.int64) * s_wn + kw, mask=m_t, other=0)
     wb = tl.load(w_ptr + r_bot.to(tl.int64) * s_wn + kw, mask=m_b, other=0)
     st = _e4m3_f32(tl.load(s_ptr + r_top.to(tl.int64) * s_sn + kw, mask=m_t, other=0), False).to(DT)
     sb = _e4m3_f32(tl.load(s_ptr + r_bot.to(tl.int64) * s_sn + kw, mask=m_b, other=0), False).to(DT)
-    xm = (tok < T) & k_ok
-    xb = x_ptr + tok * s_xt + 4 * kw
-    x0 = tl.load(xb, mask=xm, other=0)
-    x1 = tl.load(xb + one, mask=xm, other=0)
-    x2 = tl.load(xb + 2 * one, mask=xm, other=0)
-    x3 = tl.load(xb + 3 * one, mask=xm, other=0)
-    return wt, wb, st, sb, x0, x1, x2, x3
+    return wt, wb, st, sb
 
 
 @triton.jit
-def _mma_apply(acc0, acc1, acc2, acc3, wt, wb, st, sb, x0, x1, x2, x3, DT: tl.constexpr):
-    return tl.inline_asm_elementwise(
-        ASM_MMA_BF16 if DT == tl.bfloat16 else ASM_MMA_F16, "=f,=f,=f,=f,0,1,2,3,l,l,h,h,l,l,l,l",
-        [acc0, acc1, acc2, acc3, wt, wb, st, sb, x0, x1, x2, x3],
-        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+def _mma_acts(x_ptr, tok, kw, k_ok, T, s_xt, one):
+    """The 4 activation words (16 values) of token `tok` over the columns of weight word kw."""
+    xm = (tok < T) & k_ok
+    xb = x_ptr + tok * s_xt + 4 * kw
+    return (tl.load(xb, mask=xm, other=0), tl.load(xb + one, mask=xm, other=0),
+            tl.load(xb + 2 * one, mask=xm, other=0), tl.load(xb + 3 * one, mask=xm, other=0))
 
 
 @triton.jit(do_not_specialize=["one"])
 def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
                        T, N, KW, per_split, s_xt, s_wn, s_sn, s_yt, one,
-                       W: tl.constexpr, U: tl.constexpr, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       PINGPONG: tl.constexpr):
-    """y [T <= 8, N] = x @ W^T on mma.sync m16n8k16 fed from registers: warp g of the program owns rows
-    16g..16g+15 (of BM = 16 W), the 8 tokens are the mma's N. x_ptr int64 [T, K/4] (4 activations a word),
-    w_ptr int64 [N, K/16] (one scale block a word), s_ptr uint8 [N, K/16]; KW = K/16 words per row.
+                       W: tl.constexpr, U: tl.constexpr, NT: tl.constexpr, PARTIAL: tl.constexpr,
+                       HAS_BIAS: tl.constexpr):
+    """y [T <= 8 NT, N] = x @ W^T on mma.sync m16n8k16 fed from registers: warp g of the program owns rows
+    16g..16g+15 (of BM = 16 W), tokens are the mma's N (NT groups of 8, the weights decoded once for all). x_ptr
+    int64 [T, K/4] (4 activations a word), w_ptr int64 [N, K/16] (one scale block a word), s_ptr uint8 [N, K/16];
+    KW = K/16 words per row.
 
     Element e of the [32 W] tensors below must live in lane e % 32 of warp e // 32 (so lane = 4 * group + thread
     in group, the mma fragment order): Triton's default layout for a 1-D tensor of 32 W elements over W warps, as
     long as no address looks contiguous (which would give a thread several elements): the runtime `one` (= 1, not
     specialised) sees to that. The GPU tests check the result."""
+    DT: tl.constexpr = y_ptr.dtype.element_ty
     pid = tl.program_id(0)
     split = tl.program_id(1)
     e = tl.arange(0, 32 * W)
@@ -444,38 +447,46 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
     c = (lane % 4) * one  # thread in group: its scale block within 4 consecutive ones
     r_top = pid * (16 * W) + (e // 32) * 16 + lane // 4
     r_bot = r_top + 8
-    tok = lane // 4  # the mma's column n: a token
+    tok = lane // 4  # the mma's column n: a token (of each group of 8)
     k_lo = split * per_split
     k_hi = tl.minimum(k_lo + per_split, KW)
-    acc0 = tl.zeros([32 * W], tl.float32)  # (row r, token 2c), (r, 2c + 1), (r + 8, 2c), (r + 8, 2c + 1)
+    # per group of 8 tokens: (row r, token 2c), (r, 2c + 1), (r + 8, 2c), (r + 8, 2c + 1)
+    acc0 = tl.zeros([32 * W], tl.float32)
     acc1 = tl.zeros([32 * W], tl.float32)
     acc2 = tl.zeros([32 * W], tl.float32)
     acc3 = tl.zeros([32 * W], tl.float32)
-    if PINGPONG:  # step j + 1's loads are in flight while step j's weights are decoded (no register copies:
-        # each set is consumed before it is loaded again)
-        wt, wb, st, sb, x0, x1, x2, x3 = _mma_loads(w_ptr, s_ptr, x_ptr, r_top, r_bot, tok, k_lo + c, k_hi, N, T,
-                                                    s_wn, s_sn, s_xt, one, y_ptr.dtype.element_ty)
-        for k0 in range(k_lo, k_hi, 8):
-            vt, vb, su, sv, y0, y1, y2, y3 = _mma_loads(w_ptr, s_ptr, x_ptr, r_top, r_bot, tok, k0 + 4 + c, k_hi, N,
-                                                        T, s_wn, s_sn, s_xt, one, y_ptr.dtype.element_ty)
-            acc0, acc1, acc2, acc3 = _mma_apply(acc0, acc1, acc2, acc3, wt, wb, st, sb, x0, x1, x2, x3,
-                                                y_ptr.dtype.element_ty)
-            wt, wb, st, sb, x0, x1, x2, x3 = _mma_loads(w_ptr, s_ptr, x_ptr, r_top, r_bot, tok, k0 + 8 + c, k_hi, N,
-                                                        T, s_wn, s_sn, s_xt, one, y_ptr.dtype.element_ty)
-            acc0, acc1, acc2, acc3 = _mma_apply(acc0, acc1, acc2, acc3, vt, vb, su, sv, y0, y1, y2, y3,
-                                                y_ptr.dtype.element_ty)
-    else:
-        for k0 in range(k_lo, k_hi, 4 * U):
-            for u in tl.static_range(U):
-                wt, wb, st, sb, x0, x1, x2, x3 = _mma_loads(w_ptr, s_ptr, x_ptr, r_top, r_bot, tok, k0 + 4 * u + c,
-                                                            k_hi, N, T, s_wn, s_sn, s_xt, one, y_ptr.dtype.element_ty)
-                acc0, acc1, acc2, acc3 = _mma_apply(acc0, acc1, acc2, acc3, wt, wb, st, sb, x0, x1, x2, x3,
-                                                    y_ptr.dtype.element_ty)
+    acc4 = tl.zeros([32 * W], tl.float32)
+    acc5 = tl.zeros([32 * W], tl.float32)
+    acc6 = tl.zeros([32 * W], tl.float32)
+    acc7 = tl.zeros([32 * W], tl.float32)
+    for k0 in range(k_lo, k_hi, 4 * U):
+        for u in tl.static_range(U):
+            kw = k0 + 4 * u + c  # this thread's scale block (word) of both rows
+            k_ok = kw < k_hi
+            wt, wb, st, sb = _mma_weights(w_ptr, s_ptr, r_top, r_bot, kw, k_ok, N, s_wn, s_sn, DT)
+            x0, x1, x2, x3 = _mma_acts(x_ptr, tok, kw, k_ok, T, s_xt, one)
+            if NT == 2:
+                x4, x5, x6, x7 = _mma_acts(x_ptr, tok + 8, kw, k_ok, T, s_xt, one)
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = tl.inline_asm_elementwise(
+                    ASM_MMA2_BF16 if DT == tl.bfloat16 else ASM_MMA2_F16,
+                    "=f,=f,=f,=f,=f,=f,=f,=f,0,1,2,3,4,5,6,7,l,l,h,h,l,l,l,l,l,l,l,l",
+                    [acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6, x7],
+                    dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+            else:
+                acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
+                    ASM_MMA_BF16 if DT == tl.bfloat16 else ASM_MMA_F16, "=f,=f,=f,=f,0,1,2,3,l,l,h,h,l,l,l,l",
+                    [acc0, acc1, acc2, acc3, wt, wb, st, sb, x0, x1, x2, x3],
+                    dtype=(tl.float32,) * 4, is_pure=True, pack=1)
     t0 = 2 * c
     _store_out(acc0, r_top, t0, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
     _store_out(acc1, r_top, t0 + 1, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
     _store_out(acc2, r_bot, t0, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
     _store_out(acc3, r_bot, t0 + 1, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
+    if NT == 2:
+        _store_out(acc4, r_top, t0 + 8, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
+        _store_out(acc5, r_top, t0 + 9, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
+        _store_out(acc6, r_bot, t0 + 8, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
+        _store_out(acc7, r_bot, t0 + 9, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
 
 
 @triton.jit
@@ -624,11 +635,11 @@ def _unit_k(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(1) == 1 else t.contiguous()
 
 
-MMA_MAX_T = 8  # tokens of the register-fed mma kernel (the mma's N)
+MMA_MAX_T = 16  # tokens of the register-fed mma kernel: one or two groups of 8 (the mma's N)
 
 
 def _mma_usable(x, w8, y) -> bool:
-    """sm_90+ (mma.sync, mul.rn.bf16x2), at most 8 tokens, 8-byte aligned rows of weights and activations."""
+    """sm_90+ (mma.sync, mul.rn.bf16x2), at most 16 tokens, 8-byte aligned rows of weights and activations."""
     if interpreting() or x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] < 9:
         return False
     return (x.shape[0] <= MMA_MAX_T and x.stride(1) == 1 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0
@@ -636,14 +647,14 @@ def _mma_usable(x, w8, y) -> bool:
 
 
 def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
-    """T <= 8: the mma-fragment kernel. x [T, K], w8 uint8 [N, K/2] (8-byte aligned rows), s8 uint8 [N, K/16]."""
+    """T <= 16: the mma-fragment kernel. x [T, K], w8 uint8 [N, K/2] (8-byte aligned rows), s8 uint8 [N, K/16]."""
     T, K = x.shape
     N, KH = w8.shape
     KW = KH // 8
-    c = {"W": 4, "U": 4, "programs_per_sm": 8, "pingpong": False, **(cfg or {})}
+    c = {"W": 4, "U": 4, "programs_per_sm": 8, **(cfg or {})}
     BM = 16 * c["W"]
     tiles = triton.cdiv(N, BM)
-    step = 8 if c["pingpong"] else 4 * c["U"]
+    step = 4 * c["U"]
     target = c["programs_per_sm"] * num_sms(x.device)
     split = 1 if tiles >= target else min(-(-target // tiles), triton.cdiv(KW, step))
     per = -(-(-(-KW // split)) // step) * step
@@ -652,7 +663,7 @@ def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
     _linear_mma_kernel[(tiles, split)](
         x.view(torch.int64), w8.view(torch.int64), s8, gs, bias if bias is not None else gs, y, part,
         T, N, KW, per, x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), y.stride(0), 1,
-        W=c["W"], U=c["U"], PARTIAL=split > 1, HAS_BIAS=bias is not None, PINGPONG=bool(c["pingpong"]),
+        W=c["W"], U=c["U"], NT=1 if T <= 8 else 2, PARTIAL=split > 1, HAS_BIAS=bias is not None,
         num_warps=c["W"])
     if split > 1:
         blk = 256
@@ -665,8 +676,8 @@ def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
 def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
     """x [T, K] (unit last stride), w8 uint8 [N, K/2], s8 uint8 [N, K/16], gs fp32 [1] -> y [T, N].
 
-    T <= 8 on sm_90 with 8-byte aligned rows: the register-fed mma kernel (cfg {"kernel": "dot"} or a dot-kernel
-    cfg (with "BN") skips it; W / U / programs_per_sm / pingpong tune it); else the dot kernel (use_asm=False: with
+    T <= 16 on sm_90 with 8-byte aligned rows: the register-fed mma kernel (cfg {"kernel": "dot"} or a dot-kernel
+    cfg (with "BN") skips it; W / U / programs_per_sm tune it); else the dot kernel (use_asm=False: with
     its element-wise decode, and never the mma kernel)."""
     T, K = x.shape
     N, KH = w8.shape
@@ -674,7 +685,7 @@ def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
         return y
     w8, s8 = _unit_k(w8), _unit_k(s8)
     kernel = (cfg or {}).get("kernel") or ("dot" if use_asm is False or (cfg and "BN" in cfg) else "mma")
-    if kernel == "mma" and _mma_usable(x, w8, y):  # T <= 8 on sm_90: ~2x the dot kernel (notes, linear round 3)
+    if kernel == "mma" and _mma_usable(x, w8, y):  # sm_90: ~2x the dot kernel (notes, linear rounds 3-4)
         return linear_mma_launch(x, w8, s8, gs, bias, y, {k: v for k, v in (cfg or {}).items() if k != "kernel"})
     cfg = {k: v for k, v in cfg.items() if k != "kernel"} if cfg and "BN" in cfg else linear_plan(T, N, KH, x.device)
     BN, BKH = cfg["BN"], cfg["BKH"]
