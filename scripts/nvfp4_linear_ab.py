@@ -50,9 +50,9 @@ for T, N, K, dtype in [(1, 37, 96, torch.bfloat16), (3, 300, 1024, torch.float16
     bias = torch.randn(N, device=dev)
     ref = nvfp4_linear_ref(x, w, s.view(torch.float8_e4m3fn), gs, bias)
     ys = []
-    for asm in (False, True):
+    for asm in (False, True):  # the dot kernel with each decode
         y = torch.full((T, N), float("nan"), dtype=dtype, device=dev)
-        linear_launch(x, w, s, gs, bias, y, use_asm=asm)
+        linear_launch(x, w, s, gs, bias, y, cfg={"kernel": "dot"}, use_asm=asm)
         ys.append(y)
     torch.cuda.synchronize()
     err = rel_err(ys[1], ref)
@@ -75,7 +75,7 @@ bw = copy_bandwidth()
 l2 = torch.cuda.get_device_properties(0).L2_cache_size
 say(f"copy {bw / 1e12:.3f} TB/s")
 rows = []
-variants = [("element-wise", {"use_asm": False}), ("packed asm", {})]
+variants = [("element-wise", {"use_asm": False}), ("packed asm", {"cfg": {"kernel": "dot"}})]
 if MMA:
     variants += [(f"mma {c}", {"cfg": {"kernel": "mma", **c}}) for c in MMA_CFGS]
 for N, K in [(4096, 4096), (14336, 4096), (4096, 14336)]:
