@@ -30,7 +30,7 @@ def say(*a):
 
 dev = torch.device("cuda")
 MMA = "--mma" in sys.argv
-MMA_CFGS = [{}, {"U": 2}, {"programs_per_sm": 12}]
+MMA_CFGS = [{}, {"programs_per_sm": 12}]
 
 
 def inputs(T, N, K, dtype):

@@ -88,23 +88,28 @@ def _asm_mma(bf16: bool, nt: int = 1):
     # byte tables of the 16-bit patterns of 0, .5, 1, 1.5, 2, 3, 4, 6 (low bytes, high bytes); fp16's low bytes are 0
     la, lb = ("0xC0800000", "0xC0804000") if bf16 else ("0x00000000", "0x00000000")
     ha, hb = ("0x3F3F3F00", "0x40404040") if bf16 else ("0x3E3C3800", "0x46444240")
-    s = ("{\n.reg .b32 la, lb, ha, hb, w<4>, m, t, u, v, sg, sc<2>, a<4>, b<2>;\n"
+    s = ("{\n.reg .b32 la, lb, ha, hb, w<4>, mw<4>, tw<4>, m, u, v, sg, sc<2>, a<4>, b<2>;\n"
          f"mov.b32 la, {la};\nmov.b32 lb, {lb};\nmov.b32 ha, {ha};\nmov.b32 hb, {hb};\n"
          f"mov.b64 {{w0, w1}}, ${wt};\nmov.b64 {{w2, w3}}, ${wb};\n"
          f"mov.b32 sc0, {{${st}, ${st}}};\nmov.b32 sc1, {{${sb}, ${sb}}};\n")
 
     def pair(word, half, dst_a, dst_b, sc):
-        """codes of bytes 2*half, 2*half + 1 of `word` -> scaled pairs in dst_a (first byte), dst_b (second)."""
-        out = f"and.b32 m, {word}, 0x77777777;\n"
+        """codes of bytes 2*half, 2*half + 1 of `word` -> scaled pairs in dst_a (first byte), dst_b (second).
+        m<word> holds the word's magnitudes (& 0x77777777), t<word> the word << 4 (low codes' signs at byte msbs)."""
+        sel = f"m{word}"
+        out = ""
         if half:
-            out += "shr.b32 m, m, 16;\n"
-        out += f"shl.b32 t, {word}, 4;\nprmt.b32 u, la, lb, m;\nprmt.b32 v, ha, hb, m;\n"
+            out += f"shr.b32 m, m{word}, 16;\n"
+            sel = "m"
+        out += f"prmt.b32 u, la, lb, {sel};\nprmt.b32 v, ha, hb, {sel};\n"
         for dst, (inter, sgn) in ((dst_a, ("0x5140", "0xC080" if not half else "0xE0A0")),
                                   (dst_b, ("0x7362", "0xD090" if not half else "0xF0B0"))):
-            out += (f"prmt.b32 {dst}, u, v, {inter};\nprmt.b32 sg, t, {word}, {sgn};\n"
+            out += (f"prmt.b32 {dst}, u, v, {inter};\nprmt.b32 sg, t{word}, {word}, {sgn};\n"
                     f"lop3.b32 {dst}, {dst}, sg, 0x80008000, 0xF8;\nmul.rn.{ty}x2 {dst}, {dst}, {sc};\n")
         return out
 
+    for i in range(4):  # once per word: magnitudes and shifted signs, shared by its two 16-bit halves
+        s += f"and.b32 mw{i}, w{i}, 0x77777777;\nshl.b32 tw{i}, w{i}, 4;\n"
     for j in range(4):  # weight byte pair j of each row, activation word j
         word_t, word_b, half = (f"w{j // 2}", f"w{2 + j // 2}", j % 2)
         s += pair(word_t, half, "a0", "a2", "sc0") + pair(word_b, half, "a1", "a3", "sc1")
@@ -425,6 +430,31 @@ def _mma_acts(x_ptr, tok, kw, k_ok, T, s_xt, one):
             tl.load(xb + 2 * one, mask=xm, other=0), tl.load(xb + 3 * one, mask=xm, other=0))
 
 
+@triton.jit
+def _mma_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w_ptr, s_ptr, x_ptr, r_top, r_bot, tok, kw, k_hi,
+              N, T, s_wn, s_sn, s_xt, one, DT: tl.constexpr, NT: tl.constexpr, K_MASK: tl.constexpr):
+    """One mma step (weight word kw of rows r_top / r_bot) for NT groups of 8 tokens; K_MASK: kw may be >= k_hi."""
+    if K_MASK:
+        k_ok = kw < k_hi
+    else:
+        k_ok = True
+    wt, wb, st, sb = _mma_weights(w_ptr, s_ptr, r_top, r_bot, kw, k_ok, N, s_wn, s_sn, DT)
+    x0, x1, x2, x3 = _mma_acts(x_ptr, tok, kw, k_ok, T, s_xt, one)
+    if NT == 2:
+        x4, x5, x6, x7 = _mma_acts(x_ptr, tok + 8, kw, k_ok, T, s_xt, one)
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = tl.inline_asm_elementwise(
+            ASM_MMA2_BF16 if DT == tl.bfloat16 else ASM_MMA2_F16,
+            "=f,=f,=f,=f,=f,=f,=f,=f,0,1,2,3,4,5,6,7,l,l,h,h,l,l,l,l,l,l,l,l",
+            [acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6, x7],
+            dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+    else:
+        acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
+            ASM_MMA_BF16 if DT == tl.bfloat16 else ASM_MMA_F16, "=f,=f,=f,=f,0,1,2,3,l,l,h,h,l,l,l,l",
+            [acc0, acc1, acc2, acc3, wt, wb, st, sb, x0, x1, x2, x3],
+            dtype=(tl.float32,) * 4, is_pure=True, pack=1)
+    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+
+
 @triton.jit(do_not_specialize=["one"])
 def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
                        T, N, KW, per_split, s_xt, s_wn, s_sn, s_yt, one,
@@ -459,24 +489,18 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
     acc5 = tl.zeros([32 * W], tl.float32)
     acc6 = tl.zeros([32 * W], tl.float32)
     acc7 = tl.zeros([32 * W], tl.float32)
-    for k0 in range(k_lo, k_hi, 4 * U):
+    # whole steps without K masks (the row and token masks are loop-invariant), then the tail with them
+    k_full = k_lo + (k_hi - k_lo) // (4 * U) * (4 * U)
+    for k0 in range(k_lo, k_full, 4 * U):
         for u in tl.static_range(U):
-            kw = k0 + 4 * u + c  # this thread's scale block (word) of both rows
-            k_ok = kw < k_hi
-            wt, wb, st, sb = _mma_weights(w_ptr, s_ptr, r_top, r_bot, kw, k_ok, N, s_wn, s_sn, DT)
-            x0, x1, x2, x3 = _mma_acts(x_ptr, tok, kw, k_ok, T, s_xt, one)
-            if NT == 2:
-                x4, x5, x6, x7 = _mma_acts(x_ptr, tok + 8, kw, k_ok, T, s_xt, one)
-                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = tl.inline_asm_elementwise(
-                    ASM_MMA2_BF16 if DT == tl.bfloat16 else ASM_MMA2_F16,
-                    "=f,=f,=f,=f,=f,=f,=f,=f,0,1,2,3,4,5,6,7,l,l,h,h,l,l,l,l,l,l,l,l",
-                    [acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6, x7],
-                    dtype=(tl.float32,) * 8, is_pure=True, pack=1)
-            else:
-                acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
-                    ASM_MMA_BF16 if DT == tl.bfloat16 else ASM_MMA_F16, "=f,=f,=f,=f,0,1,2,3,l,l,h,h,l,l,l,l",
-                    [acc0, acc1, acc2, acc3, wt, wb, st, sb, x0, x1, x2, x3],
-                    dtype=(tl.float32,) * 4, is_pure=True, pack=1)
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _mma_step(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w_ptr, s_ptr, x_ptr, r_top, r_bot, tok,
+                k0 + 4 * u + c, k_hi, N, T, s_wn, s_sn, s_xt, one, DT, NT, False)
+    for k0 in range(k_full, k_hi, 4 * U):
+        for u in tl.static_range(U):
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _mma_step(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w_ptr, s_ptr, x_ptr, r_top, r_bot, tok,
+                k0 + 4 * u + c, k_hi, N, T, s_wn, s_sn, s_xt, one, DT, NT, True)
     t0 = 2 * c
     _store_out(acc0, r_top, t0, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
     _store_out(acc1, r_top, t0 + 1, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
