@@ -659,6 +659,14 @@ def _unit_k(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(1) == 1 else t.contiguous()
 
 
+def _reduce_linear(part, y, gs, bias):
+    """y [T, N] = global scale * sum over splits of part [S, T, N] (+ bias), in a fixed order."""
+    S, T, N = part.shape
+    blk = 256
+    _reduce_kernel[(triton.cdiv(N, blk), T)](part, y, gs, bias if bias is not None else gs, 1.0, T, N, y.stride(0), 1,
+                                             SPLIT=S, BLOCK=blk, HAS_SCALE_PTR=True, HAS_BIAS=bias is not None)
+
+
 MMA_MAX_T = 16  # tokens of the register-fed mma kernel: one or two groups of 8 (the mma's N)
 
 
@@ -690,10 +698,7 @@ def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
         W=c["W"], U=c["U"], NT=1 if T <= 8 else 2, PARTIAL=split > 1, HAS_BIAS=bias is not None,
         num_warps=c["W"])
     if split > 1:
-        blk = 256
-        _reduce_kernel[(triton.cdiv(N, blk), T)](part, y, gs, bias if bias is not None else gs, 1.0, T, N,
-                                                 y.stride(0), 1, SPLIT=split, BLOCK=blk, HAS_SCALE_PTR=True,
-                                                 HAS_BIAS=bias is not None)
+        _reduce_linear(part, y, gs, bias)
     return y
 
 
@@ -723,10 +728,7 @@ def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
         FIX_NAN=interpreting(), USE_ASM=(not interpreting()) if use_asm is None else use_asm,
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2))
     if split > 1:
-        blk = 256
-        _reduce_kernel[(triton.cdiv(N, blk), T)](part, y, gs, bias if bias is not None else gs, 1.0, T, N,
-                                                 y.stride(0), 1, SPLIT=split, BLOCK=blk, HAS_SCALE_PTR=True,
-                                                 HAS_BIAS=bias is not None)
+        _reduce_linear(part, y, gs, bias)
     return y
 
 
