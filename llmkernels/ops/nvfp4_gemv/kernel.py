@@ -396,8 +396,8 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
 @triton.jit
 def _store_out(acc, row, t, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one,
                PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Rows times the runtime 1: consecutive rows must not look contiguous (Triton would then lay the tensor out
-    along rows, not in the mma fragment order)."""
+    """Store one accumulator of the mma kernel (or its split-K partial). Offsets times the runtime 1, like every
+    lane-dependent offset there: an address that looks contiguous would change the layout Triton picks."""
     ok = (row < N) & (t < T)
     off = row * one
     if PARTIAL:
