@@ -42,19 +42,23 @@ def _asm_a():
     return s + "mov.b32 $0, qacc;\n}"
 
 
+def _tables(bf16: bool) -> str:
+    """PTX setting la, lb (low bytes) and ha, hb (high bytes) to byte tables of the 16-bit patterns of the E2M1
+    magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 (codes 0-3 in la / ha, 4-7 in lb / hb), for prmt lookups. bf16: low bytes
+    00 00 80 c0 00 40 80 c0, high 00 3f 3f 3f 40 40 40 40; fp16: low bytes all 00, high 00 38 3c 3e 40 42 44 46."""
+    la, lb = ("0xC0800000", "0xC0804000") if bf16 else ("0x00000000", "0x00000000")
+    ha, hb = ("0x3F3F3F00", "0x40404040") if bf16 else ("0x3E3C3800", "0x46444240")
+    return f"mov.b32 la, {la};\nmov.b32 lb, {lb};\nmov.b32 ha, {ha};\nmov.b32 hb, {hb};\n"
+
+
 def _asm_w16(bf16: bool):
     """4 weight bytes ($4) and their scales (16-bit x2: $5 for bytes 0-1, $6 for bytes 2-3) -> the low-nibble
     values of the 4 bytes ($0: bytes 0-1, $1: bytes 2-3) and the high-nibble values ($2, $3), each e2m1 * scale
     as bf16 or fp16 (exact: <= 6 significant bits in [2^-10, 2688]). prmt looks the magnitudes up in byte
     tables (code 0 -> 0, so the spare selector nibbles give zero bytes), prmt's sign-replicate mode copies each
     code's sign bit, one mul.rn.x2 applies the scale to two values."""
-    if bf16:  # bf16 of 0, .5, 1, 1.5, 2, 3, 4, 6: low bytes 00 00 80 c0 00 40 80 c0, high 00 3f 3f 3f 40 40 40 40
-        tabs = "mov.b32 la, 0xC0800000;\nmov.b32 lb, 0xC0804000;\nmov.b32 ha, 0x3F3F3F00;\nmov.b32 hb, 0x40404040;\n"
-        mul = "mul.rn.bf16x2"
-    else:  # fp16 of the same values: low bytes all 00, high 00 38 3c 3e 40 42 44 46
-        tabs = "mov.b32 ha, 0x3E3C3800;\nmov.b32 hb, 0x46444240;\n"
-        mul = "mul.rn.f16x2"
-    s = ("{\n.reg .b32 la, lb, ha, hb, m, sg, t, u, v, ss;\n" + tabs)
+    mul = "mul.rn.bf16x2" if bf16 else "mul.rn.f16x2"
+    s = "{\n.reg .b32 la, lb, ha, hb, m, sg, t, u, v, ss;\n" + _tables(bf16)
     for out, (shift, signsrc) in enumerate([(0, "ss"), (4, "$4")]):  # low nibbles, then high nibbles
         s += f"shr.b32 m, $4, {shift};\nand.b32 m, m, 0x07070707;\n" if shift else "and.b32 m, $4, 0x07070707;\n"
         if out == 0:
@@ -85,11 +89,7 @@ def _asm_mma(bf16: bool, nt: int = 1):
     na = 4 * nt
     wt, wb, st, sb = 2 * na, 2 * na + 1, 2 * na + 2, 2 * na + 3
     ty = "bf16" if bf16 else "f16"
-    # byte tables of the 16-bit patterns of 0, .5, 1, 1.5, 2, 3, 4, 6 (low bytes, high bytes); fp16's low bytes are 0
-    la, lb = ("0xC0800000", "0xC0804000") if bf16 else ("0x00000000", "0x00000000")
-    ha, hb = ("0x3F3F3F00", "0x40404040") if bf16 else ("0x3E3C3800", "0x46444240")
-    s = ("{\n.reg .b32 la, lb, ha, hb, w<4>, mw<4>, tw<4>, m, u, v, sg, sc<2>, a<4>, b<2>;\n"
-         f"mov.b32 la, {la};\nmov.b32 lb, {lb};\nmov.b32 ha, {ha};\nmov.b32 hb, {hb};\n"
+    s = ("{\n.reg .b32 la, lb, ha, hb, w<4>, mw<4>, tw<4>, m, u, v, sg, sc<2>, a<4>, b<2>;\n" + _tables(bf16) +
          f"mov.b64 {{w0, w1}}, ${wt};\nmov.b64 {{w2, w3}}, ${wb};\n"
          f"mov.b32 sc0, {{${st}, ${st}}};\nmov.b32 sc1, {{${sb}, ${sb}}};\n")
 
