@@ -7,7 +7,6 @@ return from griddepcontrol.wait and exit of every program; one call in the middl
 printed relative to its first split program's entry. A read-only kernel over the same K/V bytes is timed beside it.
 Output also goes to $OUT/masked_decode_timeline.txt.
 """
-import os
 import sys
 
 import torch
@@ -21,14 +20,9 @@ from llmkernels.ops.masked_decode.kernel import CONFIG, MASKED_CONFIG, _attend, 
 from llmkernels.ops.masked_decode.steal_gluon import steal_launch
 from llmkernels.ops.masked_decode.spec import HKV, HQ, D, _bytes, make_inputs
 
-log = open(os.path.join(os.environ["OUT"], "masked_decode_timeline.txt"), "w") if os.environ.get("OUT") else None
+from _say import teller  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
-
-def say(*a):
-    line = " ".join(str(x) for x in a)
-    print(line, flush=True)
-    if log:
-        log.write(line + "\n")
+say = teller("masked_decode_timeline.txt")
 
 
 @triton.jit

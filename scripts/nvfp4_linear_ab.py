@@ -5,7 +5,6 @@ the register-fed mma kernel for T <= 16 (cfg {"kernel": "mma"}, against the refe
 Usage (device, repo root, PYTHONPATH=.): python scripts/nvfp4_linear_ab.py. Output also in $OUT/nvfp4_linear_ab.txt.
 """
 import math
-import os
 import sys
 
 import torch
@@ -17,15 +16,9 @@ from llmkernels.ops.nvfp4_gemv.kernel import linear_launch
 from llmkernels.ops.nvfp4_gemv.reference import nvfp4_linear_ref
 from llmkernels.ops.nvfp4_gemv.spec import LINEAR_TOL, linear_bytes, random_scales
 
-log = open(os.path.join(os.environ["OUT"], "nvfp4_linear_ab.txt"), "w") if os.environ.get("OUT") else None
+from _say import teller  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
-
-def say(*a):
-    line = " ".join(str(x) for x in a)
-    print(line, flush=True)
-    if log:
-        log.write(line + "\n")
-        log.flush()
+say = teller("nvfp4_linear_ab.txt")
 
 
 dev = torch.device("cuda")

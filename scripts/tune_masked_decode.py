@@ -5,7 +5,6 @@ stdout (and $OUT/masked_decode_sweep.txt when OUT is set); the last lines are th
 earlier sweeps (rounds 1-3, with the since-removed stream plan) are in benchmarks/notes/masked_decode_sweep_*.txt.
 """
 import itertools
-import os
 import sys
 
 import torch
@@ -17,15 +16,9 @@ from llmkernels.ops.masked_decode.kernel import masked_decode_fwd
 from llmkernels.ops.masked_decode.reference import masked_decode_ref
 from llmkernels.ops.masked_decode.spec import HKV, HQ, D, LSE_TOL, OUT_TOL, _bytes, make_inputs
 
-log = open(os.path.join(os.environ["OUT"], "masked_decode_sweep.txt"), "w") if os.environ.get("OUT") else None
+from _say import teller  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
-
-def say(*a):
-    line = " ".join(str(x) for x in a)
-    print(line, flush=True)
-    if log:
-        log.write(line + "\n")
-        log.flush()
+say = teller("masked_decode_sweep.txt")
 
 
 bw = copy_bandwidth()
