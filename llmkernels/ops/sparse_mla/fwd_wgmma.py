@@ -173,17 +173,205 @@ if HAVE_GLUON:
         ], [4, 4], [CONS_REGS, PROD_REGS])
 
 
+    @gluon.jit
+    def _xchg(buf, bars, k: gl.constexpr, x):
+        """Publish x (one value per head) to the other consumer: store, then one arrival on bars[k]."""
+        buf.store(x)
+        gl.thread_barrier()
+        mbarrier.arrive(bars.index(k), count=1)
+
+    @gluon.jit
+    def _see_consumer(q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s, xm, xl,
+                      bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om, s_oh,
+                      s_lm, zero, CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
+                      CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr):
+        """Seesaw consumer: tiles come in pairs (a in slot 0, b in slot 1). Consumer 0 computes S and P of tile a,
+        consumer 1 those of tile b (full d_qk each, m64n64 wgmma); each keeps half of O's columns and multiplies
+        both tiles' P into it: its own P from registers, the other's through shared memory (written over the
+        tile's rope columns, which only S reads). The running max is shared: m0 = max(m, max a) from consumer 0,
+        m1 = max(m0, max b) from consumer 1; consumer 0 rescales by 2^(m0 - m1) once it knows m1."""
+        DH: gl.constexpr = D_V // 2
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_N, 16])
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DH, 16])
+        p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+        row_l: gl.constexpr = gl.SliceLayout(1, s_l)
+        orow_l: gl.constexpr = gl.SliceLayout(1, o_l)
+        col_l: gl.constexpr = gl.SliceLayout(0, s_l)
+        c0: gl.constexpr = CID * DH
+
+        # q into shared memory, half of its columns by each consumer; both read all of it
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        offs_h = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
+        q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
+        hmask = offs_h[:, None] < h_q
+        async_copy.async_copy_global_to_shared(
+            qlo_s.slice(c0, DH, dim=1), q_rows + c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, ld_l))[None, :],
+            mask=hmask)
+        if CID == 1 and D_T > 0:
+            async_copy.async_copy_global_to_shared(
+                qhi_s, q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(bars.index(0), count=1)
+        mbarrier.wait(bars.index(0), 0)
+
+        q3_s = qlo_s._reinterpret(qlo_s.dtype, [1, 64, D_V], qlo_s.layout)
+        m_i = gl.full([64], float("-inf"), gl.float32, row_l)  # running max of the log2-scaled logits
+        l_i = gl.zeros([64], gl.float32, row_l)  # this consumer's tiles' share of the denominator, at m_i
+        acc = gl.zeros([64, DH], gl.float32, o_l)
+        zero_s = gl.zeros([64, BLOCK_N], gl.float32, s_l)
+        n_pairs = gl.cdiv(n_len, 2 * BLOCK_N)
+        for i in range(n_pairs):
+            ph = i & 1
+            # zero * i (zero is a runtime 0): shared-memory addresses the compiler cannot hoist, else it keeps the
+            # 2 x 36 wgmma descriptors of q and the tile live across the loop and spills them
+            z = zero * i
+            qz_s = q3_s.index(z)
+            sa_s = klo_s.index(CID + z)
+            valid = _ws_valid(idx_ptr, row, (2 * i + CID) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL,
+                              col_l)[0]
+            mbarrier.wait(full.index(CID), ph)
+            fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+            sa = warpgroup_mma(qz_s, sa_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if D_T > 0:
+                sa = warpgroup_mma(qhi_s, khi_s.index(CID).permute((1, 0)), sa, is_async=True)
+            sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
+            sc = gl.where(valid[None, :], sa * qk_scale, float("-inf"))
+            if CID == 0:
+                m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+                _xchg(xm.index(0), bars, 1, m_new)
+            else:
+                mbarrier.wait(bars.index(1), ph)
+                m_new = gl.maximum(xm.index(0).load(row_l), gl.max(sc, axis=1))
+                _xchg(xm.index(1), bars, 2, m_new)
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # nothing valid yet: avoid inf - inf
+            p = gl.exp2(sc - m_safe[:, None])
+            alpha = gl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            acc = acc * gl.convert_layout(alpha, orow_l)[:, None]
+            p16 = p.to(klo_s.dtype)
+            pb = gl.convert_layout(p16, p_l)
+            if CID == 1:  # P of tile b, for consumer 0
+                pbuf.index(1).store(p16)
+                fence_async_shared()
+                gl.thread_barrier()
+                mbarrier.arrive(bars.index(4), count=1)
+            acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)  # V = kv[:, :D_V]
+            if CID == 0:
+                mbarrier.wait(bars.index(2), ph)
+                m1 = xm.index(1).load(row_l)
+                # m1 >= m_new; with nothing valid so far on this side, P and O are 0 and any finite factor does
+                beta = gl.where(m_new == float("-inf"), 1.0, gl.exp2(m_new - m1))
+                # P of tile a at m1, for consumer 1 (rescaled from bf16: fewer live registers than fp32 P)
+                pbuf.index(0).store((p16.to(gl.float32) * beta[:, None]).to(klo_s.dtype))
+                fence_async_shared()
+                gl.thread_barrier()
+                mbarrier.arrive(bars.index(3), count=1)
+                acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
+                acc = acc * gl.convert_layout(beta, orow_l)[:, None]
+                l_i = l_i * beta
+                m_new = m1
+                mbarrier.wait(bars.index(4), ph)
+            else:
+                mbarrier.wait(bars.index(3), ph)
+            acc = warpgroup_mma(pbuf.index(1 - CID + z), klo_s.index(1 - CID + z).slice(c0, DH, dim=1), acc,
+                                is_async=True)
+            acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
+            gl.thread_barrier()  # the whole warpgroup is done with both slots ...
+            mbarrier.arrive(empty.index(0), count=1)  # ... one of each slot's two releases
+            mbarrier.arrive(empty.index(1), count=1)
+            m_i = m_new
+
+        _xchg(xl.index(CID), bars, 5, l_i)  # the denominator is the sum of both consumers' shares
+        mbarrier.wait(bars.index(5), 0)
+        l_i = l_i + xl.index(1 - CID).load(row_l)
+        empty_row = m_i == float("-inf")
+        l_safe = gl.where(empty_row, 1.0, l_i)
+        lse2 = m_i + gl.log2(l_safe)  # log2-sum-exp2 of the logits alone
+        denom = l_safe
+        offs_hm = hb * 64 + gl.arange(0, 64, layout=row_l)
+        hm = offs_hm < h_q
+        if HAS_SINK:
+            sink2 = gl.load(sink_ptr + offs_hm, mask=hm, other=0.0) * LOG2E_C
+            d = sink2 - lse2
+            sp2 = gl.maximum(d, 0.0) + gl.log2(1.0 + gl.exp2(-gl.abs(d)))  # log2(1 + 2^d) without overflow
+            denom = l_safe * gl.exp2(sp2)
+            if SINK_IN_LSE:
+                lse2 = lse2 + sp2
+        o = acc / gl.convert_layout(denom, orow_l)[:, None]
+        o = gl.where(gl.convert_layout(empty_row, orow_l)[:, None], 0.0, o)
+        offs_ho = hb * 64 + gl.arange(0, 64, layout=orow_l)
+        offs_d = c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, o_l))
+        gl.store(out_ptr + row * s_om + offs_ho[:, None].to(gl.int64) * s_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=(offs_ho < h_q)[:, None])
+        if CID == 0:
+            gl.store(maxl_ptr + row * s_lm + offs_hm, m_i * LN2_C, mask=hm)
+            gl.store(lse_ptr + row * s_lm + offs_hm, gl.where(empty_row, float("inf"), lse2 * LN2_C),
+                     mask=hm)
+
+    @gluon.jit(do_not_specialize=["zero"])
+    def _fwd_see_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tlen_ptr, qs_ptr,
+                        s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
+                        s_qm, s_qh, s_kvn, s_im, s_om, s_oh, s_lm, zero,
+                        BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
+                        HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
+                        QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
+                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
+        pid = gl.program_id(0)
+        row = (pid // n_hb).to(gl.int64)
+        hb = pid % n_hb
+        dtype: gl.constexpr = kv_ptr.dtype.element_ty
+        n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+        klo_s, khi_s, full, empty = _kv_ring(dtype, 2, BLOCK_N, D_V, D_T, 2)  # both consumers read both slots
+        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        qlo_s = gl.allocate_shared_memory(dtype, [64, D_V], sl)
+        if D_T > 0:
+            qhi_s = gl.allocate_shared_memory(dtype, [64, D_T], sl)
+            gl.static_assert(D_T == BLOCK_N, "P [64 heads, BLOCK_N] is written over a slot's rope columns")
+            pbuf = khi_s
+        else:
+            qhi_s = qlo_s
+            pbuf = gl.allocate_shared_memory(dtype, [2, 64, BLOCK_N], sl)
+        v_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        xm = gl.allocate_shared_memory(gl.float32, [2, 64], v_l)
+        xl = gl.allocate_shared_memory(gl.float32, [2, 64], v_l)
+        # 0: q loaded (both consumers), 1: m0 published, 2: m1 published, 3: P of tile a, 4: P of tile b, 5: l
+        bars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(6):
+            mbarrier.init(bars.index(i), count=2 if i == 0 or i == 5 else 1)
+        gl.warp_specialize([
+            (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s,
+                             xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
+                             s_om, s_oh, s_lm, zero, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE)),
+            (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s,
+                             xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
+                             s_om, s_oh, s_lm, zero, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE)),
+            (_ws_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, empty, row, n_len, s_kv, limit, s_kvn, s_im,
+                            BLOCK_N, D_V, D_T, 2, CAUSAL, False, 2)),
+        ], [4, 4], [CONS_REGS, PROD_REGS])
+
+
 def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, config=None) -> None:
     """As fwd.sparse_mla_fwd_launch, on sm_90 (see attn_dist_wgmma.wgmma_usable)."""
     q, kv, idx = a.q, a.kv, a.indices
     s_q, h_q, d_qk = q.shape
-    # 32-row tiles: q (74 KB) + the S swap buffers (32 KB) leave room for three 37 KB ring slots (the pipelined
-    # consumers need the third: 313 vs 285 TFLOP/s at h_q 128); consumers get 232 registers (O alone is 128)
-    cfg = dict(BLOCK_N=32, STAGES=3, CONS_REGS=232, PROD_REGS=40)
-    cfg.update(config or {})
+    cfg = dict(config or {})
+    if cfg.pop("SEESAW", False):
+        cfg = dict(dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=40), **cfg)
+        kernel = _fwd_see_kernel
+        extra = (0,)  # `zero`
+    else:
+        # 32-row tiles: q (74 KB) + the S swap buffers (32 KB) leave room for three 37 KB ring slots (the pipelined
+        # consumers need the third: 313 vs 285 TFLOP/s at h_q 128); consumers get 232 registers (O alone is 128)
+        cfg = dict(dict(BLOCK_N=32, STAGES=3, CONS_REGS=232, PROD_REGS=40), **cfg)
+        kernel = _fwd_ws_kernel
+        extra = ()
     n_hb = triton.cdiv(h_q, 64)
-    _fwd_ws_kernel[(s_q * n_hb,)](
+    kernel[(s_q * n_hb,)](
         q, kv, idx, out, max_logits, lse, sink_arg(a), *row_args(a, n_hb),
-        q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0),
+        q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0), *extra,
         D_V=a.d_v, D_T=d_qk - a.d_v, HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse, num_warps=4,
         **row_flags(a), **cfg)
