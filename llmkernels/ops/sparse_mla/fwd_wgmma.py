@@ -184,7 +184,7 @@ if HAVE_GLUON:
     def _see_consumer(q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s, xm, xl,
                       bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om, s_oh,
                       s_lm, zero, CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
-                      CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr):
+                      CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr, SPLIT: gl.constexpr):
         """Seesaw consumer: tiles come in pairs (a in slot 0, b in slot 1). Consumer 0 computes S and P of tile a,
         consumer 1 those of tile b (full d_qk each, m64n64 wgmma); each keeps half of O's columns and multiplies
         both tiles' P into it: its own P from registers, the other's through shared memory (written over the
@@ -235,7 +235,16 @@ if HAVE_GLUON:
                               col_l)[0]
             mbarrier.wait(full.index(CID), ph)
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-            sa = warpgroup_mma(qz_s, sa_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if SPLIT:  # this consumer's own half of the columns lands first (_see_producer)
+                oc: gl.constexpr = (1 - CID) * DH
+                sa = warpgroup_mma(qz_s.slice(c0, DH, dim=1), sa_s.slice(c0, DH, dim=1).permute((1, 0)), zero_s,
+                                   use_acc=False, is_async=True)
+                mbarrier.wait(full.index(2 + CID), ph)
+                fence_async_shared()
+                sa = warpgroup_mma(qz_s.slice(oc, DH, dim=1), sa_s.slice(oc, DH, dim=1).permute((1, 0)), sa,
+                                   is_async=True)
+            else:
+                sa = warpgroup_mma(qz_s, sa_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             if D_T > 0:
                 sa = warpgroup_mma(qhi_s, khi_s.index(CID).permute((1, 0)), sa, is_async=True)
             sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
@@ -271,6 +280,10 @@ if HAVE_GLUON:
                 gl.thread_barrier()
                 mbarrier.arrive(bars.index(3), count=1)
                 acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
+                if SPLIT:  # done with slot 0: its early half and (with consumer 1) its late half
+                    gl.thread_barrier()
+                    mbarrier.arrive(empty.index(0), count=1)
+                    mbarrier.arrive(empty.index(2), count=1)
                 acc = acc * gl.convert_layout(beta, orow_l)[:, None]
                 l_i = l_i * beta
                 m_new = m1
@@ -279,10 +292,21 @@ if HAVE_GLUON:
                 mbarrier.wait(bars.index(3), ph)
             acc = warpgroup_mma(pbuf.index(1 - CID + z), klo_s.index(1 - CID + z).slice(c0, DH, dim=1), acc,
                                 is_async=True)
-            acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
-            gl.thread_barrier()  # the whole warpgroup is done with both slots ...
-            mbarrier.arrive(empty.index(0), count=1)  # ... one of each slot's two releases
-            mbarrier.arrive(empty.index(1), count=1)
+            if SPLIT:
+                if CID == 1:  # own P V done: slot 1's early half is free
+                    pb = warpgroup_mma_wait(num_outstanding=1, deps=(pb,))
+                    gl.thread_barrier()
+                    mbarrier.arrive(empty.index(1), count=1)
+                acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
+                gl.thread_barrier()
+                if CID == 1:
+                    mbarrier.arrive(empty.index(2), count=1)
+                mbarrier.arrive(empty.index(3), count=1)
+            else:
+                acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
+                gl.thread_barrier()  # the whole warpgroup is done with both slots ...
+                mbarrier.arrive(empty.index(0), count=1)  # ... one of each slot's two releases
+                mbarrier.arrive(empty.index(1), count=1)
             m_i = m_new
 
         _xchg(xl.index(CID), bars, 5, l_i)  # the denominator is the sum of both consumers' shares
@@ -312,6 +336,49 @@ if HAVE_GLUON:
             gl.store(lse_ptr + row * s_lm + offs_hm, gl.where(empty_row, float("inf"), lse2 * LN2_C),
                      mask=hm)
 
+    @gluon.jit
+    def _see_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
+                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr):
+        """4 warps: per pair of tiles (a -> slot 0, b -> slot 1) the halves in the order they free up: slot s's
+        early half (columns [256 s, 256 s + 256): read only by consumer s) before the late halves (the other 256
+        columns and the rope). Barriers [early 0, early 1, late 0, late 1]."""
+        g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        rl: gl.constexpr = gl.SliceLayout(1, g_l)
+        DH: gl.constexpr = D_V // 2
+        n_pairs = gl.cdiv(n_len, 2 * BLOCK_N)
+        d_h = gl.arange(0, DH, layout=gl.SliceLayout(0, g_l))
+        d_t = gl.arange(0, D_T if D_T > 0 else 16, layout=gl.SliceLayout(0, g_l))
+        va, ia = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+        vb, ib = _ws_valid(idx_ptr, row, BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+        for i in range(n_pairs):
+            ph = (i & 1) ^ 1
+            base_a = kv_ptr + gl.where(va, ia, 0).to(gl.int64)[:, None] * s_kvn
+            base_b = kv_ptr + gl.where(vb, ib, 0).to(gl.int64)[:, None] * s_kvn
+            mbarrier.wait(empty.index(0), ph, pred=i > 0)
+            async_copy.async_copy_global_to_shared(klo_s.index(0).slice(0, DH, dim=1), base_a + d_h[None, :],
+                                                   mask=va[:, None])
+            async_copy.mbarrier_arrive(full.index(0), increment_count=False)
+            mbarrier.wait(empty.index(1), ph, pred=i > 0)
+            async_copy.async_copy_global_to_shared(klo_s.index(1).slice(DH, DH, dim=1), base_b + DH + d_h[None, :],
+                                                   mask=vb[:, None])
+            async_copy.mbarrier_arrive(full.index(1), increment_count=False)
+            # the next pair's indices now, so its addresses are ready when its slots free
+            va_n, ia_n = _ws_valid(idx_ptr, row, (2 * i + 2) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+            vb_n, ib_n = _ws_valid(idx_ptr, row, (2 * i + 3) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+            mbarrier.wait(empty.index(2), ph, pred=i > 0)
+            async_copy.async_copy_global_to_shared(klo_s.index(0).slice(DH, DH, dim=1), base_a + DH + d_h[None, :],
+                                                   mask=va[:, None])
+            if D_T > 0:
+                async_copy.async_copy_global_to_shared(khi_s.index(0), base_a + D_V + d_t[None, :], mask=va[:, None])
+            async_copy.mbarrier_arrive(full.index(2), increment_count=False)
+            mbarrier.wait(empty.index(3), ph, pred=i > 0)
+            async_copy.async_copy_global_to_shared(klo_s.index(1).slice(0, DH, dim=1), base_b + d_h[None, :],
+                                                   mask=vb[:, None])
+            if D_T > 0:
+                async_copy.async_copy_global_to_shared(khi_s.index(1), base_b + D_V + d_t[None, :], mask=vb[:, None])
+            async_copy.mbarrier_arrive(full.index(3), increment_count=False)
+            va, ia, vb, ib = va_n, ia_n, vb_n, ib_n
+
     @gluon.jit(do_not_specialize=["zero"])
     def _fwd_see_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tlen_ptr, qs_ptr,
                         s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
@@ -319,14 +386,24 @@ if HAVE_GLUON:
                         BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
                         HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
                         QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
-                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
+                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, SPLIT: gl.constexpr = True):
         pid = gl.program_id(0)
         row = (pid // n_hb).to(gl.int64)
         hb = pid % n_hb
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
         n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
-        klo_s, khi_s, full, empty = _kv_ring(dtype, 2, BLOCK_N, D_V, D_T, 2)  # both consumers read both slots
         sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        if SPLIT:
+            klo_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], sl)
+            khi_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_T if D_T > 0 else BLOCK_N], sl)
+            full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+            empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+            for k in gl.static_range(4):
+                mbarrier.init(full.index(k), count=128)
+                # early halves have one reader (consumer s), late halves both
+                mbarrier.init(empty.index(k), count=1 if k < 2 else 2)
+        else:
+            klo_s, khi_s, full, empty = _kv_ring(dtype, 2, BLOCK_N, D_V, D_T, 2)  # both consumers read both slots
         qlo_s = gl.allocate_shared_memory(dtype, [64, D_V], sl)
         if D_T > 0:
             qhi_s = gl.allocate_shared_memory(dtype, [64, D_T], sl)
@@ -334,7 +411,10 @@ if HAVE_GLUON:
             pbuf = khi_s
         else:
             qhi_s = qlo_s
-            pbuf = gl.allocate_shared_memory(dtype, [2, 64, BLOCK_N], sl)
+            if SPLIT:
+                pbuf = khi_s  # no rope: the [2, 64, 64] buffer holds just P
+            else:
+                pbuf = gl.allocate_shared_memory(dtype, [2, 64, BLOCK_N], sl)
         v_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         xm = gl.allocate_shared_memory(gl.float32, [2, 64], v_l)
         xl = gl.allocate_shared_memory(gl.float32, [2, 64], v_l)
@@ -345,12 +425,15 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
-                             s_om, s_oh, s_lm, zero, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE)),
+                             s_om, s_oh, s_lm, zero, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE, SPLIT)),
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
-                             s_om, s_oh, s_lm, zero, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE)),
-            (_ws_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, empty, row, n_len, s_kv, limit, s_kvn, s_im,
-                            BLOCK_N, D_V, D_T, 2, CAUSAL, False, 2)),
+                             s_om, s_oh, s_lm, zero, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE, SPLIT)),
+            (_see_producer if SPLIT else _ws_producer,
+             (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im, BLOCK_N, D_V, D_T,
+              CAUSAL) if SPLIT else
+             (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, empty, row, n_len, s_kv, limit, s_kvn, s_im, BLOCK_N, D_V,
+              D_T, 2, CAUSAL, False, 2)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
 
 
@@ -360,7 +443,9 @@ def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, 
     s_q, h_q, d_qk = q.shape
     cfg = dict(config or {})
     if cfg.pop("SEESAW", False):
-        cfg = dict(dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=40), **cfg)
+        split = cfg.setdefault("SPLIT", True)
+        # the split producer keeps two tiles' row addresses: 56 registers (40 spill), consumers 224 (no spills)
+        cfg = dict(dict(BLOCK_N=64, CONS_REGS=224 if split else 232, PROD_REGS=56 if split else 40), **cfg)
         kernel = _fwd_see_kernel
         extra = (0,)  # `zero`
     else:
