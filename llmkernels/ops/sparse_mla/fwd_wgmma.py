@@ -184,7 +184,8 @@ if HAVE_GLUON:
     def _see_consumer(q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s, xm, xl,
                       bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om, s_oh,
                       s_lm, zero, CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
-                      CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr, SPLIT: gl.constexpr):
+                      CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr, SPLIT: gl.constexpr,
+                      C1_SS_FIRST: gl.constexpr):
         """Seesaw consumer: tiles come in pairs (a in slot 0, b in slot 1). Consumer 0 computes S and P of tile a,
         consumer 1 those of tile b (full d_qk each, m64n64 wgmma); each keeps half of O's columns and multiplies
         both tiles' P into it: its own P from registers, the other's through shared memory (written over the
@@ -268,6 +269,9 @@ if HAVE_GLUON:
                 fence_async_shared()
                 gl.thread_barrier()
                 mbarrier.arrive(bars.index(4), count=1)
+            if CID == 1 and C1_SS_FIRST:  # tile a's P V first, so slot 0 frees early
+                mbarrier.wait(bars.index(3), ph)
+                acc = warpgroup_mma(pbuf.index(z), klo_s.index(z).slice(c0, DH, dim=1), acc, is_async=True)
             acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)  # V = kv[:, :D_V]
             if CID == 0:
                 mbarrier.wait(bars.index(2), ph)
@@ -288,11 +292,20 @@ if HAVE_GLUON:
                 l_i = l_i * beta
                 m_new = m1
                 mbarrier.wait(bars.index(4), ph)
-            else:
+            elif not C1_SS_FIRST:
                 mbarrier.wait(bars.index(3), ph)
-            acc = warpgroup_mma(pbuf.index(1 - CID + z), klo_s.index(1 - CID + z).slice(c0, DH, dim=1), acc,
-                                is_async=True)
-            if SPLIT:
+            if CID == 0 or not C1_SS_FIRST:
+                acc = warpgroup_mma(pbuf.index(1 - CID + z), klo_s.index(1 - CID + z).slice(c0, DH, dim=1), acc,
+                                    is_async=True)
+            if SPLIT and CID == 1 and C1_SS_FIRST:
+                pb = warpgroup_mma_wait(num_outstanding=1, deps=(pb,))  # tile a's P V done: slot 0 is free
+                gl.thread_barrier()
+                mbarrier.arrive(empty.index(2), count=1)
+                acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
+                gl.thread_barrier()
+                mbarrier.arrive(empty.index(1), count=1)
+                mbarrier.arrive(empty.index(3), count=1)
+            elif SPLIT:
                 if CID == 1:  # own P V done: slot 1's early half is free
                     pb = warpgroup_mma_wait(num_outstanding=1, deps=(pb,))
                     gl.thread_barrier()
@@ -337,47 +350,47 @@ if HAVE_GLUON:
                      mask=hm)
 
     @gluon.jit
+    def _see_copy(klo_s, khi_s, full, empty, base, valid, ph, wait, S: gl.constexpr, LATE: gl.constexpr,
+                  D_V: gl.constexpr, D_T: gl.constexpr, layout: gl.constexpr):
+        """Gather one half of a tile into slot S: early = columns [256 S, 256 S + 256), late = the others + rope."""
+        DH: gl.constexpr = D_V // 2
+        k: gl.constexpr = S + 2 * LATE
+        c: gl.constexpr = ((1 - S) if LATE else S) * DH
+        mbarrier.wait(empty.index(k), ph, pred=wait)
+        async_copy.async_copy_global_to_shared(klo_s.index(S).slice(c, DH, dim=1),
+                                               base + c + gl.arange(0, DH, layout=layout)[None, :], mask=valid)
+        if LATE and D_T > 0:
+            async_copy.async_copy_global_to_shared(khi_s.index(S), base + D_V + gl.arange(0, D_T, layout=layout)[None, :],
+                                                   mask=valid)
+        async_copy.mbarrier_arrive(full.index(k), increment_count=False)
+
+    @gluon.jit
     def _see_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
-                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr):
-        """4 warps: per pair of tiles (a -> slot 0, b -> slot 1) the halves in the order they free up: slot s's
-        early half (columns [256 s, 256 s + 256): read only by consumer s) before the late halves (the other 256
-        columns and the rope). Barriers [early 0, early 1, late 0, late 1]."""
+                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr,
+                      C1_SS_FIRST: gl.constexpr):
+        """4 warps: per pair of tiles (a -> slot 0, b -> slot 1) the four halves in the order the consumers free
+        them (barriers [early 0, early 1, late 0, late 1]; slot s's early half is read by consumer s alone)."""
         g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         rl: gl.constexpr = gl.SliceLayout(1, g_l)
-        DH: gl.constexpr = D_V // 2
+        cl: gl.constexpr = gl.SliceLayout(0, g_l)
         n_pairs = gl.cdiv(n_len, 2 * BLOCK_N)
-        d_h = gl.arange(0, DH, layout=gl.SliceLayout(0, g_l))
-        d_t = gl.arange(0, D_T if D_T > 0 else 16, layout=gl.SliceLayout(0, g_l))
         va, ia = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
         vb, ib = _ws_valid(idx_ptr, row, BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
         for i in range(n_pairs):
             ph = (i & 1) ^ 1
             base_a = kv_ptr + gl.where(va, ia, 0).to(gl.int64)[:, None] * s_kvn
             base_b = kv_ptr + gl.where(vb, ib, 0).to(gl.int64)[:, None] * s_kvn
-            mbarrier.wait(empty.index(0), ph, pred=i > 0)
-            async_copy.async_copy_global_to_shared(klo_s.index(0).slice(0, DH, dim=1), base_a + d_h[None, :],
-                                                   mask=va[:, None])
-            async_copy.mbarrier_arrive(full.index(0), increment_count=False)
-            mbarrier.wait(empty.index(1), ph, pred=i > 0)
-            async_copy.async_copy_global_to_shared(klo_s.index(1).slice(DH, DH, dim=1), base_b + DH + d_h[None, :],
-                                                   mask=vb[:, None])
-            async_copy.mbarrier_arrive(full.index(1), increment_count=False)
+            _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, False, D_V, D_T, cl)
+            if C1_SS_FIRST:  # slot 0 frees first (both consumers' first P V), slot 1 last
+                _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, True, D_V, D_T, cl)
+                _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, False, D_V, D_T, cl)
+            else:
+                _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, False, D_V, D_T, cl)
+                _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, True, D_V, D_T, cl)
             # the next pair's indices now, so its addresses are ready when its slots free
-            va_n, ia_n = _ws_valid(idx_ptr, row, (2 * i + 2) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
-            vb_n, ib_n = _ws_valid(idx_ptr, row, (2 * i + 3) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
-            mbarrier.wait(empty.index(2), ph, pred=i > 0)
-            async_copy.async_copy_global_to_shared(klo_s.index(0).slice(DH, DH, dim=1), base_a + DH + d_h[None, :],
-                                                   mask=va[:, None])
-            if D_T > 0:
-                async_copy.async_copy_global_to_shared(khi_s.index(0), base_a + D_V + d_t[None, :], mask=va[:, None])
-            async_copy.mbarrier_arrive(full.index(2), increment_count=False)
-            mbarrier.wait(empty.index(3), ph, pred=i > 0)
-            async_copy.async_copy_global_to_shared(klo_s.index(1).slice(0, DH, dim=1), base_b + d_h[None, :],
-                                                   mask=vb[:, None])
-            if D_T > 0:
-                async_copy.async_copy_global_to_shared(khi_s.index(1), base_b + D_V + d_t[None, :], mask=vb[:, None])
-            async_copy.mbarrier_arrive(full.index(3), increment_count=False)
-            va, ia, vb, ib = va_n, ia_n, vb_n, ib_n
+            va, ia = _ws_valid(idx_ptr, row, (2 * i + 2) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+            _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, True, D_V, D_T, cl)
+            vb, ib = _ws_valid(idx_ptr, row, (2 * i + 3) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
 
     @gluon.jit(do_not_specialize=["zero"])
     def _fwd_see_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tlen_ptr, qs_ptr,
@@ -386,7 +399,8 @@ if HAVE_GLUON:
                         BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
                         HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
                         QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
-                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, SPLIT: gl.constexpr = True):
+                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, SPLIT: gl.constexpr = True,
+                        C1_SS_FIRST: gl.constexpr = True):
         pid = gl.program_id(0)
         row = (pid // n_hb).to(gl.int64)
         hb = pid % n_hb
@@ -425,13 +439,15 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
-                             s_om, s_oh, s_lm, zero, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE, SPLIT)),
+                             s_om, s_oh, s_lm, zero, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE, SPLIT,
+                             C1_SS_FIRST)),
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
-                             s_om, s_oh, s_lm, zero, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE, SPLIT)),
+                             s_om, s_oh, s_lm, zero, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE, SPLIT,
+                             C1_SS_FIRST)),
             (_see_producer if SPLIT else _ws_producer,
              (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im, BLOCK_N, D_V, D_T,
-              CAUSAL) if SPLIT else
+              CAUSAL, C1_SS_FIRST) if SPLIT else
              (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, empty, row, n_len, s_kv, limit, s_kvn, s_im, BLOCK_N, D_V,
               D_T, 2, CAUSAL, False, 2)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
