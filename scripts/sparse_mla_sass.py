@@ -46,11 +46,10 @@ def ws(name, h_q=128, d_qk=576, dump=None, **cfg):
 
 
 def fwd(name, h_q=128, d_qk=576, dump=None, **cfg):
-    """forward (fwd_wgmma._fwd_ws_kernel), with an attention sink."""
+    """forward (fwd_wgmma._fwd_see_kernel), with an attention sink."""
     a = _args(h_q, d_qk, sink=True)
     s_q = a.q.shape[0]
-    kern = F._fwd_see_kernel if cfg.get("SEESAW") else F._fwd_ws_kernel
-    k = O.compiled(kern, lambda: F.sparse_mla_fwd_ws_launch(
+    k = O.compiled(F._fwd_see_kernel, lambda: F.sparse_mla_fwd_ws_launch(
         a, torch.empty(s_q, h_q, 512, dtype=torch.bfloat16), torch.empty(s_q, h_q), torch.empty(s_q, h_q),
         config=cfg or None))
     report(name, k, dump)
@@ -64,5 +63,3 @@ if __name__ == "__main__":
     ws("attn_dist h128 d576 2 stages", STAGES=2)
     fwd("fwd h128 d576", dump=dump)
     fwd("fwd h128 d512", d_qk=512)
-    fwd("fwd seesaw h128 d576", SEESAW=True, dump=dump)
-    fwd("fwd seesaw h128 d512", d_qk=512, SEESAW=True)

@@ -64,12 +64,11 @@ if HAVE_GLUON:
     @gluon.jit
     def _ws_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, q_ready, row, n_len, s_kv, limit, s_kvn, s_im,
                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
-                     CAUSAL: gl.constexpr, WAIT_Q: gl.constexpr = True, TILE_MULT: gl.constexpr = 1):
+                     CAUSAL: gl.constexpr, WAIT_Q: gl.constexpr = True):
         """4 warps: cp.async the rows of tile j into slot j % STAGES once its readers released it (and, with
-        WAIT_Q, the slots the consumers stage q through only once they are done with it). The tile count is
-        rounded up to a multiple of TILE_MULT; tiles past n_len are all-invalid rows (zero-filled)."""
+        WAIT_Q, the slots the consumers stage q through only once they are done with it)."""
         g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        n_tiles = gl.cdiv(n_len, BLOCK_N * TILE_MULT) * TILE_MULT
+        n_tiles = gl.cdiv(n_len, BLOCK_N)
         d_lo = gl.arange(0, D_V, layout=gl.SliceLayout(0, g_l))
         valid_n, idx_n = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, gl.SliceLayout(1, g_l))
         for j in range(n_tiles):

@@ -138,9 +138,9 @@ def sparse_mla_fwd_launch(a, out, max_logits, lse, sink_in_lse: bool = True, con
     topk = idx.shape[1]
     if s_q == 0 or h_q == 0:
         return
-    # Hopper, >= 64 heads: the warp-specialised Gluon kernel (fwd_wgmma.py); below that its 64-head blocks are
-    # mostly padding and the Triton kernel is faster (benchmarks/notes/sparse_mla_fwd.md)
-    if config is None and h_q > 32 and wgmma_usable(a):
+    # Hopper: the warp-specialised Gluon kernel (fwd_wgmma.py), at every h_q (it pads to 64 heads, and still beats
+    # the Triton kernel at h_q 16: 144 vs 102 TFLOP/s; benchmarks/notes/sparse_mla_fwd.md)
+    if config is None and wgmma_usable(a):
         sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse=sink_in_lse)
         return
     cfg = dict(config or fwd_config(h_q, topk, q.device))

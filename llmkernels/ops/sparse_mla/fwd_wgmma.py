@@ -1,11 +1,16 @@
 """Sparse MLA forward for Hopper in Gluon (warp-specialised), used on sm_90; fwd.py is the portable path.
 
-One program per (query row, 64 heads). A 4-warp producer gathers kv tiles into a shared-memory ring (the same
-producer as attn_dist). Two consumer warpgroups split the work so that neither needs more than ~200 registers:
-  S = q k^T : consumer c multiplies its share of the d_qk columns (c=0: 0-255, c=1: 256-575), the two partial
-              S tiles are swapped through shared memory and added (S0 + S1 in both, so both see the same S);
-  softmax   : computed by both (identical m, l);
-  O += P V  : consumer c owns output columns [256 c, 256 c + 256) (V is the first 512 dims of the same tile).
+One program per (query row, 64 heads), "seesaw" schedule. kv tiles of 64 rows come in pairs (tile a in ring slot 0,
+tile b in slot 1), gathered by a 4-warp cp.async producer. Two consumer warpgroups:
+  S, P   : consumer 0 computes S = q k^T and P for tile a, consumer 1 for tile b (full d_qk, m64n64 wgmma with q
+           in shared memory);
+  O += PV: consumer c owns output columns [256 c, 256 c + 256) and multiplies both tiles' P into them: its own P
+           from registers, the other's through shared memory (written over the tile's rope columns, which only S
+           reads). A [64, 512] fp32 O would not fit one warpgroup's registers; half of it does.
+The running max is shared: consumer 0 publishes m0 = max(m, rowmax a), consumer 1 m1 = max(m0, rowmax b), and
+consumer 0 rescales its side by 2^(m0 - m1). Each slot is gathered in two halves so it can be refilled as soon
+as its readers are done: the early half (the 256 columns consumer s multiplies by its own P) and the late half
+(the other 256 columns and the rope). Measured history: benchmarks/notes/sparse_mla_fwd.md.
 """
 import triton
 
@@ -14,164 +19,7 @@ from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mb
 from .common import LN2_C, LOG2E_C, row_args, row_flags, sink_arg
 
 if HAVE_GLUON:
-    from .attn_dist_wgmma import _kv_ring, _row_limits, _ws_producer, _ws_valid
-
-    @gluon.jit
-    def _s_partial(qlo_s, qhi_s, klo_s, khi_s, s, zero_s, CID: gl.constexpr, DH: gl.constexpr, D_T: gl.constexpr):
-        """Async wgmma of this consumer's share of S for ring slot s (c=0: columns 0-255, c=1: 256-575)."""
-        c0: gl.constexpr = CID * DH
-        sp = warpgroup_mma(qlo_s.slice(c0, DH, dim=1), klo_s.index(s).slice(c0, DH, dim=1).permute((1, 0)), zero_s,
-                           use_acc=False, is_async=True)
-        if CID == 1 and D_T > 0:
-            sp = warpgroup_mma(qhi_s, khi_s.index(s).permute((1, 0)), sp, is_async=True)
-        return sp
-
-    @gluon.jit
-    def _s_swap(sp, xchg, xbar, j, valid, qk_scale, s_l: gl.constexpr, CID: gl.constexpr):
-        """Swap partial S tiles with the other consumer; returns the log2-scaled logits of tile j (-inf invalid).
-
-        Two buffers and barriers per direction, so a consumer one tile ahead never overwrites (or re-signals)
-        what the other has not read yet. S0 + S1 in both consumers: bitwise the same S, so the same m, l, P.
-        """
-        xb = j % 2
-        xchg.index(CID * 2 + xb).store(sp)
-        gl.thread_barrier()
-        mbarrier.arrive(xbar.index(CID * 2 + xb), count=1)
-        mbarrier.wait(xbar.index((1 - CID) * 2 + xb), (j // 2) & 1)
-        so = xchg.index((1 - CID) * 2 + xb).load(s_l)
-        if CID == 0:
-            sc = sp + so
-        else:
-            sc = so + sp
-        return gl.where(valid[None, :], sc * qk_scale, float("-inf"))
-
-    @gluon.jit
-    def _fwd_consumer(q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, qlo_s, qhi_s, xchg, xbar,
-                      full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om, s_oh, s_lm,
-                      CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
-                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
-                      SINK_IN_LSE: gl.constexpr):
-        DH: gl.constexpr = D_V // 2
-        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BLOCK_N, 16])
-        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DH, 16])
-        p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
-        row_l: gl.constexpr = gl.SliceLayout(1, s_l)
-        c0: gl.constexpr = CID * DH
-
-        # this consumer's q columns into shared memory (it is the only reader of them)
-        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        offs_h = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
-        q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
-        hmask = offs_h[:, None] < h_q
-        async_copy.async_copy_global_to_shared(
-            qlo_s.slice(c0, DH, dim=1), q_rows + c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, ld_l))[None, :],
-            mask=hmask)
-        if CID == 1 and D_T > 0:
-            async_copy.async_copy_global_to_shared(
-                qhi_s, q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
-        async_copy.commit_group()
-        async_copy.wait_group(0)
-        gl.thread_barrier()
-        fence_async_shared()
-
-        m_i = gl.full([64], float("-inf"), gl.float32, row_l)  # running max of the log2-scaled logits
-        l_i = gl.zeros([64], gl.float32, row_l)
-        acc = gl.zeros([64, DH], gl.float32, o_l)
-        zero_s = gl.zeros([64, BLOCK_N], gl.float32, s_l)
-        n_tiles = gl.cdiv(n_len, BLOCK_N)
-        col_l: gl.constexpr = gl.SliceLayout(0, s_l)
-        # software pipeline: S of tile j + 1 runs on the tensor cores (and its swap overlaps P V of tile j)
-        # while this warpgroup does tile j's softmax; after the last tile a dummy S on an unfilled slot keeps
-        # both consumers' swap sequence in step (it is never waited for, and discarded)
-        valid = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, col_l)[0]
-        mbarrier.wait(full.index(0), 0, pred=n_tiles > 0)
-        fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-        sp = _s_partial(qlo_s, qhi_s, klo_s, khi_s, 0, zero_s, CID, DH, D_T)
-        sp = warpgroup_mma_wait(num_outstanding=0, deps=(sp,))
-        sc = _s_swap(sp, xchg, xbar, 0, valid, qk_scale, s_l, CID)
-        for j in range(n_tiles):
-            s = j % STAGES
-            sn = (j + 1) % STAGES
-            valid_n = _ws_valid(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, col_l)[0]
-            m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # nothing valid yet: avoid inf - inf
-            p = gl.exp2(sc - m_safe[:, None])
-            alpha = gl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
-            pb = gl.convert_layout(p.to(klo_s.dtype), p_l)
-            mbarrier.wait(full.index(sn), ((j + 1) // STAGES) & 1, pred=j + 1 < n_tiles)
-            fence_async_shared()
-            sp = _s_partial(qlo_s, qhi_s, klo_s, khi_s, sn, zero_s, CID, DH, D_T)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-            acc = warpgroup_mma(pb, klo_s.index(s).slice(c0, DH, dim=1), acc, is_async=True)  # V = kv[:, :D_V]
-            sp = warpgroup_mma_wait(num_outstanding=1, deps=(sp,))
-            sc = _s_swap(sp, xchg, xbar, j + 1, valid_n, qk_scale, s_l, CID)
-            acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
-            gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
-            mbarrier.arrive(empty.index(s), count=1)  # ... one of its two releases
-
-        empty_row = m_i == float("-inf")
-        l_safe = gl.where(empty_row, 1.0, l_i)
-        lse2 = m_i + gl.log2(l_safe)  # log2-sum-exp2 of the logits alone
-        denom = l_safe
-        offs_hm = hb * 64 + gl.arange(0, 64, layout=row_l)
-        hm = offs_hm < h_q
-        if HAS_SINK:
-            sink2 = gl.load(sink_ptr + offs_hm, mask=hm, other=0.0) * LOG2E_C
-            d = sink2 - lse2
-            sp2 = gl.maximum(d, 0.0) + gl.log2(1.0 + gl.exp2(-gl.abs(d)))  # log2(1 + 2^d) without overflow
-            denom = l_safe * gl.exp2(sp2)
-            if SINK_IN_LSE:
-                lse2 = lse2 + sp2
-        o = acc / gl.convert_layout(denom, gl.SliceLayout(1, o_l))[:, None]
-        o = gl.where(gl.convert_layout(empty_row, gl.SliceLayout(1, o_l))[:, None], 0.0, o)
-        offs_ho = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
-        offs_d = c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, o_l))
-        gl.store(out_ptr + row * s_om + offs_ho[:, None].to(gl.int64) * s_oh + offs_d[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=(offs_ho < h_q)[:, None])
-        if CID == 0:
-            gl.store(maxl_ptr + row * s_lm + offs_hm, m_i * LN2_C, mask=hm)
-            gl.store(lse_ptr + row * s_lm + offs_hm, gl.where(empty_row, float("inf"), lse2 * LN2_C),
-                     mask=hm)
-
-    @gluon.jit
-    def _fwd_ws_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tlen_ptr, qs_ptr,
-                       s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
-                       s_qm, s_qh, s_kvn, s_im, s_om, s_oh, s_lm,
-                       BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
-                       HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
-                       QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
-                       PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
-        pid = gl.program_id(0)
-        row = (pid // n_hb).to(gl.int64)  # head blocks of one row run side by side: they share its gathers in L2
-        hb = pid % n_hb
-        dtype: gl.constexpr = kv_ptr.dtype.element_ty
-        n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
-        klo_s, khi_s, full, empty = _kv_ring(dtype, STAGES, BLOCK_N, D_V, D_T, 2)  # both consumers read every slot
-        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        qlo_s = gl.allocate_shared_memory(dtype, [64, D_V], sl)
-        if D_T > 0:
-            qhi_s = gl.allocate_shared_memory(dtype, [64, D_T], sl)
-        else:
-            qhi_s = qlo_s
-        xchg = gl.allocate_shared_memory(gl.float32, [4, 64, BLOCK_N],
-                                         gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
-        xbar = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(4):
-            mbarrier.init(xbar.index(i), count=1)
-        gl.warp_specialize([
-            (_fwd_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, qlo_s, qhi_s, xchg,
-                             xbar, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om,
-                             s_oh, s_lm, 0, BLOCK_N, D_V, D_T, STAGES, CAUSAL, HAS_SINK, SINK_IN_LSE)),
-            (_fwd_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, qlo_s, qhi_s, xchg,
-                             xbar, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om,
-                             s_oh, s_lm, 1, BLOCK_N, D_V, D_T, STAGES, CAUSAL, HAS_SINK, SINK_IN_LSE)),
-            (_ws_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, empty, row, n_len, s_kv, limit, s_kvn, s_im,
-                            BLOCK_N, D_V, D_T, STAGES, CAUSAL, False)),
-        ], [4, 4], [CONS_REGS, PROD_REGS])
-
+    from .attn_dist_wgmma import _row_limits, _ws_valid
 
     @gluon.jit
     def _xchg(buf, bars, k: gl.constexpr, x):
@@ -184,13 +32,11 @@ if HAVE_GLUON:
     def _see_consumer(q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s, xm, xl,
                       bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om, s_oh,
                       s_lm, zero, CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
-                      CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr, SPLIT: gl.constexpr,
-                      C1_SS_FIRST: gl.constexpr):
-        """Seesaw consumer: tiles come in pairs (a in slot 0, b in slot 1). Consumer 0 computes S and P of tile a,
-        consumer 1 those of tile b (full d_qk each, m64n64 wgmma); each keeps half of O's columns and multiplies
-        both tiles' P into it: its own P from registers, the other's through shared memory (written over the
-        tile's rope columns, which only S reads). The running max is shared: m0 = max(m, max a) from consumer 0,
-        m1 = max(m0, max b) from consumer 1; consumer 0 rescales by 2^(m0 - m1) once it knows m1."""
+                      CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr):
+        """Consumer CID of the seesaw (module docstring). Ring barriers [early 0, early 1, late 0, late 1].
+        Per pair, consumer 0: S a, P a V a (slot 0: frees its early half), then P b V b (frees slot 1's late half);
+        consumer 1: S b, P a V a (frees slot 0's late half), then P b V b (frees slot 1). Slot 0 thus refills
+        while slot 1 is still multiplied."""
         DH: gl.constexpr = D_V // 2
         s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_N, 16])
@@ -200,6 +46,7 @@ if HAVE_GLUON:
         orow_l: gl.constexpr = gl.SliceLayout(1, o_l)
         col_l: gl.constexpr = gl.SliceLayout(0, s_l)
         c0: gl.constexpr = CID * DH
+        oc: gl.constexpr = (1 - CID) * DH
 
         # q into shared memory, half of its columns by each consumer; both read all of it
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -234,18 +81,15 @@ if HAVE_GLUON:
             sa_s = klo_s.index(CID + z)
             valid = _ws_valid(idx_ptr, row, (2 * i + CID) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL,
                               col_l)[0]
+            # the early half of the slot (this consumer's own 256 columns) lands first
             mbarrier.wait(full.index(CID), ph)
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-            if SPLIT:  # this consumer's own half of the columns lands first (_see_producer)
-                oc: gl.constexpr = (1 - CID) * DH
-                sa = warpgroup_mma(qz_s.slice(c0, DH, dim=1), sa_s.slice(c0, DH, dim=1).permute((1, 0)), zero_s,
-                                   use_acc=False, is_async=True)
-                mbarrier.wait(full.index(2 + CID), ph)
-                fence_async_shared()
-                sa = warpgroup_mma(qz_s.slice(oc, DH, dim=1), sa_s.slice(oc, DH, dim=1).permute((1, 0)), sa,
-                                   is_async=True)
-            else:
-                sa = warpgroup_mma(qz_s, sa_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            sa = warpgroup_mma(qz_s.slice(c0, DH, dim=1), sa_s.slice(c0, DH, dim=1).permute((1, 0)), zero_s,
+                               use_acc=False, is_async=True)
+            mbarrier.wait(full.index(2 + CID), ph)
+            fence_async_shared()
+            sa = warpgroup_mma(qz_s.slice(oc, DH, dim=1), sa_s.slice(oc, DH, dim=1).permute((1, 0)), sa,
+                               is_async=True)
             if D_T > 0:
                 sa = warpgroup_mma(qhi_s, khi_s.index(CID).permute((1, 0)), sa, is_async=True)
             sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
@@ -269,8 +113,7 @@ if HAVE_GLUON:
                 fence_async_shared()
                 gl.thread_barrier()
                 mbarrier.arrive(bars.index(4), count=1)
-            if CID == 1 and C1_SS_FIRST:  # tile a's P V first, so slot 0 frees early
-                mbarrier.wait(bars.index(3), ph)
+                mbarrier.wait(bars.index(3), ph)  # tile a's P V first, so slot 0 frees early
                 acc = warpgroup_mma(pbuf.index(z), klo_s.index(z).slice(c0, DH, dim=1), acc, is_async=True)
             acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)  # V = kv[:, :D_V]
             if CID == 0:
@@ -284,20 +127,18 @@ if HAVE_GLUON:
                 gl.thread_barrier()
                 mbarrier.arrive(bars.index(3), count=1)
                 acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
-                if SPLIT:  # done with slot 0: its early half and (with consumer 1) its late half
-                    gl.thread_barrier()
-                    mbarrier.arrive(empty.index(0), count=1)
-                    mbarrier.arrive(empty.index(2), count=1)
+                gl.thread_barrier()  # done with slot 0: its early half and (with consumer 1) its late half
+                mbarrier.arrive(empty.index(0), count=1)
+                mbarrier.arrive(empty.index(2), count=1)
                 acc = acc * gl.convert_layout(beta, orow_l)[:, None]
                 l_i = l_i * beta
                 m_new = m1
                 mbarrier.wait(bars.index(4), ph)
-            elif not C1_SS_FIRST:
-                mbarrier.wait(bars.index(3), ph)
-            if CID == 0 or not C1_SS_FIRST:
-                acc = warpgroup_mma(pbuf.index(1 - CID + z), klo_s.index(1 - CID + z).slice(c0, DH, dim=1), acc,
-                                    is_async=True)
-            if SPLIT and CID == 1 and C1_SS_FIRST:
+                acc = warpgroup_mma(pbuf.index(1 + z), klo_s.index(1 + z).slice(c0, DH, dim=1), acc, is_async=True)
+                acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
+                gl.thread_barrier()
+                mbarrier.arrive(empty.index(3), count=1)
+            else:
                 pb = warpgroup_mma_wait(num_outstanding=1, deps=(pb,))  # tile a's P V done: slot 0 is free
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(2), count=1)
@@ -305,21 +146,6 @@ if HAVE_GLUON:
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(1), count=1)
                 mbarrier.arrive(empty.index(3), count=1)
-            elif SPLIT:
-                if CID == 1:  # own P V done: slot 1's early half is free
-                    pb = warpgroup_mma_wait(num_outstanding=1, deps=(pb,))
-                    gl.thread_barrier()
-                    mbarrier.arrive(empty.index(1), count=1)
-                acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
-                gl.thread_barrier()
-                if CID == 1:
-                    mbarrier.arrive(empty.index(2), count=1)
-                mbarrier.arrive(empty.index(3), count=1)
-            else:
-                acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
-                gl.thread_barrier()  # the whole warpgroup is done with both slots ...
-                mbarrier.arrive(empty.index(0), count=1)  # ... one of each slot's two releases
-                mbarrier.arrive(empty.index(1), count=1)
             m_i = m_new
 
         _xchg(xl.index(CID), bars, 5, l_i)  # the denominator is the sum of both consumers' shares
@@ -366,10 +192,9 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _see_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
-                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr,
-                      C1_SS_FIRST: gl.constexpr):
+                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr):
         """4 warps: per pair of tiles (a -> slot 0, b -> slot 1) the four halves in the order the consumers free
-        them (barriers [early 0, early 1, late 0, late 1]; slot s's early half is read by consumer s alone)."""
+        them: slot 0 (early, late), then slot 1. Tiles past n_len are all-invalid rows (zero-filled)."""
         g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         rl: gl.constexpr = gl.SliceLayout(1, g_l)
         cl: gl.constexpr = gl.SliceLayout(0, g_l)
@@ -381,12 +206,8 @@ if HAVE_GLUON:
             base_a = kv_ptr + gl.where(va, ia, 0).to(gl.int64)[:, None] * s_kvn
             base_b = kv_ptr + gl.where(vb, ib, 0).to(gl.int64)[:, None] * s_kvn
             _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, False, D_V, D_T, cl)
-            if C1_SS_FIRST:  # slot 0 frees first (both consumers' first P V), slot 1 last
-                _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, True, D_V, D_T, cl)
-                _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, False, D_V, D_T, cl)
-            else:
-                _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, False, D_V, D_T, cl)
-                _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, True, D_V, D_T, cl)
+            _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, True, D_V, D_T, cl)
+            _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, False, D_V, D_T, cl)
             # the next pair's indices now, so its addresses are ready when its slots free
             va, ia = _ws_valid(idx_ptr, row, (2 * i + 2) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
             _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, True, D_V, D_T, cl)
@@ -399,36 +220,26 @@ if HAVE_GLUON:
                         BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
                         HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
                         QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
-                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, SPLIT: gl.constexpr = True,
-                        C1_SS_FIRST: gl.constexpr = True):
+                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
         pid = gl.program_id(0)
         row = (pid // n_hb).to(gl.int64)
         hb = pid % n_hb
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
         n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
         sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        if SPLIT:
-            klo_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], sl)
-            khi_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_T if D_T > 0 else BLOCK_N], sl)
-            full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-            empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-            for k in gl.static_range(4):
-                mbarrier.init(full.index(k), count=128)
-                # early halves have one reader (consumer s), late halves both
-                mbarrier.init(empty.index(k), count=1 if k < 2 else 2)
-        else:
-            klo_s, khi_s, full, empty = _kv_ring(dtype, 2, BLOCK_N, D_V, D_T, 2)  # both consumers read both slots
+        gl.static_assert(BLOCK_N == 64, "P [64 heads, BLOCK_N] takes the place of a slot's [BLOCK_N, 64] rope")
+        klo_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], sl)
+        khi_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, 64], sl)  # rope (d_qk 576), then P; P alone at 512
+        full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        for k in gl.static_range(4):
+            mbarrier.init(full.index(k), count=128)  # one arrival per producer thread
+            mbarrier.init(empty.index(k), count=1 if k < 2 else 2)  # early halves: one reader; late: both
         qlo_s = gl.allocate_shared_memory(dtype, [64, D_V], sl)
         if D_T > 0:
             qhi_s = gl.allocate_shared_memory(dtype, [64, D_T], sl)
-            gl.static_assert(D_T == BLOCK_N, "P [64 heads, BLOCK_N] is written over a slot's rope columns")
-            pbuf = khi_s
         else:
             qhi_s = qlo_s
-            if SPLIT:
-                pbuf = khi_s  # no rope: the [2, 64, 64] buffer holds just P
-            else:
-                pbuf = gl.allocate_shared_memory(dtype, [2, 64, BLOCK_N], sl)
         v_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         xm = gl.allocate_shared_memory(gl.float32, [2, 64], v_l)
         xl = gl.allocate_shared_memory(gl.float32, [2, 64], v_l)
@@ -437,19 +248,14 @@ if HAVE_GLUON:
         for i in gl.static_range(6):
             mbarrier.init(bars.index(i), count=2 if i == 0 or i == 5 else 1)
         gl.warp_specialize([
-            (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s,
+            (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
-                             s_om, s_oh, s_lm, zero, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE, SPLIT,
-                             C1_SS_FIRST)),
-            (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s,
+                             s_om, s_oh, s_lm, zero, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE)),
+            (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
-                             s_om, s_oh, s_lm, zero, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE, SPLIT,
-                             C1_SS_FIRST)),
-            (_see_producer if SPLIT else _ws_producer,
-             (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im, BLOCK_N, D_V, D_T,
-              CAUSAL, C1_SS_FIRST) if SPLIT else
-             (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, empty, row, n_len, s_kv, limit, s_kvn, s_im, BLOCK_N, D_V,
-              D_T, 2, CAUSAL, False, 2)),
+                             s_om, s_oh, s_lm, zero, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE)),
+            (_see_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
+                             BLOCK_N, D_V, D_T, CAUSAL)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
 
 
@@ -457,22 +263,13 @@ def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, 
     """As fwd.sparse_mla_fwd_launch, on sm_90 (see attn_dist_wgmma.wgmma_usable)."""
     q, kv, idx = a.q, a.kv, a.indices
     s_q, h_q, d_qk = q.shape
-    cfg = dict(config or {})
-    if cfg.pop("SEESAW", False):
-        split = cfg.setdefault("SPLIT", True)
-        # the split producer keeps two tiles' row addresses: 56 registers (40 spill), consumers 224 (no spills)
-        cfg = dict(dict(BLOCK_N=64, CONS_REGS=224 if split else 232, PROD_REGS=56 if split else 40), **cfg)
-        kernel = _fwd_see_kernel
-        extra = (0,)  # `zero`
-    else:
-        # 32-row tiles: q (74 KB) + the S swap buffers (32 KB) leave room for three 37 KB ring slots (the pipelined
-        # consumers need the third: 313 vs 285 TFLOP/s at h_q 128); consumers get 232 registers (O alone is 128)
-        cfg = dict(dict(BLOCK_N=32, STAGES=3, CONS_REGS=232, PROD_REGS=40), **cfg)
-        kernel = _fwd_ws_kernel
-        extra = ()
+    # 64-row tiles: q (72 KB) + two slots (144 KB) fill shared memory; 232 registers per consumer (O's half alone
+    # is 128), 40 for the producer (benchmarks/notes/sparse_mla_fwd.md, version 4)
+    cfg = dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=40)
+    cfg.update(config or {})
     n_hb = triton.cdiv(h_q, 64)
-    kernel[(s_q * n_hb,)](
+    _fwd_see_kernel[(s_q * n_hb,)](
         q, kv, idx, out, max_logits, lse, sink_arg(a), *row_args(a, n_hb),
-        q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0), *extra,
+        q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0), 0,
         D_V=a.d_v, D_T=d_qk - a.d_v, HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse, num_warps=4,
         **row_flags(a), **cfg)
