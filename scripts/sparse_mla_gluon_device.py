@@ -1,7 +1,7 @@
 """On the GPU: the Gluon sparse MLA kernels (attn_dist_wgmma.py, fwd_wgmma.py) against the fp32 reference and the
 Triton kernels on edge cases, then timings at the record shapes (attn_dist also runs its gather-only probe = the
 L2 gather ceiling). Usage (repo root, PYTHONPATH=.):
-    python scripts/sparse_mla_gluon_device.py [dist] [fwd]     checks + timings (both when none is named)
+    python scripts/sparse_mla_gluon_device.py [dist] [fwd] [--check-only]    checks + timings (both ops by default)
     compute-sanitizer --tool memcheck python scripts/sparse_mla_gluon_device.py --memcheck
 Results go to stdout and $OUT/gluon_<op>.json. Raw outputs of the 2026-11-23 rounds: benchmarks/notes/."""
 import json
@@ -157,6 +157,7 @@ if __name__ == "__main__":
     ops = [o for o in ("dist", "fwd") if o in sys.argv] or ["dist", "fwd"]
     failures = sum(check(op) for op in ops)
     print(f"correctness failures: {failures}")
-    for op in ops:
-        timings(op)
+    if "--check-only" not in sys.argv:
+        for op in ops:
+            timings(op)
     sys.exit(1 if failures else 0)

@@ -197,15 +197,16 @@ if HAVE_GLUON:
 
 
 def wgmma_usable(a) -> bool:
-    """True where the Gluon kernel applies: an sm_90 GPU and q / kv rows 16-byte aligned (cp.async)."""
+    """True where the Gluon kernels apply: an sm_90 GPU, 16-byte aligned q / kv, strides multiples of 16 elements."""
     q, kv = a.q, a.kv
     if not HAVE_GLUON or interpreting() or q.device.type != "cuda":
         return False
     if torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
-    esz = q.element_size()
-    return all(x % 16 == 0 for x in (kv.stride(0) * esz, q.stride(0) * esz, q.stride(1) * esz,
-                                      kv.data_ptr(), q.data_ptr()))
+    # cp.async moves 16 B per thread, so the compiler must know every row is 16-byte aligned: Triton marks an int
+    # argument divisible by 16 only when its value is (a stride of 5400 elements, 10800 B, is not), so ask that
+    return (all(x % 16 == 0 for x in (kv.stride(0), q.stride(0), q.stride(1)))
+            and kv.data_ptr() % 16 == 0 and q.data_ptr() % 16 == 0)
 
 
 def attn_dist_ws_launch(a, lse, out, config=None) -> None:
