@@ -124,6 +124,8 @@ def timings(op):
         else:
             flop = 2 * s_q * topk * h_q * (d_qk + 512)
             variants = [(f"{c or 'default'}", lambda c=c: run_fwd(a, c)) for c in ["triton"] + CONFIGS[op]]
+            # probes of the Gluon forward: 1 = consumers alone (no gathers), 2 = producer alone (no math)
+            variants += [(f"probe {k}", lambda k=k: run_fwd(a, dict(PROBE=k))) for k in (1, 2)]
         for name, fn in variants:
             fn()
             ms = triton.testing.do_bench(fn, warmup=30, rep=200)

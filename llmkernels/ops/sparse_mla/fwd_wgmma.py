@@ -177,22 +177,25 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _see_copy(klo_s, khi_s, full, empty, base, valid, ph, wait, S: gl.constexpr, LATE: gl.constexpr,
-                  D_V: gl.constexpr, D_T: gl.constexpr, layout: gl.constexpr):
+                  D_V: gl.constexpr, D_T: gl.constexpr, layout: gl.constexpr, PROBE: gl.constexpr):
         """Gather one half of a tile into slot S: early = columns [256 S, 256 S + 256), late = the others + rope."""
         DH: gl.constexpr = D_V // 2
         k: gl.constexpr = S + 2 * LATE
         c: gl.constexpr = ((1 - S) if LATE else S) * DH
         mbarrier.wait(empty.index(k), ph, pred=wait)
-        async_copy.async_copy_global_to_shared(klo_s.index(S).slice(c, DH, dim=1),
-                                               base + c + gl.arange(0, DH, layout=layout)[None, :], mask=valid)
-        if LATE and D_T > 0:
-            async_copy.async_copy_global_to_shared(khi_s.index(S), base + D_V + gl.arange(0, D_T, layout=layout)[None, :],
-                                                   mask=valid)
+        if PROBE != 1:  # probe 1: the consumers alone (no gathers; they compute on whatever smem holds)
+            async_copy.async_copy_global_to_shared(klo_s.index(S).slice(c, DH, dim=1),
+                                                   base + c + gl.arange(0, DH, layout=layout)[None, :], mask=valid)
+            if LATE and D_T > 0:
+                async_copy.async_copy_global_to_shared(khi_s.index(S),
+                                                       base + D_V + gl.arange(0, D_T, layout=layout)[None, :],
+                                                       mask=valid)
         async_copy.mbarrier_arrive(full.index(k), increment_count=False)
 
     @gluon.jit
     def _see_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
-                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr):
+                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr,
+                      PROBE: gl.constexpr):
         """4 warps: per pair of tiles (a -> slot 0, b -> slot 1) the four halves in the order the consumers free
         them: slot 0 (early, late), then slot 1. Tiles past n_len are all-invalid rows (zero-filled)."""
         g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -205,13 +208,23 @@ if HAVE_GLUON:
             ph = (i & 1) ^ 1
             base_a = kv_ptr + gl.where(va, ia, 0).to(gl.int64)[:, None] * s_kvn
             base_b = kv_ptr + gl.where(vb, ib, 0).to(gl.int64)[:, None] * s_kvn
-            _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, False, D_V, D_T, cl)
-            _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, True, D_V, D_T, cl)
-            _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, False, D_V, D_T, cl)
+            _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, False, D_V, D_T, cl, PROBE)
+            _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, True, D_V, D_T, cl, PROBE)
+            _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, False, D_V, D_T, cl, PROBE)
             # the next pair's indices now, so its addresses are ready when its slots free
             va, ia = _ws_valid(idx_ptr, row, (2 * i + 2) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
-            _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, True, D_V, D_T, cl)
+            _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, True, D_V, D_T, cl, PROBE)
             vb, ib = _ws_valid(idx_ptr, row, (2 * i + 3) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+
+    @gluon.jit
+    def _see_probe_consumer(full, empty, n_len, CID: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Probe 2 (the producer alone): take each half as it lands and hand it straight back."""
+        for i in range(gl.cdiv(n_len, 2 * BLOCK_N)):
+            mbarrier.wait(full.index(CID), i & 1)
+            mbarrier.wait(full.index(2 + CID), i & 1)
+            mbarrier.arrive(empty.index(CID), count=1)
+            mbarrier.arrive(empty.index(2), count=1)
+            mbarrier.arrive(empty.index(3), count=1)
 
     @gluon.jit(do_not_specialize=["zero"])
     def _fwd_see_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tlen_ptr, qs_ptr,
@@ -220,7 +233,7 @@ if HAVE_GLUON:
                         BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
                         HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
                         QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
-                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
+                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0):
         pid = gl.program_id(0)
         row = (pid // n_hb).to(gl.int64)
         hb = pid % n_hb
@@ -247,6 +260,14 @@ if HAVE_GLUON:
         bars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(6):
             mbarrier.init(bars.index(i), count=2 if i == 0 or i == 5 else 1)
+        if PROBE == 2:
+            gl.warp_specialize([
+                (_see_probe_consumer, (full, empty, n_len, 0, BLOCK_N)),
+                (_see_probe_consumer, (full, empty, n_len, 1, BLOCK_N)),
+                (_see_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
+                                 BLOCK_N, D_V, D_T, CAUSAL, PROBE)),
+            ], [4, 4], [CONS_REGS, PROD_REGS])
+            return
         gl.warp_specialize([
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
@@ -255,7 +276,7 @@ if HAVE_GLUON:
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
                              s_om, s_oh, s_lm, zero, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE)),
             (_see_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
-                             BLOCK_N, D_V, D_T, CAUSAL)),
+                             BLOCK_N, D_V, D_T, CAUSAL, PROBE)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
 
 
