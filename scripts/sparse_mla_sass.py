@@ -8,6 +8,7 @@ import sm90_offline as O  # noqa: I100  (installs the sm_90 stand-in driver firs
 import torch
 
 from llmkernels.ops.sparse_mla import attn_dist_wgmma as W  # noqa: E402
+from llmkernels.ops.sparse_mla import bwd_wgmma as B  # noqa: E402
 from llmkernels.ops.sparse_mla import common  # noqa: E402
 from llmkernels.ops.sparse_mla import fwd_wgmma as F  # noqa: E402
 
@@ -55,6 +56,19 @@ def fwd(name, h_q=128, d_qk=576, dump=None, **cfg):
     report(name, k, dump)
 
 
+def bwd(name, h_q=128, d_qk=576, dump=None, deterministic=False, **cfg):
+    """the backward's first pass (bwd_wgmma._probs_ws_kernel), with an lse gradient."""
+    a = _args(h_q, d_qk)
+    s_q, topk = a.indices.shape
+    o = torch.empty(s_q, h_q, 512, dtype=torch.bfloat16)
+    lse = torch.empty(s_q, h_q)
+    buf = torch.empty(s_q, h_q, topk, dtype=torch.bfloat16)
+    k = O.compiled(B._probs_ws_kernel, lambda: B.probs_ws_launch(
+        a, o, o, lse, lse, True, buf, buf, lse, torch.empty(s_q * topk, dtype=torch.int32), 0, s_q, deterministic,
+        config=cfg or None))
+    report(name, k, dump)
+
+
 if __name__ == "__main__":
     dump = sys.argv[1] if len(sys.argv) > 1 else None
     ws("attn_dist h128 d576", dump=dump)
@@ -63,3 +77,5 @@ if __name__ == "__main__":
     ws("attn_dist h128 d576 2 stages", STAGES=2)
     fwd("fwd h128 d576", dump=dump)
     fwd("fwd h128 d512", d_qk=512)
+    bwd("bwd PdS h128 d576", dump=dump)
+    bwd("bwd PdS h128 d512 determ", d_qk=512, deterministic=True)

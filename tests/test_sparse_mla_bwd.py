@@ -256,6 +256,29 @@ def test_gpu_grads(case, deterministic):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("h_q,d_qk", [(16, 576), (64, 512), (128, 576)])
+def test_gpu_first_pass_gluon_matches_triton(h_q, d_qk):
+    """On sm_90 the first pass (P, dS, Delta) runs the Gluon kernel: the gradients must agree with the Triton
+    pass (forced with p_gluon=False), and both with the reference; with an lse gradient and topk_length."""
+    from llmkernels.ops.sparse_mla.attn_dist_wgmma import wgmma_usable
+    dev = torch.device("cuda")
+    x = make(37, 700, h_q, 300, d_qk, torch.bfloat16, dev, q_start=663, tlen=True)
+    a = prepare(x["q"], x["kv"], x["indices"], x["sm_scale"], topk_length=x["topk_length"], q_start=663)
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert wgmma_usable(a)  # so this test does exercise the Gluon kernel
+    dlse = torch.randn(37, h_q, device=dev)
+    res = []
+    for cfg in (None, {"p_gluon": False}):
+        dq = torch.full_like(x["q"], float("nan"))
+        dkv, delta = sparse_mla_bwd_launch(a, x["out"], x["dout"], x["lse"], dlse, dq, config=cfg)
+        res.append((dq, dkv, delta))
+    (dq1, dkv1, de1), (dq2, dkv2, de2) = res
+    # P (and, in the Gluon pass, P's copy used for dS) rounded to bf16: a few bf16 units, as TOL says
+    assert rel_err(dq1, dq2) < TOL[torch.bfloat16] and rel_err(dkv1, dkv2) < TOL[torch.bfloat16]
+    assert rel_err(de1, de2) < 1e-5  # Delta: the same fp32 products, summed in another order
+
+
+@pytest.mark.gpu
 def test_gpu_deterministic_bitwise():
     x = make(256, 1024, 128, 512, 576, torch.bfloat16, torch.device("cuda"), q_start=768)
     runs = [grads(x, True, dkv_dtype=torch.float32) for _ in range(3)]

@@ -18,6 +18,8 @@ import triton
 import triton.language as tl
 
 from ..._runtime import interpreting
+from .attn_dist_wgmma import wgmma_usable
+from .bwd_wgmma import probs_ws_launch
 from .common import LOG2E, LOG2E_C
 SCRATCH_BYTES = 2 << 30  # per row chunk: P and dS (and, deterministic, the dKV contributions)
 
@@ -226,19 +228,25 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
     tlen = args.topk_length if args.topk_length is not None else dummy
     dl = dlse if dlse is not None else lse
     flags = (int(args.causal), int(args.q_start_t is not None), int(args.topk_length is not None))
+    # sm_90: the first pass runs the warp-specialised Gluon kernel (bwd_wgmma.py) unless the config says p_gluon=False
+    use_ws = cfg.get("p_gluon", True) and wgmma_usable(args)
     for row0 in range(0, s_q, rows):
         nr = min(rows, s_q - row0)
         if deterministic:
             keys.fill_(s_kv)
-        _probs_kernel[(nr, triton.cdiv(h_q, cfg["p_bh"]))](
-            q, kv, out, dout, idx, lse, dl, qs_t, tlen, p_buf, ds_buf, delta, keys if deterministic else dummy,
-            row0, h_q, s_kv, topk, args.q_start_int, args.k_stride, *flags, int(dlse is not None),
-            args.sm_scale * LOG2E,
-            q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), dout.stride(0), dout.stride(1),
-            idx.stride(0), lse.stride(0), lse.stride(1), dl.stride(0), dl.stride(1),
-            BH=cfg["p_bh"], BN=cfg["p_bn"], DV=dv, DR=dr, WRITE_KEYS=deterministic,
-            KV_EVICT="evict_last" if cfg["hints"] else "", BUF_EVICT="evict_first" if cfg["hints"] else "",
-            num_warps=cfg["p_warps"], num_stages=cfg["p_stages"])
+        if use_ws:
+            probs_ws_launch(args, out, dout, lse, dl, dlse is not None, p_buf, ds_buf, delta,
+                            keys if deterministic else dummy, row0, nr, deterministic)
+        else:
+            _probs_kernel[(nr, triton.cdiv(h_q, cfg["p_bh"]))](
+                q, kv, out, dout, idx, lse, dl, qs_t, tlen, p_buf, ds_buf, delta, keys if deterministic else dummy,
+                row0, h_q, s_kv, topk, args.q_start_int, args.k_stride, *flags, int(dlse is not None),
+                args.sm_scale * LOG2E,
+                q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), dout.stride(0), dout.stride(1),
+                idx.stride(0), lse.stride(0), lse.stride(1), dl.stride(0), dl.stride(1),
+                BH=cfg["p_bh"], BN=cfg["p_bn"], DV=dv, DR=dr, WRITE_KEYS=deterministic,
+                KV_EVICT="evict_last" if cfg["hints"] else "", BUF_EVICT="evict_first" if cfg["hints"] else "",
+                num_warps=cfg["p_warps"], num_stages=cfg["p_stages"])
         target = contrib if deterministic else dkv_fp32
         parts = [(0, cfg["g_dc"], dv // cfg["g_dc"], True)] + ([(dv, dr, 1, False)] if dr else [])
         for d0, dc, n_c, has_v in parts:

@@ -1,0 +1,207 @@
+"""The backward's first pass (P and dS, bwd._probs_kernel) for Hopper in Gluon, used on sm_90.
+
+One program per (query row, 64 heads), warp-specialised like the forward: a 4-warp producer gathers 64-row kv
+tiles into two shared-memory slots; on each tile consumer 0 computes S = q k^T (q in shared memory) and
+P = exp(S * scale - lse), consumer 1 at the same time dP = dO V^T (dO held in its wgmma A-operand registers), then
+dS = P (dP - Delta) with P handed over through the slot's rope columns (only S reads them). Both write their tile
+(bf16) to the scratch the second pass reads. Measured history: benchmarks/notes/sparse_mla_bwd.md.
+"""
+import triton
+
+from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
+                       warpgroup_mma_wait)
+from .common import LOG2E, LOG2E_C
+
+if HAVE_GLUON:
+    from .attn_dist_wgmma import _row_limits, _ws_valid
+
+    @gluon.jit
+    def _p_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, do_ready, row, n_len, s_kv, limit, s_kvn, s_im,
+                    BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr):
+        """4 warps: tile j into slot j % 2 once both consumers released it; slot 1 only after consumer 1 has
+        taken dO out of it."""
+        g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        rl: gl.constexpr = gl.SliceLayout(1, g_l)
+        d_lo = gl.arange(0, D_V, layout=gl.SliceLayout(0, g_l))
+        d_hi = gl.arange(0, D_T if D_T > 0 else 16, layout=gl.SliceLayout(0, g_l))
+        valid_n, idx_n = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+        for j in range(gl.cdiv(n_len, BLOCK_N)):
+            s = j % 2
+            mbarrier.wait(empty.index(s), ((j // 2) & 1) ^ 1, pred=j >= 2)
+            mbarrier.wait(do_ready, 0, pred=j == 1)
+            valid = valid_n
+            base = kv_ptr + gl.where(valid, idx_n, 0).to(gl.int64)[:, None] * s_kvn
+            valid_n, idx_n = _ws_valid(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+            async_copy.async_copy_global_to_shared(klo_s.index(s), base + d_lo[None, :], mask=valid[:, None])
+            if D_T > 0:
+                async_copy.async_copy_global_to_shared(khi_s.index(s), base + D_V + d_hi[None, :],
+                                                       mask=valid[:, None])
+            async_copy.mbarrier_arrive(full.index(s), increment_count=False)
+
+    @gluon.jit
+    def _p_consumer(q_ptr, idx_ptr, lse_ptr, p_ptr, key_ptr, klo_s, khi_s, qlo_s, qhi_s, full, empty, pready, r, row,
+                    hb, h_q, topk, n_len, s_kv, limit, scale_log2, s_qm, s_qh, s_im, s_lm, s_lh, zero,
+                    BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr,
+                    WRITE_KEYS: gl.constexpr):
+        """Consumer 0: S and P of every tile; P to the scratch and, through the slot's rope columns, to consumer 1."""
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_N, 16])
+        row_l: gl.constexpr = gl.SliceLayout(1, s_l)
+        col_l: gl.constexpr = gl.SliceLayout(0, s_l)
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        offs_h = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
+        q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
+        hmask = offs_h[:, None] < h_q
+        async_copy.async_copy_global_to_shared(
+            qlo_s, q_rows + gl.arange(0, D_V, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
+        if D_T > 0:
+            async_copy.async_copy_global_to_shared(
+                qhi_s, q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        gl.thread_barrier()
+        fence_async_shared()
+        heads = hb * 64 + gl.arange(0, 64, layout=row_l)
+        hm = heads < h_q
+        # padded heads: lse = +inf, so P = 0
+        lse2 = gl.load(lse_ptr + row * s_lm + heads * s_lh, mask=hm, other=float("inf")) * LOG2E_C
+        buf_rows = (r * h_q + heads).to(gl.int64) * topk
+        q3_s = qlo_s._reinterpret(qlo_s.dtype, [1, 64, D_V], qlo_s.layout)
+        zero_s = gl.zeros([64, BLOCK_N], gl.float32, s_l)
+        for j in range(gl.cdiv(n_len, BLOCK_N)):
+            s = j % 2
+            z = zero * j  # runtime 0: keeps the wgmma descriptors in the loop (fwd_wgmma.py)
+            valid, t = _ws_valid(idx_ptr, row, j * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, col_l)
+            offs = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_l)
+            mbarrier.wait(full.index(s), (j // 2) & 1)
+            fence_async_shared()
+            sa = warpgroup_mma(q3_s.index(z), klo_s.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if D_T > 0:
+                sa = warpgroup_mma(qhi_s, khi_s.index(s).permute((1, 0)), sa, is_async=True)
+            sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
+            p = gl.where(valid[None, :], gl.exp2(sa * scale_log2 - lse2[:, None]), 0.0)
+            p16 = p.to(p_ptr.dtype.element_ty)
+            gl.thread_barrier()  # every warp's S read of the rope is done before P goes over it
+            khi_s.index(s).store(p16)
+            gl.thread_barrier()
+            mbarrier.arrive(pready.index(s), count=1)
+            mbarrier.arrive(empty.index(s), count=1)  # the slot refills once consumer 1 is done with it too
+            gl.store(p_ptr + buf_rows[:, None] + offs[None, :], p16, mask=hm[:, None] & (offs < n_len)[None, :])
+            if WRITE_KEYS:
+                if hb == 0:  # sort keys for the deterministic reduction: kv row, or s_kv for invalid slots
+                    gl.store(key_ptr + r.to(gl.int64) * topk + offs, gl.where(valid, t, s_kv), mask=offs < n_len)
+
+    @gluon.jit
+    def _ds_consumer(o_ptr, do_ptr, dlse_ptr, ds_ptr, delta_ptr, klo_s, khi_s, full, empty, pready, do_ready, r, row,
+                     hb, h_q, topk, n_len, s_or, s_oh, s_dor, s_doh, s_dlr, s_dlh, zero,
+                     BLOCK_N: gl.constexpr, D_V: gl.constexpr, HAS_DLSE: gl.constexpr):
+        """Consumer 1: Delta, then dP and dS of every tile."""
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_N, 16])
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_l, k_width=2)
+        row_l: gl.constexpr = gl.SliceLayout(1, s_l)
+        col_l: gl.constexpr = gl.SliceLayout(0, s_l)
+        # Delta = rowsum(dO * O) in column chunks (a whole [64, 512] fp32 product would not fit the registers);
+        # dO goes to registers through slot 1, which the producer fills only after do_ready
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        DC: gl.constexpr = 128
+        offs_h = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
+        hmask = (offs_h < h_q)[:, None]
+        o_rows = o_ptr + row * s_or + offs_h[:, None].to(gl.int64) * s_oh
+        do_rows = do_ptr + row * s_dor + offs_h[:, None].to(gl.int64) * s_doh
+        delta = gl.zeros([64], gl.float32, gl.SliceLayout(1, ld_l))
+        for c in gl.static_range(D_V // DC):
+            d = c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, ld_l))
+            dov = gl.load(do_rows + d[None, :], mask=hmask, other=0.0)
+            ov = gl.load(o_rows + d[None, :], mask=hmask, other=0.0)
+            delta += gl.sum(dov.to(gl.float32) * ov.to(gl.float32), axis=1)
+            klo_s.index(1).slice(c * DC, DC, dim=1).store(dov)
+        if HAS_DLSE:  # the lse output's gradient enters dS like -Delta: dS = P * (dP - (Delta - dlse))
+            delta -= gl.load(dlse_ptr + row * s_dlr + offs_h * s_dlh, mask=offs_h < h_q, other=0.0)
+        gl.store(delta_ptr + row * h_q + offs_h, delta, mask=offs_h < h_q)
+        gl.thread_barrier()
+        do_a = klo_s.index(1).load(a_l)
+        gl.thread_barrier()
+        mbarrier.arrive(do_ready, count=1)
+        delta = gl.convert_layout(delta, row_l)
+        heads = hb * 64 + gl.arange(0, 64, layout=row_l)
+        hm = heads < h_q
+        buf_rows = (r * h_q + heads).to(gl.int64) * topk
+        zero_s = gl.zeros([64, BLOCK_N], gl.float32, s_l)
+        for j in range(gl.cdiv(n_len, BLOCK_N)):
+            s = j % 2
+            z = zero * j
+            offs = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_l)
+            mbarrier.wait(full.index(s), (j // 2) & 1)
+            fence_async_shared()
+            dp = warpgroup_mma(do_a, klo_s.index(s + z).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            dp, do_a = warpgroup_mma_wait(num_outstanding=0, deps=(dp, do_a))
+            mbarrier.wait(pready.index(s), (j // 2) & 1)
+            p = khi_s.index(s).load(s_l).to(gl.float32)
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(s), count=1)
+            ds = p * (dp - delta[:, None])  # sm_scale is applied in fp32 by the second pass
+            gl.store(ds_ptr + buf_rows[:, None] + offs[None, :], ds.to(ds_ptr.dtype.element_ty),
+                     mask=hm[:, None] & (offs < n_len)[None, :])
+
+    @gluon.jit(do_not_specialize=["zero"])
+    def _probs_ws_kernel(q_ptr, kv_ptr, o_ptr, do_ptr, idx_ptr, lse_ptr, dlse_ptr, qs_ptr, tlen_ptr, p_ptr, ds_ptr,
+                         delta_ptr, key_ptr, row0, n_hb, h_q, s_kv, topk, q_start, k_stride, scale_log2,
+                         s_qm, s_qh, s_kvn, s_or, s_oh, s_dor, s_doh, s_im, s_lm, s_lh, s_dlr, s_dlh, zero,
+                         BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr,
+                         QS_TENSOR: gl.constexpr, HAS_TLEN: gl.constexpr, HAS_DLSE: gl.constexpr,
+                         WRITE_KEYS: gl.constexpr, CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr,
+                         num_warps: gl.constexpr):
+        pid = gl.program_id(0)
+        r = pid // n_hb  # row inside this chunk (scratch row); head blocks of a row side by side share its gathers
+        hb = pid % n_hb
+        row = (row0 + r).to(gl.int64)
+        dtype: gl.constexpr = kv_ptr.dtype.element_ty
+        n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        gl.static_assert(BLOCK_N == 64, "P [64 heads, BLOCK_N] takes the place of a slot's [BLOCK_N, 64] rope")
+        klo_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], sl)
+        khi_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, 64], sl)  # rope (d_qk 576), then P; P alone at 512
+        qlo_s = gl.allocate_shared_memory(dtype, [64, D_V], sl)
+        if D_T > 0:
+            qhi_s = gl.allocate_shared_memory(dtype, [64, D_T], sl)
+        else:
+            qhi_s = qlo_s
+        full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        pready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        do_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for k in gl.static_range(2):
+            mbarrier.init(full.index(k), count=128)  # one arrival per producer thread
+            mbarrier.init(empty.index(k), count=2)
+            mbarrier.init(pready.index(k), count=1)
+        mbarrier.init(do_ready, count=1)
+        gl.warp_specialize([
+            (_p_consumer, (q_ptr, idx_ptr, lse_ptr, p_ptr, key_ptr, klo_s, khi_s, qlo_s, qhi_s, full, empty, pready, r,
+                           row, hb, h_q, topk, n_len, s_kv, limit, scale_log2, s_qm, s_qh, s_im, s_lm, s_lh, zero,
+                           BLOCK_N, D_V, D_T, CAUSAL, WRITE_KEYS)),
+            (_ds_consumer, (o_ptr, do_ptr, dlse_ptr, ds_ptr, delta_ptr, klo_s, khi_s, full, empty, pready, do_ready,
+                            r, row, hb, h_q, topk, n_len, s_or, s_oh, s_dor, s_doh, s_dlr, s_dlh, zero,
+                            BLOCK_N, D_V, HAS_DLSE)),
+            (_p_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, do_ready, row, n_len, s_kv, limit, s_kvn, s_im,
+                           BLOCK_N, D_V, D_T, CAUSAL)),
+        ], [4, 4], [CONS_REGS, PROD_REGS])
+
+
+def probs_ws_launch(args, out, dout, lse, dl, has_dlse: bool, p_buf, ds_buf, delta, keys, row0: int, nr: int,
+                    write_keys: bool, config=None) -> None:
+    """bwd._probs_kernel's work for rows [row0, row0 + nr) on sm_90 (see attn_dist_wgmma.wgmma_usable)."""
+    q, kv, idx = args.q, args.kv, args.indices
+    h_q, d_qk = q.shape[1:]
+    cfg = dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=40)
+    cfg.update(config or {})
+    n_hb = triton.cdiv(h_q, 64)
+    dummy = idx
+    _probs_ws_kernel[(nr * n_hb,)](
+        q, kv, out, dout, idx, lse, dl, args.q_start_t if args.q_start_t is not None else dummy,
+        args.topk_length if args.topk_length is not None else dummy, p_buf, ds_buf, delta, keys,
+        row0, n_hb, h_q, kv.shape[0], idx.shape[1], args.q_start_int, args.k_stride, args.sm_scale * LOG2E,
+        q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), dout.stride(0), dout.stride(1),
+        idx.stride(0), lse.stride(0), lse.stride(1), dl.stride(0), dl.stride(1), 0,
+        D_V=args.d_v, D_T=d_qk - args.d_v, CAUSAL=args.causal, QS_TENSOR=args.q_start_t is not None,
+        HAS_TLEN=args.topk_length is not None, HAS_DLSE=has_dlse, WRITE_KEYS=write_keys, num_warps=4, **cfg)
