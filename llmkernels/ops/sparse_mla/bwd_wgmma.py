@@ -14,6 +14,7 @@ from .common import LOG2E, LOG2E_C
 
 if HAVE_GLUON:
     from .attn_dist_wgmma import _row_limits, _ws_valid
+    from .fwd_wgmma import _q_and_slots
 
     @gluon.jit
     def _p_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, do_ready, row, n_len, s_kv, limit, s_kvn, s_im,
@@ -158,15 +159,7 @@ if HAVE_GLUON:
         row = (row0 + r).to(gl.int64)
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
         n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
-        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        gl.static_assert(BLOCK_N == 64, "P [64 heads, BLOCK_N] takes the place of a slot's [BLOCK_N, 64] rope")
-        klo_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], sl)
-        khi_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, 64], sl)  # rope (d_qk 576), then P; P alone at 512
-        qlo_s = gl.allocate_shared_memory(dtype, [64, D_V], sl)
-        if D_T > 0:
-            qhi_s = gl.allocate_shared_memory(dtype, [64, D_T], sl)
-        else:
-            qhi_s = qlo_s
+        klo_s, khi_s, qlo_s, qhi_s = _q_and_slots(dtype, BLOCK_N, D_V, D_T)
         full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         pready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())

@@ -22,6 +22,21 @@ if HAVE_GLUON:
     from .attn_dist_wgmma import _row_limits, _ws_valid
 
     @gluon.jit
+    def _q_and_slots(dtype: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr):
+        """Shared memory of the forward and of the backward's first pass: two kv slots ([2, BLOCK_N, D_V] and the
+        rope [2, BLOCK_N, 64], which takes a [64 heads, BLOCK_N] P once S is done) and q ([64, D_V], [64, D_T])."""
+        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        gl.static_assert(BLOCK_N == 64, "P [64 heads, BLOCK_N] takes the place of a slot's [BLOCK_N, 64] rope")
+        klo_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], sl)
+        khi_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, 64], sl)  # rope (d_qk 576), then P; P alone at 512
+        qlo_s = gl.allocate_shared_memory(dtype, [64, D_V], sl)
+        if D_T > 0:
+            qhi_s = gl.allocate_shared_memory(dtype, [64, D_T], sl)
+        else:
+            qhi_s = qlo_s
+        return klo_s, khi_s, qlo_s, qhi_s
+
+    @gluon.jit
     def _xchg(buf, bars, k: gl.constexpr, x):
         """Publish x (one value per head) to the other consumer: store, then one arrival on bars[k]."""
         buf.store(x)
@@ -239,20 +254,12 @@ if HAVE_GLUON:
         hb = pid % n_hb
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
         n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
-        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        gl.static_assert(BLOCK_N == 64, "P [64 heads, BLOCK_N] takes the place of a slot's [BLOCK_N, 64] rope")
-        klo_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], sl)
-        khi_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, 64], sl)  # rope (d_qk 576), then P; P alone at 512
+        klo_s, khi_s, qlo_s, qhi_s = _q_and_slots(dtype, BLOCK_N, D_V, D_T)
         full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         for k in gl.static_range(4):
             mbarrier.init(full.index(k), count=128)  # one arrival per producer thread
             mbarrier.init(empty.index(k), count=1 if k < 2 else 2)  # early halves: one reader; late: both
-        qlo_s = gl.allocate_shared_memory(dtype, [64, D_V], sl)
-        if D_T > 0:
-            qhi_s = gl.allocate_shared_memory(dtype, [64, D_T], sl)
-        else:
-            qhi_s = qlo_s
         v_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         xm = gl.allocate_shared_memory(gl.float32, [2, 64], v_l)
         xl = gl.allocate_shared_memory(gl.float32, [2, 64], v_l)
