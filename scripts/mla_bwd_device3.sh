@@ -8,7 +8,7 @@ timeout 150 python3 scripts/mla_bwd_sweep.py --write --out /tmp/sweep > "$OUT/sw
 grep -E "TFLOP|best|TUNED|    [0-9]" "$OUT/sweep.txt"
 timeout 70 ncu --clock-control none --kernel-name regex:"_probs_kernel|_grads_kernel" --launch-count 2 \
   --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
-  python3 scripts/mla_bwd_profile.py > "$OUT/ncu.txt" 2>&1; echo "ncu rc=$?"
+  python3 scripts/sparse_mla_profile.py > "$OUT/ncu.txt" 2>&1; echo "ncu rc=$?"
 grep -E "_kernel|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|Achieved Occupancy|Warp Cycles Per Issued|Stall" "$OUT/ncu.txt" | head -30
 if cmp -s llmkernels/ops/sparse_mla/bwd_tuned.py /tmp/tuned_before.py; then
   echo "configs unchanged: the committed records stand"; rm -f "$OUT"/info.txt; exit 0
