@@ -66,7 +66,9 @@ if HAVE_GLUON:
         hm = heads < h_q
         # padded heads: lse = +inf, so P = 0
         lse2 = gl.load(lse_ptr + row * s_lm + heads * s_lh, mask=hm, other=float("inf")) * LOG2E_C
-        buf_rows = (r * h_q + heads).to(gl.int64) * topk
+        st_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16-byte stores, 128 B per row
+        heads_st = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, st_l))
+        buf_rows = (r * h_q + heads_st).to(gl.int64) * topk
         q3_s = qlo_s._reinterpret(qlo_s.dtype, [1, 64, D_V], qlo_s.layout)
         zero_s = gl.zeros([64, BLOCK_N], gl.float32, s_l)
         for j in range(gl.cdiv(n_len, BLOCK_N)):
@@ -74,6 +76,7 @@ if HAVE_GLUON:
             z = zero * j  # runtime 0: keeps the wgmma descriptors in the loop (fwd_wgmma.py)
             valid, t = _ws_valid(idx_ptr, row, j * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, col_l)
             offs = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_l)
+            offs_st = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, st_l))
             mbarrier.wait(full.index(s), (j // 2) & 1)
             fence_async_shared()
             sa = warpgroup_mma(q3_s.index(z), klo_s.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
@@ -85,9 +88,13 @@ if HAVE_GLUON:
             gl.thread_barrier()  # every warp's S read of the rope is done before P goes over it
             khi_s.index(s).store(p16)
             gl.thread_barrier()
+            # read back in rows of 16-byte pieces: the wgmma layout's 4-byte stores cost the L2 twice as much
+            p_st = khi_s.index(s).load(st_l)
+            gl.thread_barrier()
             mbarrier.arrive(pready.index(s), count=1)
             mbarrier.arrive(empty.index(s), count=1)  # the slot refills once consumer 1 is done with it too
-            gl.store(p_ptr + buf_rows[:, None] + offs[None, :], p16, mask=hm[:, None] & (offs < n_len)[None, :])
+            gl.store(p_ptr + buf_rows[:, None] + offs_st[None, :], p_st,
+                     mask=(heads_st < h_q)[:, None] & (offs_st < n_len)[None, :])
             if WRITE_KEYS:
                 if hb == 0:  # sort keys for the deterministic reduction: kv row, or s_kv for invalid slots
                     gl.store(key_ptr + r.to(gl.int64) * topk + offs, gl.where(valid, t, s_kv), mask=offs < n_len)
@@ -101,7 +108,6 @@ if HAVE_GLUON:
                                                       instr_shape=[16, BLOCK_N, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_l, k_width=2)
         row_l: gl.constexpr = gl.SliceLayout(1, s_l)
-        col_l: gl.constexpr = gl.SliceLayout(0, s_l)
         # Delta = rowsum(dO * O) in column chunks (a whole [64, 512] fp32 product would not fit the registers);
         # dO goes to registers through slot 1, which the producer fills only after do_ready
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -125,25 +131,29 @@ if HAVE_GLUON:
         gl.thread_barrier()
         mbarrier.arrive(do_ready, count=1)
         delta = gl.convert_layout(delta, row_l)
-        heads = hb * 64 + gl.arange(0, 64, layout=row_l)
-        hm = heads < h_q
-        buf_rows = (r * h_q + heads).to(gl.int64) * topk
+        st_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        heads_st = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, st_l))
+        buf_rows = (r * h_q + heads_st).to(gl.int64) * topk
         zero_s = gl.zeros([64, BLOCK_N], gl.float32, s_l)
         for j in range(gl.cdiv(n_len, BLOCK_N)):
             s = j % 2
             z = zero * j
-            offs = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_l)
+            offs_st = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, st_l))
             mbarrier.wait(full.index(s), (j // 2) & 1)
             fence_async_shared()
             dp = warpgroup_mma(do_a, klo_s.index(s + z).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             dp, do_a = warpgroup_mma_wait(num_outstanding=0, deps=(dp, do_a))
             mbarrier.wait(pready.index(s), (j // 2) & 1)
             p = khi_s.index(s).load(s_l).to(gl.float32)
+            ds = p * (dp - delta[:, None])  # sm_scale is applied in fp32 by the second pass
+            gl.thread_barrier()  # P read by every warp (consumer 0 read its copy before pready): dS goes over it
+            khi_s.index(s).store(ds.to(ds_ptr.dtype.element_ty))
+            gl.thread_barrier()
+            ds_st = khi_s.index(s).load(st_l)
             gl.thread_barrier()
             mbarrier.arrive(empty.index(s), count=1)
-            ds = p * (dp - delta[:, None])  # sm_scale is applied in fp32 by the second pass
-            gl.store(ds_ptr + buf_rows[:, None] + offs[None, :], ds.to(ds_ptr.dtype.element_ty),
-                     mask=hm[:, None] & (offs < n_len)[None, :])
+            gl.store(ds_ptr + buf_rows[:, None] + offs_st[None, :], ds_st,
+                     mask=(heads_st < h_q)[:, None] & (offs_st < n_len)[None, :])
 
     @gluon.jit(do_not_specialize=["zero"])
     def _probs_ws_kernel(q_ptr, kv_ptr, o_ptr, do_ptr, idx_ptr, lse_ptr, dlse_ptr, qs_ptr, tlen_ptr, p_ptr, ds_ptr,
