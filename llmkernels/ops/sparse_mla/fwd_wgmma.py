@@ -47,7 +47,7 @@ if HAVE_GLUON:
     def _see_consumer(q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s, xm, xl,
                       bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om, s_oh,
                       s_lm, zero, CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
-                      CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr, DEFER: gl.constexpr):
+                      CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr):
         """Consumer CID of the seesaw (module docstring). Ring barriers [early 0, early 1, late 0, late 1].
         Per pair, consumer 0: S a, P a V a (slot 0: frees its early half), then P b V b (frees slot 1's late half);
         consumer 1: S b, P a V a (frees slot 0's late half), then P b V b (frees slot 1). Slot 0 thus refills
@@ -85,9 +85,6 @@ if HAVE_GLUON:
         m_i = gl.full([64], float("-inf"), gl.float32, row_l)  # running max of the log2-scaled logits
         l_i = gl.zeros([64], gl.float32, row_l)  # this consumer's tiles' share of the denominator, at m_i
         acc = gl.zeros([64, DH], gl.float32, o_l)
-        if CID == 0 and DEFER:  # acc is carried across iterations in flight: start it as an async 0 (+ 0 * q)
-            acc = warpgroup_mma(gl.zeros([64, BLOCK_N], qlo_s.dtype, p_l), qlo_s.slice(c0, DH, dim=1), acc,
-                                is_async=True)
         zero_s = gl.zeros([64, BLOCK_N], gl.float32, s_l)
         n_pairs = gl.cdiv(n_len, 2 * BLOCK_N)
         for i in range(n_pairs):
@@ -104,10 +101,6 @@ if HAVE_GLUON:
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
             sa = warpgroup_mma(qz_s.slice(c0, DH, dim=1), sa_s.slice(c0, DH, dim=1).permute((1, 0)), zero_s,
                                use_acc=False, is_async=True)
-            if CID == 0 and DEFER:  # the previous pair's P b V b ran under this S: slot 1's late half is free
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                gl.thread_barrier()
-                mbarrier.arrive(empty.index(3), count=1, pred=i > 0)
             mbarrier.wait(full.index(2 + CID), ph)
             fence_async_shared()
             sa = warpgroup_mma(qz_s.slice(oc, DH, dim=1), sa_s.slice(oc, DH, dim=1).permute((1, 0)), sa,
@@ -157,10 +150,9 @@ if HAVE_GLUON:
                 m_new = m1
                 mbarrier.wait(bars.index(4), ph)
                 acc = warpgroup_mma(pbuf.index(1 + z), klo_s.index(1 + z).slice(c0, DH, dim=1), acc, is_async=True)
-                if not DEFER:
-                    acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
-                    gl.thread_barrier()
-                    mbarrier.arrive(empty.index(3), count=1)
+                acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
+                gl.thread_barrier()
+                mbarrier.arrive(empty.index(3), count=1)
             else:
                 pb = warpgroup_mma_wait(num_outstanding=1, deps=(pb,))  # tile a's P V done: slot 0 is free
                 gl.thread_barrier()
@@ -171,8 +163,6 @@ if HAVE_GLUON:
                 mbarrier.arrive(empty.index(3), count=1)
             m_i = m_new
 
-        if CID == 0 and DEFER:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _xchg(xl.index(CID), bars, 5, l_i)  # the denominator is the sum of both consumers' shares
         mbarrier.wait(bars.index(5), 0)
         l_i = l_i + xl.index(1 - CID).load(row_l)
@@ -258,8 +248,7 @@ if HAVE_GLUON:
                         BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
                         HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
                         QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
-                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0,
-                        DEFER: gl.constexpr = False):
+                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0):
         pid = gl.program_id(0)
         row = (pid // n_hb).to(gl.int64)
         hb = pid % n_hb
@@ -289,10 +278,10 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
-                             s_om, s_oh, s_lm, zero, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE, DEFER)),
+                             s_om, s_oh, s_lm, zero, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE)),
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
-                             s_om, s_oh, s_lm, zero, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE, DEFER)),
+                             s_om, s_oh, s_lm, zero, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE)),
             (_see_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
                              BLOCK_N, D_V, D_T, CAUSAL, PROBE)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
