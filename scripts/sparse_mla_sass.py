@@ -69,6 +69,17 @@ def bwd(name, h_q=128, d_qk=576, dump=None, deterministic=False, **cfg):
     report(name, k, dump)
 
 
+def grads(name, h_q=128, d_qk=576, dump=None, deterministic=False, **cfg):
+    """the backward's second pass (bwd_wgmma._grads_ws_kernel, the V columns' launch)."""
+    a = _args(h_q, d_qk)
+    s_q, topk = a.indices.shape
+    o = torch.empty(s_q, h_q, 512, dtype=torch.bfloat16)
+    buf = torch.empty(s_q, h_q, topk, dtype=torch.bfloat16)
+    k = O.compiled(B._grads_ws_kernel, lambda: B.grads_ws_launch(
+        a, o, buf, buf, torch.empty_like(a.q), torch.empty(64, d_qk), 0, s_q, deterministic, config=cfg or None))
+    report(name, k, dump)
+
+
 if __name__ == "__main__":
     dump = sys.argv[1] if len(sys.argv) > 1 else None
     ws("attn_dist h128 d576", dump=dump)
@@ -79,3 +90,5 @@ if __name__ == "__main__":
     fwd("fwd h128 d512", d_qk=512)
     bwd("bwd PdS h128 d576", dump=dump)
     bwd("bwd PdS h128 d512 determ", d_qk=512, deterministic=True)
+    grads("bwd dQdKV h128 d576", dump=dump)
+    grads("bwd dQdKV h64 determ", h_q=64, deterministic=True)

@@ -257,9 +257,9 @@ def test_gpu_grads(case, deterministic):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("h_q,d_qk", [(16, 576), (64, 512), (128, 576)])
-def test_gpu_first_pass_gluon_matches_triton(h_q, d_qk):
-    """On sm_90 the first pass (P, dS, Delta) runs the Gluon kernel: the gradients must agree with the Triton
-    pass (forced with p_gluon=False), and both with the reference; with an lse gradient and topk_length."""
+def test_gpu_gluon_passes_match_triton(h_q, d_qk):
+    """On sm_90 both passes run Gluon kernels (the second from h_q > 32): the gradients must agree with the
+    Triton passes (forced with p_gluon / g_gluon=False); with an lse gradient and topk_length."""
     from llmkernels.ops.sparse_mla.attn_dist_wgmma import wgmma_usable
     dev = torch.device("cuda")
     x = make(37, 700, h_q, 300, d_qk, torch.bfloat16, dev, q_start=663, tlen=True)
@@ -268,7 +268,7 @@ def test_gpu_first_pass_gluon_matches_triton(h_q, d_qk):
         assert wgmma_usable(a)  # so this test does exercise the Gluon kernel
     dlse = torch.randn(37, h_q, device=dev)
     res = []
-    for cfg in (None, {"p_gluon": False}):
+    for cfg in (None, {"p_gluon": False, "g_gluon": False}):
         dq = torch.full_like(x["q"], float("nan"))
         dkv, delta = sparse_mla_bwd_launch(a, x["out"], x["dout"], x["lse"], dlse, dq, config=cfg)
         res.append((dq, dkv, delta))

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ..._runtime import interpreting
 from .attn_dist_wgmma import wgmma_usable
-from .bwd_wgmma import probs_ws_launch
+from .bwd_wgmma import grads_ws_launch, probs_ws_launch
 from .common import LOG2E, LOG2E_C
 SCRATCH_BYTES = 2 << 30  # per row chunk: P and dS (and, deterministic, the dKV contributions)
 
@@ -214,6 +214,12 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
         if deterministic:
             dkv_fp32.zero_()
         return dkv_fp32, delta
+    # sm_90: the warp-specialised Gluon kernels (bwd_wgmma.py) unless the config says p_gluon / g_gluon=False
+    use_ws = cfg.get("p_gluon", True) and wgmma_usable(args)
+    # and the second pass too (its head blocks are 64 or 128: fewer heads stay on the Triton kernel)
+    use_ws2 = cfg.get("g_gluon", True) and h_q > 32 and wgmma_usable(args)
+    if use_ws2:
+        cfg["g_bh"] = 128 if h_q > 64 else 64  # grads_ws_launch's head block (the deterministic buffers follow it)
     n_hb = triton.cdiv(h_q, cfg["g_bh"])
     row_bytes = 2 * h_q * topk * q.element_size() + (n_hb * topk * d_qk * 4 if deterministic else 0)
     rows = max(1, min(s_q, scratch_bytes // row_bytes))
@@ -228,8 +234,6 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
     tlen = args.topk_length if args.topk_length is not None else dummy
     dl = dlse if dlse is not None else lse
     flags = (int(args.causal), int(args.q_start_t is not None), int(args.topk_length is not None))
-    # sm_90: the first pass runs the warp-specialised Gluon kernel (bwd_wgmma.py) unless the config says p_gluon=False
-    use_ws = cfg.get("p_gluon", True) and wgmma_usable(args)
     for row0 in range(0, s_q, rows):
         nr = min(rows, s_q - row0)
         if deterministic:
@@ -249,6 +253,9 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
                 num_warps=cfg["p_warps"], num_stages=cfg["p_stages"])
         target = contrib if deterministic else dkv_fp32
         parts = [(0, cfg["g_dc"], dv // cfg["g_dc"], True)] + ([(dv, dr, 1, False)] if dr else [])
+        if use_ws2:
+            grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0, nr, deterministic)
+            parts = []
         for d0, dc, n_c, has_v in parts:
             _grads_kernel[(n_c, nr, n_hb)](
                 q, kv, dout, idx, qs_t, tlen, p_buf, ds_buf, dq, target,

@@ -208,3 +208,170 @@ def probs_ws_launch(args, out, dout, lse, dl, has_dlse: bool, p_buf, ds_buf, del
         idx.stride(0), lse.stride(0), lse.stride(1), dl.stride(0), dl.stride(1), 0,
         D_V=args.d_v, D_T=d_qk - args.d_v, CAUSAL=args.causal, QS_TENSOR=args.q_start_t is not None,
         HAS_TLEN=args.topk_length is not None, HAS_DLSE=has_dlse, WRITE_KEYS=write_keys, num_warps=4, **cfg)
+
+
+# --- second pass: dQ and dKV per (column chunk, query row, block of heads) --------------------------------------
+if HAVE_GLUON:
+    @gluon.jit
+    def _g_producer(kv_ptr, idx_ptr, p_ptr, ds_ptr, k_s, dsb_s, pb_s, full, empty, r, row, hb, h_q, topk, n_len, s_kv,
+                    limit, s_kvn, s_im, c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
+                    STAGES: gl.constexpr, HAS_V: gl.constexpr, CAUSAL: gl.constexpr):
+        """4 warps: per tile, the gathered kv columns [D0, D0 + DC) and the dS (and P) tile [BH heads, BN slots]
+        of the scratch; heads past h_q and slots past n_len are zero-filled (the scratch holds other rows there)."""
+        g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        rl: gl.constexpr = gl.SliceLayout(1, g_l)
+        cl: gl.constexpr = gl.SliceLayout(0, g_l)
+        d = D0 + c * DC + gl.arange(0, DC, layout=cl)
+        heads = hb * BH + gl.arange(0, BH, layout=rl)
+        buf_rows = (r * h_q + heads).to(gl.int64) * topk
+        hmask = heads < h_q
+        cols = gl.arange(0, BN, layout=cl)
+        valid_n, idx_n = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BN, CAUSAL, rl)
+        for j in range(gl.cdiv(n_len, BN)):
+            s = j % STAGES
+            mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1, pred=j >= STAGES)
+            valid = valid_n
+            base = kv_ptr + gl.where(valid, idx_n, 0).to(gl.int64)[:, None] * s_kvn
+            valid_n, idx_n = _ws_valid(idx_ptr, row, (j + 1) * BN, n_len, s_im, s_kv, limit, BN, CAUSAL, rl)
+            async_copy.async_copy_global_to_shared(k_s.index(s), base + d[None, :], mask=valid[:, None])
+            offs = j * BN + cols
+            m = hmask[:, None] & (offs < n_len)[None, :]
+            async_copy.async_copy_global_to_shared(dsb_s.index(s), ds_ptr + buf_rows[:, None] + offs[None, :], mask=m)
+            if HAS_V:
+                async_copy.async_copy_global_to_shared(pb_s.index(s), p_ptr + buf_rows[:, None] + offs[None, :],
+                                                       mask=m)
+            async_copy.mbarrier_arrive(full.index(s), increment_count=False)
+
+    @gluon.jit
+    def _dq_consumer(dq_ptr, k_s, dsb_s, full, empty, row, hb, h_q, n_len, sm_scale, s_dqr, s_dqh,
+                     c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
+                     STAGES: gl.constexpr):
+        """dQ[:, chunk] = sm_scale * sum over tiles of dS K[:, chunk], in registers (BH / 64 wgmma row blocks)."""
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DC, 16])
+        acc0 = gl.zeros([64, DC], gl.float32, o_l)
+        acc1 = gl.zeros([64, DC], gl.float32, o_l)
+        for j in range(gl.cdiv(n_len, BN)):
+            s = j % STAGES
+            mbarrier.wait(full.index(s), (j // STAGES) & 1)
+            fence_async_shared()
+            acc0 = warpgroup_mma(dsb_s.index(s).slice(0, 64, dim=0), k_s.index(s), acc0, is_async=True)
+            if BH == 128:
+                acc1 = warpgroup_mma(dsb_s.index(s).slice(64, 64, dim=0), k_s.index(s), acc1, is_async=True)
+            acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(s), count=1)
+        offs_d = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, o_l))
+        for b in gl.static_range(BH // 64):
+            heads = hb * BH + b * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
+            a = acc0 if b == 0 else acc1
+            gl.store(dq_ptr + row * s_dqr + heads[:, None].to(gl.int64) * s_dqh + offs_d[None, :],
+                     (a * sm_scale).to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])
+
+    @gluon.jit
+    def _dkv_consumer(q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, full, empty, r, row, hb, h_q,
+                      topk, n_len, n_hb, s_kv, limit, sm_scale, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
+                      c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
+                      STAGES: gl.constexpr, HAS_V: gl.constexpr, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
+        """Per tile, the kv rows' gradient [BN, chunk] = sm_scale * dS^T q[:, chunk] (+ P^T dO[:, chunk]), added
+        into the fp32 dKV buffer with 16-byte reductions (or, deterministic, stored per listing)."""
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        heads = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, ld_l))
+        hmask = (heads < h_q)[:, None]
+        # D0 + c * DC with D0, DC constexpr: the compiler sees 16-byte aligned columns (vector reductions)
+        d = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, ld_l))
+        async_copy.async_copy_global_to_shared(
+            qc_s, q_ptr + row * s_qm + heads[:, None].to(gl.int64) * s_qh + d[None, :], mask=hmask)
+        if HAS_V:
+            async_copy.async_copy_global_to_shared(
+                doc_s, do_ptr + row * s_dor + heads[:, None].to(gl.int64) * s_doh + d[None, :], mask=hmask)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        gl.thread_barrier()
+        fence_async_shared()
+        g_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DC, 16])
+        red_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # 4 fp32 a thread: v4 reductions
+        zero_g = gl.zeros([BN, DC], gl.float32, g_l)
+        dr = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, red_l))
+        for j in range(gl.cdiv(n_len, BN)):
+            s = j % STAGES
+            valid, t = _ws_valid(idx_ptr, row, j * BN, n_len, s_im, s_kv, limit, BN, CAUSAL,
+                                 gl.SliceLayout(1, red_l))
+            mbarrier.wait(full.index(s), (j // STAGES) & 1)
+            fence_async_shared()
+            g = warpgroup_mma(dsb_s.index(s).permute((1, 0)), qc_s, zero_g, use_acc=False, is_async=True)
+            g = warpgroup_mma_wait(num_outstanding=0, deps=(g,))
+            g = g * sm_scale  # the K role of each gathered row
+            if HAS_V:  # the V role (first 512 columns)
+                g = warpgroup_mma(pb_s.index(s).permute((1, 0)), doc_s, g, is_async=True)
+                g = warpgroup_mma_wait(num_outstanding=0, deps=(g,))
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(s), count=1)
+            gr = gl.convert_layout(g, red_l)
+            offs = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, red_l))
+            if DETERMINISTIC:  # contribution of (row, head block, slot); summed in a fixed order later
+                crow = ((r * n_hb + hb).to(gl.int64) * topk + offs) * s_dkvr
+                gl.store(dkv_ptr + crow[:, None] + dr[None, :], gr, mask=valid[:, None])
+            else:
+                gl.atomic_add(dkv_ptr + t.to(gl.int64)[:, None] * s_dkvr + dr[None, :], gr, mask=valid[:, None],
+                              sem="relaxed")
+
+    @gluon.jit
+    def _grads_ws_kernel(q_ptr, kv_ptr, do_ptr, idx_ptr, qs_ptr, tlen_ptr, p_ptr, ds_ptr, dq_ptr, dkv_ptr,
+                         row0, h_q, s_kv, topk, q_start, k_stride, sm_scale, n_hb,
+                         s_qm, s_qh, s_kvn, s_dor, s_doh, s_im, s_dqr, s_dqh, s_dkvr,
+                         D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
+                         STAGES: gl.constexpr, HAS_V: gl.constexpr, DETERMINISTIC: gl.constexpr,
+                         CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr, HAS_TLEN: gl.constexpr,
+                         CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
+        c = gl.program_id(0)  # column chunk: neighbours share a row's P / dS, read once from DRAM
+        r = gl.program_id(1)
+        hb = gl.program_id(2)
+        row = (row0 + r).to(gl.int64)
+        dtype: gl.constexpr = kv_ptr.dtype.element_ty
+        n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        k_s = gl.allocate_shared_memory(dtype, [STAGES, BN, DC], sl)
+        dsb_s = gl.allocate_shared_memory(dtype, [STAGES, BH, BN], sl)
+        pb_s = gl.allocate_shared_memory(dtype, [STAGES, BH, BN], sl) if HAS_V else dsb_s
+        qc_s = gl.allocate_shared_memory(dtype, [BH, DC], sl)
+        doc_s = gl.allocate_shared_memory(dtype, [BH, DC], sl) if HAS_V else qc_s
+        full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for k in gl.static_range(STAGES):
+            mbarrier.init(full.index(k), count=128)
+            mbarrier.init(empty.index(k), count=2)
+        gl.warp_specialize([
+            (_dq_consumer, (dq_ptr, k_s, dsb_s, full, empty, row, hb, h_q, n_len, sm_scale, s_dqr, s_dqh,
+                            c, D0, DC, BH, BN, STAGES)),
+            (_dkv_consumer, (q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, full, empty, r, row, hb,
+                             h_q, topk, n_len, n_hb, s_kv, limit, sm_scale, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
+                             c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL, DETERMINISTIC)),
+            (_g_producer, (kv_ptr, idx_ptr, p_ptr, ds_ptr, k_s, dsb_s, pb_s, full, empty, r, row, hb, h_q, topk,
+                           n_len, s_kv, limit, s_kvn, s_im, c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL)),
+        ], [4, 4], [CONS_REGS, PROD_REGS])
+
+
+def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, deterministic: bool,
+                    config=None) -> None:
+    """bwd._grads_kernel's work (both column parts) for rows [row0, row0 + nr) on sm_90."""
+    q, kv, idx = args.q, args.kv, args.indices
+    h_q, d_qk = q.shape[1:]
+    # DC 128: twice the N of the Triton pass's wgmmas and half its P / dS re-reads; q, dO column blocks (64 KB),
+    # two slots (96 KB) and the layout change before the 16-byte reductions (32 KB) fill shared memory. The
+    # producer keeps 12 rows' addresses: 72 registers (40 spill)
+    cfg = dict(DC=128, BN=64, STAGES=2, CONS_REGS=216, PROD_REGS=72)
+    cfg.update(config or {})
+    bh = 128 if h_q > 64 else 64
+    n_hb = triton.cdiv(h_q, bh)
+    dc = cfg.pop("DC")
+    dummy = idx
+    parts = [(0, dc, args.d_v // dc, True)] + ([(args.d_v, d_qk - args.d_v, 1, False)] if d_qk > args.d_v else [])
+    for d0, dcp, n_c, has_v in parts:
+        _grads_ws_kernel[(n_c, nr, n_hb)](
+            q, kv, dout, idx, args.q_start_t if args.q_start_t is not None else dummy,
+            args.topk_length if args.topk_length is not None else dummy, p_buf, ds_buf, dq, target,
+            row0, h_q, kv.shape[0], idx.shape[1], args.q_start_int, args.k_stride, args.sm_scale, n_hb,
+            q.stride(0), q.stride(1), kv.stride(0), dout.stride(0), dout.stride(1), idx.stride(0),
+            dq.stride(0), dq.stride(1), target.stride(0),
+            D0=d0, DC=dcp, BH=bh, HAS_V=has_v, DETERMINISTIC=deterministic, CAUSAL=args.causal,
+            QS_TENSOR=args.q_start_t is not None, HAS_TLEN=args.topk_length is not None, num_warps=4, **cfg)
