@@ -241,6 +241,9 @@ GPU_CASES = [
     (40, 700, 64, 250, 576, dict(noncontig=True, sink=True)),
     (33, 900, 128, 333, 576, dict(q_start=867, tlen=True, sink=True)),
     (20, 400, 130, 64, 576, dict()),
+    # topk a multiple of 16 with h_q > 32: both passes run Gluon kernels on sm_90
+    (33, 900, 128, 320, 576, dict(q_start=867, tlen=True, sink=True)),
+    (40, 600, 64, 256, 512, dict(q_start=560, k_stride=4)),
 ]
 
 
@@ -262,7 +265,7 @@ def test_gpu_gluon_passes_match_triton(h_q, d_qk):
     Triton passes (forced with p_gluon / g_gluon=False); with an lse gradient and topk_length."""
     from llmkernels.ops.sparse_mla.attn_dist_wgmma import wgmma_usable
     dev = torch.device("cuda")
-    x = make(37, 700, h_q, 300, d_qk, torch.bfloat16, dev, q_start=663, tlen=True)
+    x = make(37, 700, h_q, 304, d_qk, torch.bfloat16, dev, q_start=663, tlen=True)  # topk % 16 == 0: both passes
     a = prepare(x["q"], x["kv"], x["indices"], x["sm_scale"], topk_length=x["topk_length"], q_start=663)
     if torch.cuda.get_device_capability() == (9, 0):
         assert wgmma_usable(a)  # so this test does exercise the Gluon kernel
@@ -290,7 +293,7 @@ def test_gpu_deterministic_bitwise():
 
 @pytest.mark.gpu
 def test_gpu_cuda_graph_and_compile():
-    x = make(48, 600, 64, 200, 576, torch.bfloat16, torch.device("cuda"), q_start=552, sink=True)
+    x = make(48, 600, 64, 208, 576, torch.bfloat16, torch.device("cuda"), q_start=552, sink=True)
     for det in (False, True):
         f = lambda: grads(x, det)  # noqa: E731
         f()
