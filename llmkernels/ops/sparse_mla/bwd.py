@@ -218,7 +218,8 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
     use_ws = cfg.get("p_gluon", True) and wgmma_usable(args)
     # and the second pass too (its head blocks are 64 or 128: fewer heads stay on the Triton kernel); it cp.asyncs
     # dO and the P / dS scratch rows, so those must be provably 16-byte aligned (strides, topk multiples of 16)
-    use_ws2 = (cfg.get("g_gluon", True) and h_q > 32 and topk % 16 == 0 and wgmma_usable(args)
+    # (and it relies on the Gluon first pass's zeros past topk_length in the scratch)
+    use_ws2 = (cfg.get("g_gluon", True) and use_ws and h_q > 32 and topk % 16 == 0
                and dout.stride(0) % 16 == 0 and dout.stride(1) % 16 == 0 and dout.data_ptr() % 16 == 0)
     if use_ws2:
         cfg["g_bh"] = 128 if h_q > 64 else 64  # grads_ws_launch's head block (the deterministic buffers follow it)

@@ -93,8 +93,10 @@ if HAVE_GLUON:
             gl.thread_barrier()
             mbarrier.arrive(pready.index(s), count=1)
             mbarrier.arrive(empty.index(s), count=1)  # the slot refills once consumer 1 is done with it too
+            # the whole tile, zeros past n_len included: the second pass then reads it with a mask that is constant
+            # over 16-byte pieces (topk % 16 == 0 there)
             gl.store(p_ptr + buf_rows[:, None] + offs_st[None, :], p_st,
-                     mask=(heads_st < h_q)[:, None] & (offs_st < n_len)[None, :])
+                     mask=(heads_st < h_q)[:, None] & (offs_st < topk)[None, :])
             if WRITE_KEYS:
                 if hb == 0:  # sort keys for the deterministic reduction: kv row, or s_kv for invalid slots
                     gl.store(key_ptr + r.to(gl.int64) * topk + offs, gl.where(valid, t, s_kv), mask=offs < n_len)
@@ -153,7 +155,7 @@ if HAVE_GLUON:
             gl.thread_barrier()
             mbarrier.arrive(empty.index(s), count=1)
             gl.store(ds_ptr + buf_rows[:, None] + offs_st[None, :], ds_st,
-                     mask=(heads_st < h_q)[:, None] & (offs_st < n_len)[None, :])
+                     mask=(heads_st < h_q)[:, None] & (offs_st < topk)[None, :])
 
     @gluon.jit(do_not_specialize=["zero"])
     def _probs_ws_kernel(q_ptr, kv_ptr, o_ptr, do_ptr, idx_ptr, lse_ptr, dlse_ptr, qs_ptr, tlen_ptr, p_ptr, ds_ptr,
@@ -217,7 +219,8 @@ if HAVE_GLUON:
                     limit, s_kvn, s_im, c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                     STAGES: gl.constexpr, HAS_V: gl.constexpr, CAUSAL: gl.constexpr):
         """4 warps: per tile, the gathered kv columns [D0, D0 + DC) and the dS (and P) tile [BH heads, BN slots]
-        of the scratch; heads past h_q and slots past n_len are zero-filled (the scratch holds other rows there)."""
+        of the scratch; heads past h_q are zero-filled (the scratch holds other rows there). Slots past n_len hold
+        zeros: the first pass (_p_consumer, _ds_consumer) writes whole tiles."""
         g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         rl: gl.constexpr = gl.SliceLayout(1, g_l)
         cl: gl.constexpr = gl.SliceLayout(0, g_l)
@@ -235,7 +238,7 @@ if HAVE_GLUON:
             valid_n, idx_n = _ws_valid(idx_ptr, row, (j + 1) * BN, n_len, s_im, s_kv, limit, BN, CAUSAL, rl)
             async_copy.async_copy_global_to_shared(k_s.index(s), base + d[None, :], mask=valid[:, None])
             offs = j * BN + cols
-            m = hmask[:, None] & (offs < n_len)[None, :]
+            m = hmask[:, None] & (offs < topk)[None, :]
             async_copy.async_copy_global_to_shared(dsb_s.index(s), ds_ptr + buf_rows[:, None] + offs[None, :], mask=m)
             if HAS_V:
                 async_copy.async_copy_global_to_shared(pb_s.index(s), p_ptr + buf_rows[:, None] + offs[None, :],
