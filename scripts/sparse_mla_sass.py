@@ -56,27 +56,21 @@ def fwd(name, h_q=128, d_qk=576, dump=None, **cfg):
     report(name, k, dump)
 
 
-def bwd(name, h_q=128, d_qk=576, dump=None, deterministic=False, **cfg):
-    """the backward's first pass (bwd_wgmma._probs_ws_kernel), with an lse gradient."""
+def bwd(name, second=False, h_q=128, d_qk=576, dump=None, deterministic=False, **cfg):
+    """the backward's first pass (bwd_wgmma._probs_ws_kernel, with an lse gradient) or, with second, its second
+    pass (_grads_ws_kernel: the last launch is reported, the rope columns at d_qk 576, the V columns at 512)."""
     a = _args(h_q, d_qk)
     s_q, topk = a.indices.shape
     o = torch.empty(s_q, h_q, 512, dtype=torch.bfloat16)
     lse = torch.empty(s_q, h_q)
     buf = torch.empty(s_q, h_q, topk, dtype=torch.bfloat16)
-    k = O.compiled(B._probs_ws_kernel, lambda: B.probs_ws_launch(
-        a, o, o, lse, lse, True, buf, buf, lse, torch.empty(s_q * topk, dtype=torch.int32), 0, s_q, deterministic,
-        config=cfg or None))
-    report(name, k, dump)
-
-
-def grads(name, h_q=128, d_qk=576, dump=None, deterministic=False, **cfg):
-    """the backward's second pass (bwd_wgmma._grads_ws_kernel, the V columns' launch)."""
-    a = _args(h_q, d_qk)
-    s_q, topk = a.indices.shape
-    o = torch.empty(s_q, h_q, 512, dtype=torch.bfloat16)
-    buf = torch.empty(s_q, h_q, topk, dtype=torch.bfloat16)
-    k = O.compiled(B._grads_ws_kernel, lambda: B.grads_ws_launch(
-        a, o, buf, buf, torch.empty_like(a.q), torch.empty(64, d_qk), 0, s_q, deterministic, config=cfg or None))
+    if second:
+        k = O.compiled(B._grads_ws_kernel, lambda: B.grads_ws_launch(
+            a, o, buf, buf, torch.empty_like(a.q), torch.empty(64, d_qk), 0, s_q, deterministic, config=cfg or None))
+    else:
+        k = O.compiled(B._probs_ws_kernel, lambda: B.probs_ws_launch(
+            a, o, o, lse, lse, True, buf, buf, lse, torch.empty(s_q * topk, dtype=torch.int32), 0, s_q,
+            deterministic, config=cfg or None))
     report(name, k, dump)
 
 
@@ -90,5 +84,6 @@ if __name__ == "__main__":
     fwd("fwd h128 d512", d_qk=512)
     bwd("bwd PdS h128 d576", dump=dump)
     bwd("bwd PdS h128 d512 determ", d_qk=512, deterministic=True)
-    grads("bwd dQdKV h128 d576", dump=dump)
-    grads("bwd dQdKV h64 determ", h_q=64, deterministic=True)
+    bwd("bwd dQdKV h128 d512 (V columns)", second=True, d_qk=512, dump=dump)
+    bwd("bwd dQdKV h128 d576 (rope)", second=True)
+    bwd("bwd dQdKV h64 d512 determ", second=True, h_q=64, d_qk=512, deterministic=True)

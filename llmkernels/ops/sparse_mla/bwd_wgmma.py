@@ -361,7 +361,8 @@ def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, d
     h_q, d_qk = q.shape[1:]
     # DC 128: twice the N of the Triton pass's wgmmas and half its P / dS re-reads; q, dO column blocks (64 KB),
     # two slots (96 KB) and the layout change before the 16-byte reductions (32 KB) fill shared memory. The
-    # producer keeps 12 rows' addresses: 72 registers (40 spill)
+    # producer keeps 12 rows' addresses: 72 registers (40 spill; the 64 B left on the stack are the shared
+    # prologue's, before the partitions take their registers, read once)
     cfg = dict(DC=128, BN=64, STAGES=2, CONS_REGS=216, PROD_REGS=72)
     cfg.update(config or {})
     bh = 128 if h_q > 64 else 64
