@@ -66,7 +66,8 @@ def bwd(name, second=False, h_q=128, d_qk=576, dump=None, deterministic=False, *
     buf = torch.empty(s_q, h_q, topk, dtype=torch.bfloat16)
     if second:
         k = O.compiled(B._grads_ws_kernel, lambda: B.grads_ws_launch(
-            a, o, buf, buf, torch.empty_like(a.q), torch.empty(64, d_qk), 0, s_q, deterministic, config=cfg or None))
+            a, o, buf, buf, torch.empty_like(a.q), torch.empty(64, d_qk), 0, s_q, B.grads_ws_heads(h_q),
+            deterministic, config=cfg or None))
     else:
         k = O.compiled(B._probs_ws_kernel, lambda: B.probs_ws_launch(
             a, o, o, lse, lse, True, buf, buf, lse, torch.empty(s_q * topk, dtype=torch.int32), 0, s_q,

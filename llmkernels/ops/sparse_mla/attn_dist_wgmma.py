@@ -196,6 +196,12 @@ if HAVE_GLUON:
         ], [4, 4], [CONS_REGS, PROD_REGS])
 
 
+def rows_16b(t: torch.Tensor, dims) -> bool:
+    """Rows of t along dims provably 16-byte aligned for cp.async (16 B a thread): Triton marks an int argument
+    divisible by 16 only when its value is (a stride of 5400 elements, 10800 B, is not), so ask that."""
+    return t.data_ptr() % 16 == 0 and all(t.stride(d) % 16 == 0 for d in dims)
+
+
 def wgmma_usable(a) -> bool:
     """True where the Gluon kernels apply: an sm_90 GPU, 16-byte aligned q / kv, strides multiples of 16 elements."""
     q, kv = a.q, a.kv
@@ -203,10 +209,7 @@ def wgmma_usable(a) -> bool:
         return False
     if torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
-    # cp.async moves 16 B per thread, so the compiler must know every row is 16-byte aligned: Triton marks an int
-    # argument divisible by 16 only when its value is (a stride of 5400 elements, 10800 B, is not), so ask that
-    return (all(x % 16 == 0 for x in (kv.stride(0), q.stride(0), q.stride(1)))
-            and kv.data_ptr() % 16 == 0 and q.data_ptr() % 16 == 0)
+    return rows_16b(q, (0, 1)) and rows_16b(kv, (0,))
 
 
 def attn_dist_ws_launch(a, lse, out, config=None) -> None:

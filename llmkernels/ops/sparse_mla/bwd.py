@@ -18,9 +18,9 @@ import triton
 import triton.language as tl
 
 from ..._runtime import interpreting
-from .attn_dist_wgmma import wgmma_usable
-from .bwd_wgmma import grads_ws_launch, probs_ws_launch
-from .common import LOG2E, LOG2E_C
+from .attn_dist_wgmma import rows_16b, wgmma_usable
+from .bwd_wgmma import grads_ws_heads, grads_ws_launch, probs_ws_launch
+from .common import LOG2E, LOG2E_C, column_parts
 SCRATCH_BYTES = 2 << 30  # per row chunk: P and dS (and, deterministic, the dKV contributions)
 
 
@@ -219,10 +219,9 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
     # and the second pass too (its head blocks are 64 or 128: fewer heads stay on the Triton kernel); it cp.asyncs
     # dO and the P / dS scratch rows, so those must be provably 16-byte aligned (strides, topk multiples of 16)
     # (and it relies on the Gluon first pass's zeros past topk_length in the scratch)
-    use_ws2 = (cfg.get("g_gluon", True) and use_ws and h_q > 32 and topk % 16 == 0
-               and dout.stride(0) % 16 == 0 and dout.stride(1) % 16 == 0 and dout.data_ptr() % 16 == 0)
+    use_ws2 = cfg.get("g_gluon", True) and use_ws and h_q > 32 and topk % 16 == 0 and rows_16b(dout, (0, 1))
     if use_ws2:
-        cfg["g_bh"] = 128 if h_q > 64 else 64  # grads_ws_launch's head block (the deterministic buffers follow it)
+        cfg["g_bh"] = grads_ws_heads(h_q)  # the Gluon pass's head blocks (the deterministic buffers follow them)
     n_hb = triton.cdiv(h_q, cfg["g_bh"])
     row_bytes = 2 * h_q * topk * q.element_size() + (n_hb * topk * d_qk * 4 if deterministic else 0)
     rows = max(1, min(s_q, scratch_bytes // row_bytes))
@@ -255,11 +254,9 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
                 KV_EVICT="evict_last" if cfg["hints"] else "", BUF_EVICT="evict_first" if cfg["hints"] else "",
                 num_warps=cfg["p_warps"], num_stages=cfg["p_stages"])
         target = contrib if deterministic else dkv_fp32
-        parts = [(0, cfg["g_dc"], dv // cfg["g_dc"], True)] + ([(dv, dr, 1, False)] if dr else [])
         if use_ws2:
-            grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0, nr, deterministic)
-            parts = []
-        for d0, dc, n_c, has_v in parts:
+            grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0, nr, cfg["g_bh"], deterministic)
+        for d0, dc, n_c, has_v in ([] if use_ws2 else column_parts(dv, d_qk, cfg["g_dc"])):
             _grads_kernel[(n_c, nr, n_hb)](
                 q, kv, dout, idx, qs_t, tlen, p_buf, ds_buf, dq, target,
                 row0, h_q, s_kv, topk, args.q_start_int, args.k_stride, *flags, args.sm_scale, n_hb,

@@ -1,16 +1,18 @@
-"""The backward's first pass (P and dS, bwd._probs_kernel) for Hopper in Gluon, used on sm_90.
+"""The backward's two passes (bwd._probs_kernel, bwd._grads_kernel) for Hopper in Gluon, used on sm_90.
 
-One program per (query row, 64 heads), warp-specialised like the forward: a 4-warp producer gathers 64-row kv
-tiles into two shared-memory slots; on each tile consumer 0 computes S = q k^T (q in shared memory) and
+First pass, one program per (query row, 64 heads), warp-specialised like the forward: a 4-warp producer gathers
+64-row kv tiles into two shared-memory slots; on each tile consumer 0 computes S = q k^T (q in shared memory) and
 P = exp(S * scale - lse), consumer 1 at the same time dP = dO V^T (dO held in its wgmma A-operand registers), then
 dS = P (dP - Delta) with P handed over through the slot's rope columns (only S reads them). Both write their tile
-(bf16) to the scratch the second pass reads. Measured history: benchmarks/notes/sparse_mla_bwd.md.
+(bf16) to the scratch the second pass reads.
+Second pass, one program per (128-column chunk, query row, block of 128 or 64 heads): consumer 0 accumulates dQ,
+consumer 1 the gathered rows' dKV, added with 16-byte reductions. Measured history: benchmarks/notes/sparse_mla_bwd.md.
 """
 import triton
 
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
-from .common import LOG2E, LOG2E_C
+from .common import LOG2E, LOG2E_C, column_parts
 
 if HAVE_GLUON:
     from .attn_dist_wgmma import _row_limits, _ws_valid
@@ -354,9 +356,15 @@ if HAVE_GLUON:
         ], [4, 4], [CONS_REGS, PROD_REGS])
 
 
-def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, deterministic: bool,
+def grads_ws_heads(h_q: int) -> int:
+    """Heads a second-pass program takes: 128 (each kv row's reductions then carry 128 heads' worth) or 64."""
+    return 128 if h_q > 64 else 64
+
+
+def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, bh: int, deterministic: bool,
                     config=None) -> None:
-    """bwd._grads_kernel's work (both column parts) for rows [row0, row0 + nr) on sm_90."""
+    """bwd._grads_kernel's work (both column parts) for rows [row0, row0 + nr) on sm_90; bh: 64 or 128 heads a
+    program (the deterministic contributions are laid out by head block)."""
     q, kv, idx = args.q, args.kv, args.indices
     h_q, d_qk = q.shape[1:]
     # DC 128: twice the N of the Triton pass's wgmmas and half its P / dS re-reads; q, dO column blocks (64 KB),
@@ -365,12 +373,9 @@ def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, d
     # prologue's, before the partitions take their registers, read once)
     cfg = dict(DC=128, BN=64, STAGES=2, CONS_REGS=216, PROD_REGS=72)
     cfg.update(config or {})
-    bh = 128 if h_q > 64 else 64
     n_hb = triton.cdiv(h_q, bh)
-    dc = cfg.pop("DC")
     dummy = idx
-    parts = [(0, dc, args.d_v // dc, True)] + ([(args.d_v, d_qk - args.d_v, 1, False)] if d_qk > args.d_v else [])
-    for d0, dcp, n_c, has_v in parts:
+    for d0, dcp, n_c, has_v in column_parts(args.d_v, d_qk, cfg.pop("DC")):
         _grads_ws_kernel[(n_c, nr, n_hb)](
             q, kv, dout, idx, args.q_start_t if args.q_start_t is not None else dummy,
             args.topk_length if args.topk_length is not None else dummy, p_buf, ds_buf, dq, target,

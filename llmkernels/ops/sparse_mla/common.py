@@ -102,3 +102,10 @@ def row_flags(a: SparseArgs) -> dict:
 
 def sink_arg(a: SparseArgs):
     return a.attn_sink if a.attn_sink is not None else a.indices
+
+
+def column_parts(d_v: int, d_qk: int, dc: int) -> list:
+    """The backward's second-pass launches: (first column, chunk width, chunks, has V) for the V columns in chunks
+    of dc, then the rope columns as one chunk (K role only)."""
+    return [(0, dc, d_v // dc, True)] + ([(d_v, d_qk - d_v, 1, False)] if d_qk > d_v else [])
+
