@@ -242,7 +242,7 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
             keys.fill_(s_kv)
         if use_ws:
             probs_ws_launch(args, out, dout, lse, dl, dlse is not None, p_buf, ds_buf, delta,
-                            keys if deterministic else dummy, row0, nr, deterministic)
+                            keys if deterministic else dummy, row0, nr, deterministic, scaled_ds=use_ws2)
         else:
             _probs_kernel[(nr, triton.cdiv(h_q, cfg["p_bh"]))](
                 q, kv, out, dout, idx, lse, dl, qs_t, tlen, p_buf, ds_buf, delta, keys if deterministic else dummy,

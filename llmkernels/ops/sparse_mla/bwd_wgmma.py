@@ -105,7 +105,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _ds_consumer(o_ptr, do_ptr, dlse_ptr, ds_ptr, delta_ptr, klo_s, khi_s, full, empty, pready, do_ready, r, row,
-                     hb, h_q, topk, n_len, s_or, s_oh, s_dor, s_doh, s_dlr, s_dlh, zero,
+                     hb, h_q, topk, n_len, s_or, s_oh, s_dor, s_doh, s_dlr, s_dlh, zero, ds_scale,
                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, HAS_DLSE: gl.constexpr):
         """Consumer 1: Delta, then dP and dS of every tile."""
         s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -149,7 +149,7 @@ if HAVE_GLUON:
             dp, do_a = warpgroup_mma_wait(num_outstanding=0, deps=(dp, do_a))
             mbarrier.wait(pready.index(s), (j // 2) & 1)
             p = khi_s.index(s).load(s_l).to(gl.float32)
-            ds = p * (dp - delta[:, None])  # sm_scale is applied in fp32 by the second pass
+            ds = p * (dp - delta[:, None]) * ds_scale  # sm_scale here (Gluon second pass) or there (Triton's)
             gl.thread_barrier()  # P read by every warp (consumer 0 read its copy before pready): dS goes over it
             khi_s.index(s).store(ds.to(ds_ptr.dtype.element_ty))
             gl.thread_barrier()
@@ -162,7 +162,7 @@ if HAVE_GLUON:
     @gluon.jit(do_not_specialize=["zero"])
     def _probs_ws_kernel(q_ptr, kv_ptr, o_ptr, do_ptr, idx_ptr, lse_ptr, dlse_ptr, qs_ptr, tlen_ptr, p_ptr, ds_ptr,
                          delta_ptr, key_ptr, row0, n_hb, h_q, s_kv, topk, q_start, k_stride, scale_log2,
-                         s_qm, s_qh, s_kvn, s_or, s_oh, s_dor, s_doh, s_im, s_lm, s_lh, s_dlr, s_dlh, zero,
+                         s_qm, s_qh, s_kvn, s_or, s_oh, s_dor, s_doh, s_im, s_lm, s_lh, s_dlr, s_dlh, zero, ds_scale,
                          BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr,
                          QS_TENSOR: gl.constexpr, HAS_TLEN: gl.constexpr, HAS_DLSE: gl.constexpr,
                          WRITE_KEYS: gl.constexpr, CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr,
@@ -188,7 +188,7 @@ if HAVE_GLUON:
                            row, hb, h_q, topk, n_len, s_kv, limit, scale_log2, s_qm, s_qh, s_im, s_lm, s_lh, zero,
                            BLOCK_N, D_V, D_T, CAUSAL, WRITE_KEYS)),
             (_ds_consumer, (o_ptr, do_ptr, dlse_ptr, ds_ptr, delta_ptr, klo_s, khi_s, full, empty, pready, do_ready,
-                            r, row, hb, h_q, topk, n_len, s_or, s_oh, s_dor, s_doh, s_dlr, s_dlh, zero,
+                            r, row, hb, h_q, topk, n_len, s_or, s_oh, s_dor, s_doh, s_dlr, s_dlh, zero, ds_scale,
                             BLOCK_N, D_V, HAS_DLSE)),
             (_p_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, do_ready, row, n_len, s_kv, limit, s_kvn, s_im,
                            BLOCK_N, D_V, D_T, CAUSAL)),
@@ -196,8 +196,9 @@ if HAVE_GLUON:
 
 
 def probs_ws_launch(args, out, dout, lse, dl, has_dlse: bool, p_buf, ds_buf, delta, keys, row0: int, nr: int,
-                    write_keys: bool, config=None) -> None:
-    """bwd._probs_kernel's work for rows [row0, row0 + nr) on sm_90 (see attn_dist_wgmma.wgmma_usable)."""
+                    write_keys: bool, scaled_ds: bool = False, config=None) -> None:
+    """bwd._probs_kernel's work for rows [row0, row0 + nr) on sm_90 (see attn_dist_wgmma.wgmma_usable); with
+    scaled_ds the scratch gets sm_scale * dS (what grads_ws_launch expects; the Triton second pass scales itself)."""
     q, kv, idx = args.q, args.kv, args.indices
     h_q, d_qk = q.shape[1:]
     cfg = dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=40)
@@ -210,6 +211,7 @@ def probs_ws_launch(args, out, dout, lse, dl, has_dlse: bool, p_buf, ds_buf, del
         row0, n_hb, h_q, kv.shape[0], idx.shape[1], args.q_start_int, args.k_stride, args.sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), dout.stride(0), dout.stride(1),
         idx.stride(0), lse.stride(0), lse.stride(1), dl.stride(0), dl.stride(1), 0,
+        args.sm_scale if scaled_ds else 1.0,
         D_V=args.d_v, D_T=d_qk - args.d_v, CAUSAL=args.causal, QS_TENSOR=args.q_start_t is not None,
         HAS_TLEN=args.topk_length is not None, HAS_DLSE=has_dlse, WRITE_KEYS=write_keys, num_warps=4, **cfg)
 
@@ -248,10 +250,10 @@ if HAVE_GLUON:
             async_copy.mbarrier_arrive(full.index(s), increment_count=False)
 
     @gluon.jit
-    def _dq_consumer(dq_ptr, k_s, dsb_s, full, empty, row, hb, h_q, n_len, sm_scale, s_dqr, s_dqh,
+    def _dq_consumer(dq_ptr, k_s, dsb_s, full, empty, row, hb, h_q, n_len, s_dqr, s_dqh,
                      c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                      STAGES: gl.constexpr):
-        """dQ[:, chunk] = sm_scale * sum over tiles of dS K[:, chunk], in registers (BH / 64 wgmma row blocks)."""
+        """dQ[:, chunk] = sum over tiles of (sm_scale dS) K[:, chunk], in registers (BH / 64 wgmma row blocks)."""
         o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DC, 16])
         acc0 = gl.zeros([64, DC], gl.float32, o_l)
         acc1 = gl.zeros([64, DC], gl.float32, o_l)
@@ -270,14 +272,14 @@ if HAVE_GLUON:
             heads = hb * BH + b * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
             a = acc0 if b == 0 else acc1
             gl.store(dq_ptr + row * s_dqr + heads[:, None].to(gl.int64) * s_dqh + offs_d[None, :],
-                     (a * sm_scale).to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])
+                     a.to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])  # dS came scaled
 
     @gluon.jit
     def _dkv_consumer(q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, full, empty, r, row, hb, h_q,
-                      topk, n_len, n_hb, s_kv, limit, sm_scale, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
+                      topk, n_len, n_hb, s_kv, limit, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
                       c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                       STAGES: gl.constexpr, HAS_V: gl.constexpr, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
-        """Per tile, the kv rows' gradient [BN, chunk] = sm_scale * dS^T q[:, chunk] (+ P^T dO[:, chunk]), added
+        """Per tile, the kv rows' gradient [BN, chunk] = (sm_scale dS)^T q[:, chunk] (+ P^T dO[:, chunk]), added
         into the fp32 dKV buffer with 16-byte reductions (or, deterministic, stored per listing)."""
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         heads = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, ld_l))
@@ -303,12 +305,11 @@ if HAVE_GLUON:
                                  gl.SliceLayout(1, red_l))
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()
+            # the K role of each gathered row (dS comes scaled by sm_scale), then the V role (first 512 columns)
             g = warpgroup_mma(dsb_s.index(s).permute((1, 0)), qc_s, zero_g, use_acc=False, is_async=True)
-            g = warpgroup_mma_wait(num_outstanding=0, deps=(g,))
-            g = g * sm_scale  # the K role of each gathered row
-            if HAS_V:  # the V role (first 512 columns)
+            if HAS_V:
                 g = warpgroup_mma(pb_s.index(s).permute((1, 0)), doc_s, g, is_async=True)
-                g = warpgroup_mma_wait(num_outstanding=0, deps=(g,))
+            g = warpgroup_mma_wait(num_outstanding=0, deps=(g,))
             gl.thread_barrier()
             mbarrier.arrive(empty.index(s), count=1)
             gr = gl.convert_layout(g, red_l)
@@ -322,7 +323,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _grads_ws_kernel(q_ptr, kv_ptr, do_ptr, idx_ptr, qs_ptr, tlen_ptr, p_ptr, ds_ptr, dq_ptr, dkv_ptr,
-                         row0, h_q, s_kv, topk, q_start, k_stride, sm_scale, n_hb,
+                         row0, h_q, s_kv, topk, q_start, k_stride, n_hb,
                          s_qm, s_qh, s_kvn, s_dor, s_doh, s_im, s_dqr, s_dqh, s_dkvr,
                          D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                          STAGES: gl.constexpr, HAS_V: gl.constexpr, DETERMINISTIC: gl.constexpr,
@@ -346,10 +347,10 @@ if HAVE_GLUON:
             mbarrier.init(full.index(k), count=128)
             mbarrier.init(empty.index(k), count=2)
         gl.warp_specialize([
-            (_dq_consumer, (dq_ptr, k_s, dsb_s, full, empty, row, hb, h_q, n_len, sm_scale, s_dqr, s_dqh,
+            (_dq_consumer, (dq_ptr, k_s, dsb_s, full, empty, row, hb, h_q, n_len, s_dqr, s_dqh,
                             c, D0, DC, BH, BN, STAGES)),
             (_dkv_consumer, (q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, full, empty, r, row, hb,
-                             h_q, topk, n_len, n_hb, s_kv, limit, sm_scale, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
+                             h_q, topk, n_len, n_hb, s_kv, limit, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
                              c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL, DETERMINISTIC)),
             (_g_producer, (kv_ptr, idx_ptr, p_ptr, ds_ptr, k_s, dsb_s, pb_s, full, empty, r, row, hb, h_q, topk,
                            n_len, s_kv, limit, s_kvn, s_im, c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL)),
@@ -379,7 +380,7 @@ def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, b
         _grads_ws_kernel[(n_c, nr, n_hb)](
             q, kv, dout, idx, args.q_start_t if args.q_start_t is not None else dummy,
             args.topk_length if args.topk_length is not None else dummy, p_buf, ds_buf, dq, target,
-            row0, h_q, kv.shape[0], idx.shape[1], args.q_start_int, args.k_stride, args.sm_scale, n_hb,
+            row0, h_q, kv.shape[0], idx.shape[1], args.q_start_int, args.k_stride, n_hb,
             q.stride(0), q.stride(1), kv.stride(0), dout.stride(0), dout.stride(1), idx.stride(0),
             dq.stride(0), dq.stride(1), target.stride(0),
             D0=d0, DC=dcp, BH=bh, HAS_V=has_v, DETERMINISTIC=deterministic, CAUSAL=args.causal,
