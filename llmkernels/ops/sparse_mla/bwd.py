@@ -242,7 +242,8 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
             keys.fill_(s_kv)
         if use_ws:
             probs_ws_launch(args, out, dout, lse, dl, dlse is not None, p_buf, ds_buf, delta,
-                            keys if deterministic else dummy, row0, nr, deterministic, scaled_ds=use_ws2)
+                            keys if deterministic else dummy, row0, nr, deterministic, scaled_ds=use_ws2,
+                            config=cfg.get("p_ws"))
         else:
             _probs_kernel[(nr, triton.cdiv(h_q, cfg["p_bh"]))](
                 q, kv, out, dout, idx, lse, dl, qs_t, tlen, p_buf, ds_buf, delta, keys if deterministic else dummy,
@@ -255,7 +256,8 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
                 num_warps=cfg["p_warps"], num_stages=cfg["p_stages"])
         target = contrib if deterministic else dkv_fp32
         if use_ws2:
-            grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0, nr, cfg["g_bh"], deterministic)
+            grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0, nr, cfg["g_bh"], deterministic,
+                            config=cfg.get("g_ws"))
         for d0, dc, n_c, has_v in ([] if use_ws2 else column_parts(dv, d_qk, cfg["g_dc"])):
             _grads_kernel[(n_c, nr, n_hb)](
                 q, kv, dout, idx, qs_t, tlen, p_buf, ds_buf, dq, target,

@@ -278,9 +278,11 @@ if HAVE_GLUON:
     def _dkv_consumer(q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, full, empty, r, row, hb, h_q,
                       topk, n_len, n_hb, s_kv, limit, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
                       c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
-                      STAGES: gl.constexpr, HAS_V: gl.constexpr, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
+                      STAGES: gl.constexpr, HAS_V: gl.constexpr, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr,
+                      RED: gl.constexpr):
         """Per tile, the kv rows' gradient [BN, chunk] = (sm_scale dS)^T q[:, chunk] (+ P^T dO[:, chunk]), added
-        into the fp32 dKV buffer with 16-byte reductions (or, deterministic, stored per listing)."""
+        into the fp32 dKV buffer (or, deterministic, stored per listing). RED 0: 16-byte reductions after a layout
+        change through shared memory; 1: 8-byte reductions straight from the wgmma layout; 2: none (timing probe)."""
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         heads = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, ld_l))
         hmask = (heads < h_q)[:, None]
@@ -299,10 +301,11 @@ if HAVE_GLUON:
         red_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # 4 fp32 a thread: v4 reductions
         zero_g = gl.zeros([BN, DC], gl.float32, g_l)
         dr = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, red_l))
+        dg = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, g_l))
+        v_l: gl.constexpr = gl.SliceLayout(1, g_l) if RED == 1 and not DETERMINISTIC else gl.SliceLayout(1, red_l)
         for j in range(gl.cdiv(n_len, BN)):
             s = j % STAGES
-            valid, t = _ws_valid(idx_ptr, row, j * BN, n_len, s_im, s_kv, limit, BN, CAUSAL,
-                                 gl.SliceLayout(1, red_l))
+            valid, t = _ws_valid(idx_ptr, row, j * BN, n_len, s_im, s_kv, limit, BN, CAUSAL, v_l)
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()
             # the K role of each gathered row (dS comes scaled by sm_scale), then the V role (first 512 columns)
@@ -312,13 +315,17 @@ if HAVE_GLUON:
             g = warpgroup_mma_wait(num_outstanding=0, deps=(g,))
             gl.thread_barrier()
             mbarrier.arrive(empty.index(s), count=1)
-            gr = gl.convert_layout(g, red_l)
-            offs = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, red_l))
             if DETERMINISTIC:  # contribution of (row, head block, slot); summed in a fixed order later
+                gr = gl.convert_layout(g, red_l)
+                offs = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, red_l))
                 crow = ((r * n_hb + hb).to(gl.int64) * topk + offs) * s_dkvr
                 gl.store(dkv_ptr + crow[:, None] + dr[None, :], gr, mask=valid[:, None])
-            else:
+            elif RED == 0:
+                gr = gl.convert_layout(g, red_l)
                 gl.atomic_add(dkv_ptr + t.to(gl.int64)[:, None] * s_dkvr + dr[None, :], gr, mask=valid[:, None],
+                              sem="relaxed")
+            elif RED == 1:
+                gl.atomic_add(dkv_ptr + t.to(gl.int64)[:, None] * s_dkvr + dg[None, :], g, mask=valid[:, None],
                               sem="relaxed")
 
     @gluon.jit
@@ -327,7 +334,7 @@ if HAVE_GLUON:
                          s_qm, s_qh, s_kvn, s_dor, s_doh, s_im, s_dqr, s_dqh, s_dkvr,
                          D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                          STAGES: gl.constexpr, HAS_V: gl.constexpr, DETERMINISTIC: gl.constexpr,
-                         CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr, HAS_TLEN: gl.constexpr,
+                         CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr, HAS_TLEN: gl.constexpr, RED: gl.constexpr,
                          CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
         c = gl.program_id(0)  # column chunk: neighbours share a row's P / dS, read once from DRAM
         r = gl.program_id(1)
@@ -351,7 +358,7 @@ if HAVE_GLUON:
                             c, D0, DC, BH, BN, STAGES)),
             (_dkv_consumer, (q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, full, empty, r, row, hb,
                              h_q, topk, n_len, n_hb, s_kv, limit, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
-                             c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL, DETERMINISTIC)),
+                             c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL, DETERMINISTIC, RED)),
             (_g_producer, (kv_ptr, idx_ptr, p_ptr, ds_ptr, k_s, dsb_s, pb_s, full, empty, r, row, hb, h_q, topk,
                            n_len, s_kv, limit, s_kvn, s_im, c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
@@ -372,7 +379,7 @@ def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, b
     # two slots (96 KB) and the layout change before the 16-byte reductions (32 KB) fill shared memory. The
     # producer keeps 12 rows' addresses: 72 registers (40 spill; the 64 B left on the stack are the shared
     # prologue's, before the partitions take their registers, read once)
-    cfg = dict(DC=128, BN=64, STAGES=2, CONS_REGS=216, PROD_REGS=72)
+    cfg = dict(DC=128, BN=64, STAGES=2, RED=0, CONS_REGS=216, PROD_REGS=72)
     cfg.update(config or {})
     n_hb = triton.cdiv(h_q, bh)
     dummy = idx
