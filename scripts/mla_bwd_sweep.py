@@ -22,8 +22,8 @@ from llmkernels.ops.sparse_mla.common import prepare  # noqa: E402
 # (no dKV reductions: its dkv is wrong, so it is not compared)
 G = lambda **kw: dict(g_ws=kw)  # noqa: E731
 VARIANTS = {
-    128: [None, G(RED=1), G(RED=1, STAGES=3), G(RED=2)],
-    64: [None, G(STAGES=3), G(RED=1), G(RED=1, STAGES=3), G(RED=1, STAGES=4), G(RED=2)],
+    128: [None, G(RED=3), G(RED=3, NB=2), G(RED=1, STAGES=3)],
+    64: [None, G(RED=3), G(RED=3, NB=2), G(RED=3, NB=2, STAGES=3), G(STAGES=3)],
 }
 PROBES = ({"RED": 2},)
 

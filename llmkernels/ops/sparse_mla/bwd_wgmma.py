@@ -250,23 +250,55 @@ if HAVE_GLUON:
             async_copy.mbarrier_arrive(full.index(s), increment_count=False)
 
     @gluon.jit
-    def _dq_consumer(dq_ptr, k_s, dsb_s, full, empty, row, hb, h_q, n_len, s_dqr, s_dqh,
+    def _red_staged(idx_ptr, dkv_ptr, stg, stg_full, stg_free, row, j, n_len, s_kv, limit, s_im, s_dkvr,
+                    c, D0: gl.constexpr, DC: gl.constexpr, BN: gl.constexpr, NB: gl.constexpr,
+                    CAUSAL: gl.constexpr):
+        """Tile j's dKV rows, staged in shared memory by consumer 1, added with 16-byte reductions in two halves
+        (32 registers each, one after the other: consumer 0 also holds dQ); the buffer is released once read."""
+        red_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+        b = j % NB
+        mbarrier.wait(stg_full.index(b), (j // NB) & 1)
+        dr = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, red_l))
+        v0, t0 = _ws_valid(idx_ptr, row, j * BN, n_len, s_im, s_kv, limit, BN // 2, CAUSAL, gl.SliceLayout(1, red_l))
+        v1, t1 = _ws_valid(idx_ptr, row, j * BN + BN // 2, n_len, s_im, s_kv, limit, BN // 2, CAUSAL,
+                           gl.SliceLayout(1, red_l))
+        g0 = stg.index(b).slice(0, BN // 2, dim=0).load(red_l)
+        gl.atomic_add(dkv_ptr + t0.to(gl.int64)[:, None] * s_dkvr + dr[None, :], g0, mask=v0[:, None], sem="relaxed")
+        g1 = stg.index(b).slice(BN // 2, BN // 2, dim=0).load(red_l)
+        gl.thread_barrier()
+        mbarrier.arrive(stg_free.index(b), count=1)
+        gl.atomic_add(dkv_ptr + t1.to(gl.int64)[:, None] * s_dkvr + dr[None, :], g1, mask=v1[:, None], sem="relaxed")
+
+    @gluon.jit
+    def _dq_consumer(dq_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, stg, full, empty, stg_full, stg_free, row, hb, h_q, n_len,
+                     s_kv, limit, s_im, s_dkvr, s_dqr, s_dqh,
                      c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
-                     STAGES: gl.constexpr):
-        """dQ[:, chunk] = sum over tiles of (sm_scale dS) K[:, chunk], in registers (BH / 64 wgmma row blocks)."""
+                     STAGES: gl.constexpr, NB: gl.constexpr, HANDOFF: gl.constexpr, CAUSAL: gl.constexpr):
+        """dQ[:, chunk] = sum over tiles of (sm_scale dS) K[:, chunk], in registers (BH / 64 wgmma row blocks).
+        HANDOFF: also issues consumer 1's dKV reductions of the previous tile while its own wgmmas run, so that
+        consumer 1's next products do not wait behind the reductions (bound by the L2's reduction rate)."""
         o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DC, 16])
         acc0 = gl.zeros([64, DC], gl.float32, o_l)
         acc1 = gl.zeros([64, DC], gl.float32, o_l)
-        for j in range(gl.cdiv(n_len, BN)):
+        n_t = gl.cdiv(n_len, BN)
+        for j in range(n_t):
             s = j % STAGES
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()
             acc0 = warpgroup_mma(dsb_s.index(s).slice(0, 64, dim=0), k_s.index(s), acc0, is_async=True)
             if BH == 128:
                 acc1 = warpgroup_mma(dsb_s.index(s).slice(64, 64, dim=0), k_s.index(s), acc1, is_async=True)
+            if HANDOFF:
+                if j > 0:
+                    _red_staged(idx_ptr, dkv_ptr, stg, stg_full, stg_free, row, j - 1, n_len, s_kv, limit, s_im,
+                                s_dkvr, c, D0, DC, BN, NB, CAUSAL)
             acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
             gl.thread_barrier()
             mbarrier.arrive(empty.index(s), count=1)
+        if HANDOFF:
+            if n_t > 0:
+                _red_staged(idx_ptr, dkv_ptr, stg, stg_full, stg_free, row, n_t - 1, n_len, s_kv, limit, s_im,
+                            s_dkvr, c, D0, DC, BN, NB, CAUSAL)
         offs_d = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, o_l))
         for b in gl.static_range(BH // 64):
             heads = hb * BH + b * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
@@ -275,14 +307,16 @@ if HAVE_GLUON:
                      a.to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])  # dS came scaled
 
     @gluon.jit
-    def _dkv_consumer(q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, full, empty, r, row, hb, h_q,
+    def _dkv_consumer(q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, stg, full, empty, stg_full,
+                      stg_free, r, row, hb, h_q,
                       topk, n_len, n_hb, s_kv, limit, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
                       c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                       STAGES: gl.constexpr, HAS_V: gl.constexpr, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr,
-                      RED: gl.constexpr):
+                      RED: gl.constexpr, NB: gl.constexpr):
         """Per tile, the kv rows' gradient [BN, chunk] = (sm_scale dS)^T q[:, chunk] (+ P^T dO[:, chunk]), added
         into the fp32 dKV buffer (or, deterministic, stored per listing). RED 0: 16-byte reductions after a layout
-        change through shared memory; 1: 8-byte reductions straight from the wgmma layout; 2: none (timing probe)."""
+        change through shared memory; 1: 8-byte reductions straight from the wgmma layout; 2: none (timing probe);
+        3: the tile goes to a shared-memory buffer (one of NB) and consumer 0 issues its reductions."""
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         heads = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, ld_l))
         hmask = (heads < h_q)[:, None]
@@ -327,6 +361,12 @@ if HAVE_GLUON:
             elif RED == 1:
                 gl.atomic_add(dkv_ptr + t.to(gl.int64)[:, None] * s_dkvr + dg[None, :], g, mask=valid[:, None],
                               sem="relaxed")
+            elif RED == 3:
+                b = j % NB
+                mbarrier.wait(stg_free.index(b), ((j // NB) & 1) ^ 1, pred=j >= NB)
+                stg.index(b).store(g)
+                gl.thread_barrier()
+                mbarrier.arrive(stg_full.index(b), count=1)
 
     @gluon.jit
     def _grads_ws_kernel(q_ptr, kv_ptr, do_ptr, idx_ptr, qs_ptr, tlen_ptr, p_ptr, ds_ptr, dq_ptr, dkv_ptr,
@@ -335,7 +375,7 @@ if HAVE_GLUON:
                          D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                          STAGES: gl.constexpr, HAS_V: gl.constexpr, DETERMINISTIC: gl.constexpr,
                          CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr, HAS_TLEN: gl.constexpr, RED: gl.constexpr,
-                         CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
+                         NB: gl.constexpr, CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
         c = gl.program_id(0)  # column chunk: neighbours share a row's P / dS, read once from DRAM
         r = gl.program_id(1)
         hb = gl.program_id(2)
@@ -348,17 +388,28 @@ if HAVE_GLUON:
         pb_s = gl.allocate_shared_memory(dtype, [STAGES, BH, BN], sl) if HAS_V else dsb_s
         qc_s = gl.allocate_shared_memory(dtype, [BH, DC], sl)
         doc_s = gl.allocate_shared_memory(dtype, [BH, DC], sl) if HAS_V else qc_s
+        handoff: gl.constexpr = RED == 3 and not DETERMINISTIC
+        # fp32 staging of consumer 1's tiles (16-byte units swizzled by row: conflict-free v2 writes, v4 reads)
+        stg = gl.allocate_shared_memory(gl.float32, [NB if handoff else 1, BN if handoff else 1, DC],
+                                        gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))
         full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        stg_full = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+        stg_free = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
         for k in gl.static_range(STAGES):
             mbarrier.init(full.index(k), count=128)
             mbarrier.init(empty.index(k), count=2)
+        for k in gl.static_range(NB):
+            mbarrier.init(stg_full.index(k), count=1)
+            mbarrier.init(stg_free.index(k), count=1)
         gl.warp_specialize([
-            (_dq_consumer, (dq_ptr, k_s, dsb_s, full, empty, row, hb, h_q, n_len, s_dqr, s_dqh,
-                            c, D0, DC, BH, BN, STAGES)),
-            (_dkv_consumer, (q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, full, empty, r, row, hb,
+            (_dq_consumer, (dq_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, stg, full, empty, stg_full, stg_free, row, hb, h_q,
+                            n_len, s_kv, limit, s_im, s_dkvr, s_dqr, s_dqh,
+                            c, D0, DC, BH, BN, STAGES, NB, handoff, CAUSAL)),
+            (_dkv_consumer, (q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, stg, full, empty, stg_full,
+                             stg_free, r, row, hb,
                              h_q, topk, n_len, n_hb, s_kv, limit, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
-                             c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL, DETERMINISTIC, RED)),
+                             c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL, DETERMINISTIC, RED, NB)),
             (_g_producer, (kv_ptr, idx_ptr, p_ptr, ds_ptr, k_s, dsb_s, pb_s, full, empty, r, row, hb, h_q, topk,
                            n_len, s_kv, limit, s_kvn, s_im, c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
@@ -379,7 +430,7 @@ def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, b
     # two slots (96 KB) and the layout change before the 16-byte reductions (32 KB) fill shared memory. The
     # producer keeps 12 rows' addresses: 72 registers (40 spill; the 64 B left on the stack are the shared
     # prologue's, before the partitions take their registers, read once)
-    cfg = dict(DC=128, BN=64, STAGES=2, RED=0, CONS_REGS=216, PROD_REGS=72)
+    cfg = dict(DC=128, BN=64, STAGES=2, RED=0, NB=1, CONS_REGS=216, PROD_REGS=72)
     cfg.update(config or {})
     n_hb = triton.cdiv(h_q, bh)
     dummy = idx
