@@ -427,10 +427,12 @@ def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, b
     q, kv, idx = args.q, args.kv, args.indices
     h_q, d_qk = q.shape[1:]
     # DC 128: twice the N of the Triton pass's wgmmas and half its P / dS re-reads; q, dO column blocks (64 KB),
-    # two slots (96 KB) and the layout change before the 16-byte reductions (32 KB) fill shared memory. The
-    # producer keeps 12 rows' addresses: 72 registers (40 spill; the 64 B left on the stack are the shared
-    # prologue's, before the partitions take their registers, read once)
-    cfg = dict(DC=128, BN=64, STAGES=2, RED=0, NB=1, CONS_REGS=216, PROD_REGS=72)
+    # two slots (96 KB) and the fp32 staging of one dKV tile (32 KB) fill shared memory. The producer keeps 12
+    # rows' addresses: 72 registers (40 spill; the rest of the 72 B stack is the shared prologue's, read once).
+    # RED 3: the reductions are bound by the L2 (3.3 TB/s, scripts/red_ceiling.py), so consumer 1 hands them to
+    # consumer 0 instead of stalling its next wgmmas behind them: 17.0 -> 15.7 ms (h_q 128), 11.3 -> 10.3 (h_q 64)
+    # for the whole backward; a second staging buffer measured slower (16.3 / 10.9)
+    cfg = dict(DC=128, BN=64, STAGES=2, RED=3, NB=1, CONS_REGS=216, PROD_REGS=72)
     cfg.update(config or {})
     n_hb = triton.cdiv(h_q, bh)
     dummy = idx
