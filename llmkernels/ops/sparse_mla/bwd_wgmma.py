@@ -253,21 +253,22 @@ if HAVE_GLUON:
     def _red_staged(idx_ptr, dkv_ptr, stg, stg_full, stg_free, row, j, n_len, s_kv, limit, s_im, s_dkvr,
                     c, D0: gl.constexpr, DC: gl.constexpr, BN: gl.constexpr, NB: gl.constexpr,
                     CAUSAL: gl.constexpr):
-        """Tile j's dKV rows, staged in shared memory by consumer 1, added with 16-byte reductions in two halves
-        (32 registers each, one after the other: consumer 0 also holds dQ); the buffer is released once read."""
+        """Tile j's dKV rows, staged in shared memory by consumer 1, added with 16-byte reductions in pieces of
+        4096 values (32 registers: consumer 0 also holds dQ); the buffer is released once the last piece is read."""
         red_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+        NP: gl.constexpr = BN * DC // 4096
         b = j % NB
         mbarrier.wait(stg_full.index(b), (j // NB) & 1)
         dr = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, red_l))
-        v0, t0 = _ws_valid(idx_ptr, row, j * BN, n_len, s_im, s_kv, limit, BN // 2, CAUSAL, gl.SliceLayout(1, red_l))
-        v1, t1 = _ws_valid(idx_ptr, row, j * BN + BN // 2, n_len, s_im, s_kv, limit, BN // 2, CAUSAL,
-                           gl.SliceLayout(1, red_l))
-        g0 = stg.index(b).slice(0, BN // 2, dim=0).load(red_l)
-        gl.atomic_add(dkv_ptr + t0.to(gl.int64)[:, None] * s_dkvr + dr[None, :], g0, mask=v0[:, None], sem="relaxed")
-        g1 = stg.index(b).slice(BN // 2, BN // 2, dim=0).load(red_l)
-        gl.thread_barrier()
-        mbarrier.arrive(stg_free.index(b), count=1)
-        gl.atomic_add(dkv_ptr + t1.to(gl.int64)[:, None] * s_dkvr + dr[None, :], g1, mask=v1[:, None], sem="relaxed")
+        for p in gl.static_range(NP):
+            v, t = _ws_valid(idx_ptr, row, j * BN + p * (BN // NP), n_len, s_im, s_kv, limit, BN // NP, CAUSAL,
+                             gl.SliceLayout(1, red_l))
+            g = stg.index(b).slice(p * (BN // NP), BN // NP, dim=0).load(red_l)
+            if p == NP - 1:
+                gl.thread_barrier()
+                mbarrier.arrive(stg_free.index(b), count=1)
+            gl.atomic_add(dkv_ptr + t.to(gl.int64)[:, None] * s_dkvr + dr[None, :], g, mask=v[:, None],
+                          sem="relaxed")
 
     @gluon.jit
     def _dq_consumer(dq_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, stg, full, empty, stg_full, stg_free, row, hb, h_q, n_len,
@@ -292,7 +293,10 @@ if HAVE_GLUON:
                 if j > 0:
                     _red_staged(idx_ptr, dkv_ptr, stg, stg_full, stg_free, row, j - 1, n_len, s_kv, limit, s_im,
                                 s_dkvr, c, D0, DC, BN, NB, CAUSAL)
-            acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+            if BH == 128:
+                acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+            else:  # acc1 stays out of the loop (DC 256 needs all 128 registers of acc0)
+                acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))
             gl.thread_barrier()
             mbarrier.arrive(empty.index(s), count=1)
         if HANDOFF:
@@ -333,7 +337,6 @@ if HAVE_GLUON:
         fence_async_shared()
         g_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DC, 16])
         red_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # 4 fp32 a thread: v4 reductions
-        zero_g = gl.zeros([BN, DC], gl.float32, g_l)
         dr = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, red_l))
         dg = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, g_l))
         v_l: gl.constexpr = gl.SliceLayout(1, g_l) if RED == 1 and not DETERMINISTIC else gl.SliceLayout(1, red_l)
@@ -343,7 +346,8 @@ if HAVE_GLUON:
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()
             # the K role of each gathered row (dS comes scaled by sm_scale), then the V role (first 512 columns)
-            g = warpgroup_mma(dsb_s.index(s).permute((1, 0)), qc_s, zero_g, use_acc=False, is_async=True)
+            g = warpgroup_mma(dsb_s.index(s).permute((1, 0)), qc_s, gl.zeros([BN, DC], gl.float32, g_l), use_acc=False,
+                              is_async=True)
             if HAS_V:
                 g = warpgroup_mma(pb_s.index(s).permute((1, 0)), doc_s, g, is_async=True)
             g = warpgroup_mma_wait(num_outstanding=0, deps=(g,))
