@@ -22,9 +22,8 @@ from llmkernels.ops.sparse_mla.common import prepare  # noqa: E402
 # (no dKV reductions: its dkv is wrong, so it is not compared)
 G = lambda **kw: dict(g_ws=kw)  # noqa: E731
 VARIANTS = {
-    128: [None, dict(overlap=4), dict(overlap=8), dict(overlap=8, overlap_prio=-1)],
-    64: [None, G(DC=256), dict(G(DC=256), overlap=4), dict(G(DC=256), overlap=8),
-         dict(G(DC=256), overlap=8, overlap_prio=-1), dict(overlap=8, overlap_prio=-1)],
+    128: [None, G(RED=2)],
+    64: [None, G(DC=128), G(RED=2)],
 }
 PROBES = ({"RED": 2},)
 

@@ -225,18 +225,8 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
     n_hb = triton.cdiv(h_q, cfg["g_bh"])
     row_bytes = 2 * h_q * topk * q.element_size() + (n_hb * topk * d_qk * 4 if deterministic else 0)
     rows = max(1, min(s_q, scratch_bytes // row_bytes))
-    # overlap: n row chunks, the first pass of chunk i + 1 (side stream) runs beside the second pass of chunk i,
-    # whose dKV reductions are bound by the L2 rather than the SMs (two scratch buffers)
-    overlap = int(cfg.get("overlap", 0)) if q.is_cuda and not deterministic else 0
-    if overlap > 1:
-        rows = min(rows, triton.cdiv(s_q, overlap))
-    bufs = [(torch.empty(rows, h_q, topk, dtype=q.dtype, device=dev),
-             torch.empty(rows, h_q, topk, dtype=q.dtype, device=dev)) for _ in range(2 if overlap > 1 else 1)]
-    cur = side = None
-    if overlap > 1:
-        cur, side = torch.cuda.current_stream(dev), _side_stream(dev, cfg.get("overlap_prio", 0))
-        side.wait_stream(cur)
-        grads_done = []
+    p_buf = torch.empty(rows, h_q, topk, dtype=q.dtype, device=dev)
+    ds_buf = torch.empty_like(p_buf)
     if deterministic:
         contrib = torch.empty(rows * n_hb * topk, d_qk, dtype=torch.float32, device=dev)
         keys = torch.empty(rows * topk, dtype=torch.int32, device=dev)
@@ -246,16 +236,10 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
     tlen = args.topk_length if args.topk_length is not None else dummy
     dl = dlse if dlse is not None else lse
     flags = (int(args.causal), int(args.q_start_t is not None), int(args.topk_length is not None))
-    for i, row0 in enumerate(range(0, s_q, rows)):
+    for row0 in range(0, s_q, rows):
         nr = min(rows, s_q - row0)
-        p_buf, ds_buf = bufs[i % len(bufs)]
         if deterministic:
             keys.fill_(s_kv)
-        if side is not None:
-            side_ctx = torch.cuda.stream(side)
-            side_ctx.__enter__()
-            if i >= 2:
-                side.wait_event(grads_done[i - 2])  # its scratch buffer is free again
         if use_ws:
             probs_ws_launch(args, out, dout, lse, dl, dlse is not None, p_buf, ds_buf, delta,
                             keys if deterministic else dummy, row0, nr, deterministic, scaled_ds=use_ws2,
@@ -270,9 +254,6 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
                 BH=cfg["p_bh"], BN=cfg["p_bn"], DV=dv, DR=dr, WRITE_KEYS=deterministic,
                 KV_EVICT="evict_last" if cfg["hints"] else "", BUF_EVICT="evict_first" if cfg["hints"] else "",
                 num_warps=cfg["p_warps"], num_stages=cfg["p_stages"])
-        if side is not None:
-            side_ctx.__exit__(None, None, None)
-            cur.wait_event(side.record_event())
         target = contrib if deterministic else dkv_fp32
         if use_ws2:
             grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0, nr, cfg["g_bh"], deterministic,
@@ -286,28 +267,13 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
                 D0=d0, DC=dc, BH=cfg["g_bh"], BN=cfg["g_bn"], HAS_V=has_v, DETERMINISTIC=deterministic,
                 KV_EVICT="evict_last" if cfg["hints"] else "",
                 num_warps=cfg["g_warps"], num_stages=cfg["g_stages"])
-        if side is not None:
-            grads_done.append(cur.record_event())
         if deterministic:
             k = keys[: nr * topk]
             sorted_keys, perm = torch.sort(k, stable=True)  # stable: listings of a kv row stay in (row, slot) order
             rowptr = torch.searchsorted(sorted_keys, kv_ids)
             _reduce_kernel[(s_kv,)](contrib, perm, rowptr, dkv_fp32, topk, n_hb,
                                     D_QK=d_qk, DV=dv, DR=dr, FIRST=row0 == 0, E=8, num_warps=4)
-    if side is not None:
-        cur.wait_stream(side)
     return dkv_fp32, delta
-
-
-_SIDE = {}
-
-
-def _side_stream(dev: torch.device, priority: int) -> torch.cuda.Stream:
-    """One side stream per (device, priority), reused across calls (CUDA-graph capture forks and joins it)."""
-    key = (dev.index if dev.index is not None else torch.cuda.current_device(), priority)
-    if key not in _SIDE:
-        _SIDE[key] = torch.cuda.Stream(device=dev, priority=priority)
-    return _SIDE[key]
 
 
 def flops(s_q: int, h_q: int, topk: int, d_qk: int, d_v: int = 512) -> int:
