@@ -282,6 +282,16 @@ def test_gpu_gluon_passes_match_triton(h_q, d_qk):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("h_q", [64, 128])
+def test_gpu_fp16_gluon_passes(h_q):
+    """fp16 through both sm_90 passes: the first keeps dS unscaled (fp16's range), the second scales it itself."""
+    x = make(29, 500, h_q, 256, 576, torch.float16, torch.device("cuda"), q_start=471, tlen=True)
+    g = grads(x)
+    assert_close(g, x, torch.float16)
+    assert_zero_where_untouched(g, x)
+
+
+@pytest.mark.gpu
 def test_gpu_row_chunks_nan_poisoned():
     """Row chunks (row0 > 0) through the sm_90 passes: every dq element written, chunking seamless."""
     dev = torch.device("cuda")

@@ -222,6 +222,9 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
     use_ws2 = cfg.get("g_gluon", True) and use_ws and h_q > 32 and topk % 16 == 0 and rows_16b(dout, (0, 1))
     if use_ws2:
         cfg["g_bh"] = grads_ws_heads(h_q)  # the Gluon pass's head blocks (the deterministic buffers follow them)
+    # bf16: the first pass stores sm_scale dS, so the second pass chains its two dKV products (fp16 keeps dS
+    # unscaled: typical |dS| ~ 1e-3 times sm_scale would fall below fp16's normal range)
+    scaled_ds = use_ws2 and q.dtype == torch.bfloat16
     n_hb = triton.cdiv(h_q, cfg["g_bh"])
     row_bytes = 2 * h_q * topk * q.element_size() + (n_hb * topk * d_qk * 4 if deterministic else 0)
     rows = max(1, min(s_q, scratch_bytes // row_bytes))
@@ -242,7 +245,7 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
             keys.fill_(s_kv)
         if use_ws:
             probs_ws_launch(args, out, dout, lse, dl, dlse is not None, p_buf, ds_buf, delta,
-                            keys if deterministic else dummy, row0, nr, deterministic, scaled_ds=use_ws2,
+                            keys if deterministic else dummy, row0, nr, deterministic, scaled_ds=scaled_ds,
                             config=cfg.get("p_ws"))
         else:
             _probs_kernel[(nr, triton.cdiv(h_q, cfg["p_bh"]))](
@@ -257,7 +260,7 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
         target = contrib if deterministic else dkv_fp32
         if use_ws2:
             grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0, nr, cfg["g_bh"], deterministic,
-                            config=cfg.get("g_ws"))
+                            scaled_ds, config=cfg.get("g_ws"))
         for d0, dc, n_c, has_v in ([] if use_ws2 else column_parts(dv, d_qk, cfg["g_dc"])):
             _grads_kernel[(n_c, nr, n_hb)](
                 q, kv, dout, idx, qs_t, tlen, p_buf, ds_buf, dq, target,

@@ -272,10 +272,11 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _dq_consumer(dq_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, stg, full, empty, stg_full, stg_free, row, hb, h_q, n_len,
-                     s_kv, limit, s_im, s_dkvr, s_dqr, s_dqh,
+                     s_kv, limit, s_im, s_dkvr, s_dqr, s_dqh, dq_scale,
                      c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                      STAGES: gl.constexpr, NB: gl.constexpr, HANDOFF: gl.constexpr, CAUSAL: gl.constexpr):
-        """dQ[:, chunk] = sum over tiles of (sm_scale dS) K[:, chunk], in registers (BH / 64 wgmma row blocks).
+        """dQ[:, chunk] = dq_scale * sum over tiles of dS K[:, chunk], in registers (BH / 64 wgmma row blocks); the
+        scratch's dS comes scaled by sm_scale (bf16, dq_scale 1) or not (fp16: small dS would go subnormal).
         HANDOFF: also issues consumer 1's dKV reductions of the previous tile while its own wgmmas run, so that
         consumer 1's next products do not wait behind the reductions (bound by the L2's reduction rate)."""
         o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DC, 16])
@@ -308,16 +309,16 @@ if HAVE_GLUON:
             heads = hb * BH + b * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
             a = acc0 if b == 0 else acc1
             gl.store(dq_ptr + row * s_dqr + heads[:, None].to(gl.int64) * s_dqh + offs_d[None, :],
-                     a.to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])  # dS came scaled
+                     (a * dq_scale).to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])
 
     @gluon.jit
     def _dkv_consumer(q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, stg, full, empty, stg_full,
-                      stg_free, r, row, hb, h_q,
+                      stg_free, r, row, hb, h_q, sm_scale,
                       topk, n_len, n_hb, s_kv, limit, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
                       c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                       STAGES: gl.constexpr, HAS_V: gl.constexpr, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr,
-                      RED: gl.constexpr, NB: gl.constexpr):
-        """Per tile, the kv rows' gradient [BN, chunk] = (sm_scale dS)^T q[:, chunk] (+ P^T dO[:, chunk]), added
+                      RED: gl.constexpr, NB: gl.constexpr, DS_SCALED: gl.constexpr):
+        """Per tile, the kv rows' gradient [BN, chunk] = sm_scale dS^T q[:, chunk] (+ P^T dO[:, chunk]), added
         into the fp32 dKV buffer (or, deterministic, stored per listing). RED 0: 16-byte reductions after a layout
         change through shared memory; 1: 8-byte reductions straight from the wgmma layout; 2: none (timing probe);
         3: the tile goes to a shared-memory buffer (one of NB) and consumer 0 issues its reductions."""
@@ -345,9 +346,12 @@ if HAVE_GLUON:
             valid, t = _ws_valid(idx_ptr, row, j * BN, n_len, s_im, s_kv, limit, BN, CAUSAL, v_l)
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()
-            # the K role of each gathered row (dS comes scaled by sm_scale), then the V role (first 512 columns)
+            # the K role of each gathered row (sm_scale dS), then the V role (first 512 columns): one chain when the
+            # scratch holds dS scaled already
             g = warpgroup_mma(dsb_s.index(s).permute((1, 0)), qc_s, gl.zeros([BN, DC], gl.float32, g_l), use_acc=False,
                               is_async=True)
+            if not DS_SCALED:
+                g = warpgroup_mma_wait(num_outstanding=0, deps=(g,)) * sm_scale
             if HAS_V:
                 g = warpgroup_mma(pb_s.index(s).permute((1, 0)), doc_s, g, is_async=True)
             g = warpgroup_mma_wait(num_outstanding=0, deps=(g,))
@@ -374,12 +378,12 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _grads_ws_kernel(q_ptr, kv_ptr, do_ptr, idx_ptr, qs_ptr, tlen_ptr, p_ptr, ds_ptr, dq_ptr, dkv_ptr,
-                         row0, h_q, s_kv, topk, q_start, k_stride, n_hb,
+                         row0, h_q, s_kv, topk, q_start, k_stride, n_hb, sm_scale, dq_scale,
                          s_qm, s_qh, s_kvn, s_dor, s_doh, s_im, s_dqr, s_dqh, s_dkvr,
                          D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                          STAGES: gl.constexpr, HAS_V: gl.constexpr, DETERMINISTIC: gl.constexpr,
                          CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr, HAS_TLEN: gl.constexpr, RED: gl.constexpr,
-                         NB: gl.constexpr, CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
+                         NB: gl.constexpr, DS_SCALED: gl.constexpr, CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
         c = gl.program_id(0)  # column chunk: neighbours share a row's P / dS, read once from DRAM
         r = gl.program_id(1)
         hb = gl.program_id(2)
@@ -408,12 +412,12 @@ if HAVE_GLUON:
             mbarrier.init(stg_free.index(k), count=1)
         gl.warp_specialize([
             (_dq_consumer, (dq_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, stg, full, empty, stg_full, stg_free, row, hb, h_q,
-                            n_len, s_kv, limit, s_im, s_dkvr, s_dqr, s_dqh,
+                            n_len, s_kv, limit, s_im, s_dkvr, s_dqr, s_dqh, dq_scale,
                             c, D0, DC, BH, BN, STAGES, NB, handoff, CAUSAL)),
             (_dkv_consumer, (q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, stg, full, empty, stg_full,
                              stg_free, r, row, hb,
-                             h_q, topk, n_len, n_hb, s_kv, limit, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
-                             c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL, DETERMINISTIC, RED, NB)),
+                             h_q, sm_scale, topk, n_len, n_hb, s_kv, limit, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
+                             c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL, DETERMINISTIC, RED, NB, DS_SCALED)),
             (_g_producer, (kv_ptr, idx_ptr, p_ptr, ds_ptr, k_s, dsb_s, pb_s, full, empty, r, row, hb, h_q, topk,
                            n_len, s_kv, limit, s_kvn, s_im, c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
@@ -425,9 +429,10 @@ def grads_ws_heads(h_q: int) -> int:
 
 
 def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, bh: int, deterministic: bool,
-                    config=None) -> None:
+                    ds_scaled: bool = True, config=None) -> None:
     """bwd._grads_kernel's work (both column parts) for rows [row0, row0 + nr) on sm_90; bh: 64 or 128 heads a
-    program (the deterministic contributions are laid out by head block)."""
+    program (the deterministic contributions are laid out by head block); ds_scaled: the scratch holds sm_scale dS
+    (probs_ws_launch's scaled_ds)."""
     q, kv, idx = args.q, args.kv, args.indices
     h_q, d_qk = q.shape[1:]
     # DC 128: twice the N of the Triton pass's wgmmas and half its P / dS re-reads; q, dO column blocks (64 KB),
@@ -446,8 +451,9 @@ def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, b
         _grads_ws_kernel[(n_c, nr, n_hb)](
             q, kv, dout, idx, args.q_start_t if args.q_start_t is not None else dummy,
             args.topk_length if args.topk_length is not None else dummy, p_buf, ds_buf, dq, target,
-            row0, h_q, kv.shape[0], idx.shape[1], args.q_start_int, args.k_stride, n_hb,
+            row0, h_q, kv.shape[0], idx.shape[1], args.q_start_int, args.k_stride, n_hb, args.sm_scale,
+            1.0 if ds_scaled else args.sm_scale,
             q.stride(0), q.stride(1), kv.stride(0), dout.stride(0), dout.stride(1), idx.stride(0),
             dq.stride(0), dq.stride(1), target.stride(0),
-            D0=d0, DC=dcp, BH=bh, HAS_V=has_v, DETERMINISTIC=deterministic, CAUSAL=args.causal,
+            D0=d0, DC=dcp, BH=bh, HAS_V=has_v, DETERMINISTIC=deterministic, CAUSAL=args.causal, DS_SCALED=ds_scaled,
             QS_TENSOR=args.q_start_t is not None, HAS_TLEN=args.topk_length is not None, num_warps=4, **cfg)
