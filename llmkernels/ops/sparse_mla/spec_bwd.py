@@ -89,7 +89,9 @@ def check(device):
     res = []
     dtypes = [torch.float16] if device.type == "cpu" else [torch.bfloat16]  # interpreter bf16 dot is wrong
     shapes = ([(5, 40, 3, 37, 576, True), (4, 30, 2, 50, 512, False)] if device.type == "cpu" else
-              [(96, 700, 128, 300, 576, True), (64, 500, 64, 257, 576, False), (50, 300, 16, 100, 512, True)])
+              [(96, 700, 128, 300, 576, True), (64, 500, 64, 257, 576, False), (50, 300, 16, 100, 512, True),
+               # topk multiples of 16 with h_q > 32: the sm_90 Gluon second pass (the default path at scale)
+               (80, 900, 128, 320, 576, True), (48, 600, 64, 256, 512, False)])
     for dtype in dtypes:
         for s_q, s_kv, h_q, topk, d_qk, sink in shapes:
             x = make_inputs(s_q, s_kv, h_q, topk, d_qk, dtype, device, causal=True, sink=sink)
