@@ -28,7 +28,7 @@ from llmkernels.ops.nvfp4_gemv.reference import nvfp4_gemv_ref
 from llmkernels.ops.nvfp4_gemv.spec import GEMV_SHAPES, GEMV_TOL, gemv_bytes, make_inputs
 
 T0 = time.monotonic()
-BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else 140.0
+BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 else 140.0
 OUT = os.environ.get("OUT")
 LOG = []
 
@@ -150,13 +150,6 @@ def variants(plan, KB):
     return v
 
 
-def variants_every(M, K, L, dev):
-    """Round 6: the static-weights plan with only every n-th row tile loading its first tile before the wait."""
-    plan = gemv_plan(M, K // 16, L, dev)
-    static = gemv_plan(M, K // 16, L, dev, static_weights=True)
-    return [("plan", plan), ("static", static)] + [(f"static every{n}", {**static, "pre_every": n}) for n in (2, 3, 4)]
-
-
 def main():
     dev = torch.device("cuda")
     bw = copy_bandwidth()
@@ -168,8 +161,7 @@ def main():
     if not all(p.get("overlap") for p in probe.values()):
         log("WARNING: PDL did not overlap in every mode: the pdl rows below may measure plain launches")
     rows = []
-    every = "--every" in sys.argv
-    for M, K, L in (GEMV_SHAPES[:3] if every else GEMV_SHAPES):
+    for M, K, L in GEMV_SHAPES:
         nbytes = gemv_bytes(M, K, L)
         floor_us = nbytes / bw * 1e6
         sets = min(max(1, math.ceil(3 * l2 / nbytes)), 32)
@@ -178,8 +170,7 @@ def main():
         plan = gemv_plan(M, K // 16, L, dev)
         base_out = None
         log(f"-- M={M} K={K} L={L}: floor {floor_us:.2f} us, {sets} input sets, plan {plan}")
-        todo = variants_every(M, K, L, dev) if every else [(n, c) for n, c in variants(plan, K // 16)]
-        todo += [("read-only", "read"), ("read-only pdl", "read-pdl")]
+        todo = [(n, c) for n, c in variants(plan, K // 16)] + [("read-only", "read"), ("read-only pdl", "read-pdl")]
         for name, cfg in todo:
             if time.monotonic() - T0 > BUDGET:
                 log(f"   {name:<30} skipped (budget {BUDGET:.0f} s spent)")
@@ -217,7 +208,7 @@ def main():
         del xs, ref, base_out
         torch.cuda.empty_cache()
     # compact table: variant x shape (% of floor)
-    shapes = [(M, K, L) for M, K, L in (GEMV_SHAPES[:3] if every else GEMV_SHAPES)]
+    shapes = [(M, K, L) for M, K, L in GEMV_SHAPES]
     names = list(dict.fromkeys(r["variant"] for r in rows))
     log("\n% of floor (us) per shape:")
     log(f"{'variant':<30}" + "".join(f"{f'{M}x{K}x{L}':>22}" for M, K, L in shapes))

@@ -193,8 +193,6 @@ def test_gemv_launch_configs_poisoned(device, cfg):
     dict(BM=4, BB=32, num_warps=2, split=1, persistent=1),                           # 4 programs, 16 row tiles
     dict(BM=4, BB=32, num_warps=2, split=1, persistent=2, pdl=True, pre=1, trigger="entry"),
     dict(BM=4, BB=32, num_warps=2, split=2, persistent=1),                           # split: not persistent
-    dict(BM=4, BB=32, num_warps=2, split=1, pdl=True, pre=1, trigger="entry", pre_every=2),  # half load early
-    dict(BM=4, BB=16, num_warps=2, split=1, pdl=True, pre=2, trigger="entry", pre_every=3),
 ])
 def test_gemv_pdl_order_and_persistent_bit_identical(device, cfg):
     # the PDL code order (first weight tiles loaded before the wait, peeled) and the persistent grid sum the
@@ -462,8 +460,7 @@ def test_gpu_static_weights_graph():
 @pytest.mark.parametrize("extra", [dict(pdl=True, pre=1, trigger="entry"), dict(pdl=True, pre=2, trigger="last_load"),
                                    dict(pdl=True, pre=0, trigger="none"), dict(persistent=16),
                                    dict(persistent=16, pdl=True, pre=1, trigger="entry"),
-                                   dict(pdl=True, pre=1, trigger="wait", split=3),
-                                   dict(pdl=True, pre=1, trigger="entry", pre_every=2)])
+                                   dict(pdl=True, pre=1, trigger="wait", split=3)])
 def test_gpu_pdl_variants_graph(extra):
     # back-to-back PDL launches captured in a graph, each call on its own inputs, one of them split K:
     # every output equals the default kernel's bit for bit

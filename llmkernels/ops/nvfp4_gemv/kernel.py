@@ -237,7 +237,7 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
               s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
               BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
               USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr,
-              TRIGGER: tl.constexpr, EMIT: tl.constexpr, PRE_EVERY: tl.constexpr = 1):
+              TRIGGER: tl.constexpr, EMIT: tl.constexpr):
     """Output rows pid_m*BM.. of batch l over the K range of `split`."""
     rows = pid_m * BM + tl.arange(0, BM)
     row_ok = rows < M
@@ -253,24 +253,13 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
         # programmatic dependent launch: the preceding kernel may still run. The first PRE tiles of the
         # weights (a, sfa) are loaded before the wait; b, sfb, the stores (and partials) only after it.
         # The tiles are summed in the same order as below (bit-identical results).
-        # PRE_EVERY > 1: only every PRE_EVERY-th row tile loads its first tile early, the others right after the
-        # wait, so that DRAM has loads in flight while the early ones decode (masked loads move no bytes)
-        early = (pid_m % PRE_EVERY) == 0
-        late = (pid_m % PRE_EVERY) != 0
         if PRE >= 1:
-            a0, sa0 = _load_weights(a_rows, sa_rows, row_ok & early, k_lo, k_hi, s_sak, BB)
+            a0, sa0 = _load_weights(a_rows, sa_rows, row_ok, k_lo, k_hi, s_sak, BB)
         if PRE >= 2:
-            a1, sa1 = _load_weights(a_rows, sa_rows, row_ok & early, k_lo + BB, k_hi, s_sak, BB)
+            a1, sa1 = _load_weights(a_rows, sa_rows, row_ok, k_lo + BB, k_hi, s_sak, BB)
         _gdc_wait(EMIT)
         if TRIGGER == 1:  # once the preceding kernel is done: the next one may start
             _gdc_trigger(EMIT)
-        if PRE_EVERY > 1:
-            if PRE >= 1:
-                a0l, sa0l = _load_weights(a_rows, sa_rows, row_ok & late, k_lo, k_hi, s_sak, BB)
-                a0, sa0 = a0 | a0l, sa0 | sa0l
-            if PRE >= 2:
-                a1l, sa1l = _load_weights(a_rows, sa_rows, row_ok & late, k_lo + BB, k_hi, s_sak, BB)
-                a1, sa1 = a1 | a1l, sa1 | sa1l
         if PRE >= 1:
             b0, sb0 = _load_act(b_row, sb_row, k_lo, k_hi, s_sbk, BB)
             if PRE >= 2:
@@ -309,7 +298,7 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
                  s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
                  BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
                  USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr,
-                 TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr, EMIT: tl.constexpr, PRE_EVERY: tl.constexpr = 1):
+                 TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr, EMIT: tl.constexpr):
     """USE_GDC (launched with programmatic dependent launch): TRIGGER 0 = no explicit trigger (the next
     kernel may start when this grid's programs have exited), 1 = right after griddepcontrol.wait, 2 = after
     the program's last load is issued, 3 = at entry. PERSISTENT: grid (P, 1, 1), program p handles the row
@@ -328,7 +317,7 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
         _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, tl.program_id(0),
                   tl.program_id(1).to(tl.int64), tl.program_id(2),
                   M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
-                  BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, PRE_EVERY)
+                  BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT)
 
 
 @triton.jit
@@ -644,7 +633,6 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
         BM=BM, BB=BB, PARTIAL=split > 1, PREFETCH=cfg.get("prefetch", False), USE_ASM=use_asm,
         FIX_NAN=interpreting(), USE_GDC=order, PRE=int(cfg.get("pre", 1)) if order else 0,
         TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0, PERSISTENT=bool(persistent), EMIT=pdl,
-        PRE_EVERY=int(cfg.get("pre_every", 1)),
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1), **({"launch_pdl": True} if pdl else {}))
     if split > 1:
         blk = 256
