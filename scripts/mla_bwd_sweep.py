@@ -1,4 +1,5 @@
-"""On the GPU: time sparse_mla_bwd block configs at the benchmark shape, and a per-kernel breakdown.
+"""On the GPU: time sparse_mla_bwd variants (VARIANTS: overrides of the sm_90 Gluon second pass, `g_ws`) at the
+benchmark shape, and a per-kernel breakdown.
 
   python scripts/mla_bwd_sweep.py [--out DIR]
 Prints one line per config (ms, TFLOP/s by the issue's count) and the kernel-time split of the default.
@@ -32,7 +33,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     ap.add_argument("--heads", default="128,64")
-    ap.add_argument("--write", action="store_true", help="write the winners to llmkernels/ops/sparse_mla/bwd_tuned.py")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rows, best = [], {}
@@ -103,16 +103,6 @@ def main():
         torch.cuda.empty_cache()
     with open(os.path.join(args.out, "sweep.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    if args.write:
-        from llmkernels.ops.sparse_mla.bwd_tuned import TUNED
-        TUNED.update(best)
-        with open("llmkernels/ops/sparse_mla/bwd_tuned.py", "w") as f:
-            f.write('"""Block configs of the sparse MLA backward by head block (written by scripts/mla_bwd_sweep.py '
-                    '--write)."""\nTUNED = {\n')
-            for k in sorted(TUNED, reverse=True):
-                f.write(f"    {k}: {TUNED[k]!r},\n")
-            f.write("}\n")
-        print(open("llmkernels/ops/sparse_mla/bwd_tuned.py").read(), flush=True)
 
 
 if __name__ == "__main__":

@@ -272,11 +272,12 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _dq_consumer(dq_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, stg, full, empty, stg_full, stg_free, row, hb, h_q, n_len,
-                     s_kv, limit, s_im, s_dkvr, s_dqr, s_dqh, dq_scale,
+                     s_kv, limit, s_im, s_dkvr, s_dqr, s_dqh, sm_scale,
                      c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
-                     STAGES: gl.constexpr, NB: gl.constexpr, HANDOFF: gl.constexpr, CAUSAL: gl.constexpr):
-        """dQ[:, chunk] = dq_scale * sum over tiles of dS K[:, chunk], in registers (BH / 64 wgmma row blocks); the
-        scratch's dS comes scaled by sm_scale (bf16, dq_scale 1) or not (fp16: small dS would go subnormal).
+                     STAGES: gl.constexpr, NB: gl.constexpr, HANDOFF: gl.constexpr, CAUSAL: gl.constexpr,
+                     DS_SCALED: gl.constexpr):
+        """dQ[:, chunk] = sm_scale * sum over tiles of dS K[:, chunk], in registers (BH / 64 wgmma row blocks); the
+        scratch's dS comes scaled by sm_scale already (DS_SCALED: bf16) or not (fp16: small dS would go subnormal).
         HANDOFF: also issues consumer 1's dKV reductions of the previous tile while its own wgmmas run, so that
         consumer 1's next products do not wait behind the reductions (bound by the L2's reduction rate)."""
         o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DC, 16])
@@ -308,8 +309,10 @@ if HAVE_GLUON:
         for b in gl.static_range(BH // 64):
             heads = hb * BH + b * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
             a = acc0 if b == 0 else acc1
+            if not DS_SCALED:
+                a = a * sm_scale
             gl.store(dq_ptr + row * s_dqr + heads[:, None].to(gl.int64) * s_dqh + offs_d[None, :],
-                     (a * dq_scale).to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])
+                     a.to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])
 
     @gluon.jit
     def _dkv_consumer(q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, stg, full, empty, stg_full,
@@ -319,9 +322,10 @@ if HAVE_GLUON:
                       STAGES: gl.constexpr, HAS_V: gl.constexpr, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr,
                       RED: gl.constexpr, NB: gl.constexpr, DS_SCALED: gl.constexpr):
         """Per tile, the kv rows' gradient [BN, chunk] = sm_scale dS^T q[:, chunk] (+ P^T dO[:, chunk]), added
-        into the fp32 dKV buffer (or, deterministic, stored per listing). RED 0: 16-byte reductions after a layout
-        change through shared memory; 1: 8-byte reductions straight from the wgmma layout; 2: none (timing probe);
-        3: the tile goes to a shared-memory buffer (one of NB) and consumer 0 issues its reductions."""
+        into the fp32 dKV buffer (or, deterministic, stored per listing). RED 0: 16-byte reductions issued here, after
+        a layout change through shared memory; 2: none (timing probe); 3: the tile goes to a shared-memory buffer (one
+        of NB) and consumer 0 issues its reductions. (8-byte reductions straight from the wgmma layout measured
+        slower: notes, version 6.)"""
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         heads = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, ld_l))
         hmask = (heads < h_q)[:, None]
@@ -339,11 +343,10 @@ if HAVE_GLUON:
         g_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DC, 16])
         red_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # 4 fp32 a thread: v4 reductions
         dr = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, red_l))
-        dg = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, g_l))
-        v_l: gl.constexpr = gl.SliceLayout(1, g_l) if RED == 1 and not DETERMINISTIC else gl.SliceLayout(1, red_l)
         for j in range(gl.cdiv(n_len, BN)):
             s = j % STAGES
-            valid, t = _ws_valid(idx_ptr, row, j * BN, n_len, s_im, s_kv, limit, BN, CAUSAL, v_l)
+            valid, t = _ws_valid(idx_ptr, row, j * BN, n_len, s_im, s_kv, limit, BN, CAUSAL,
+                                 gl.SliceLayout(1, red_l))
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()
             # the K role of each gathered row (sm_scale dS), then the V role (first 512 columns): one chain when the
@@ -366,9 +369,6 @@ if HAVE_GLUON:
                 gr = gl.convert_layout(g, red_l)
                 gl.atomic_add(dkv_ptr + t.to(gl.int64)[:, None] * s_dkvr + dr[None, :], gr, mask=valid[:, None],
                               sem="relaxed")
-            elif RED == 1:
-                gl.atomic_add(dkv_ptr + t.to(gl.int64)[:, None] * s_dkvr + dg[None, :], g, mask=valid[:, None],
-                              sem="relaxed")
             elif RED == 3:
                 b = j % NB
                 mbarrier.wait(stg_free.index(b), ((j // NB) & 1) ^ 1, pred=j >= NB)
@@ -378,7 +378,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _grads_ws_kernel(q_ptr, kv_ptr, do_ptr, idx_ptr, qs_ptr, tlen_ptr, p_ptr, ds_ptr, dq_ptr, dkv_ptr,
-                         row0, h_q, s_kv, topk, q_start, k_stride, n_hb, sm_scale, dq_scale,
+                         row0, h_q, s_kv, topk, q_start, k_stride, n_hb, sm_scale,
                          s_qm, s_qh, s_kvn, s_dor, s_doh, s_im, s_dqr, s_dqh, s_dkvr,
                          D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                          STAGES: gl.constexpr, HAS_V: gl.constexpr, DETERMINISTIC: gl.constexpr,
@@ -412,8 +412,8 @@ if HAVE_GLUON:
             mbarrier.init(stg_free.index(k), count=1)
         gl.warp_specialize([
             (_dq_consumer, (dq_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, stg, full, empty, stg_full, stg_free, row, hb, h_q,
-                            n_len, s_kv, limit, s_im, s_dkvr, s_dqr, s_dqh, dq_scale,
-                            c, D0, DC, BH, BN, STAGES, NB, handoff, CAUSAL)),
+                            n_len, s_kv, limit, s_im, s_dkvr, s_dqr, s_dqh, sm_scale,
+                            c, D0, DC, BH, BN, STAGES, NB, handoff, CAUSAL, DS_SCALED)),
             (_dkv_consumer, (q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, stg, full, empty, stg_full,
                              stg_free, r, row, hb,
                              h_q, sm_scale, topk, n_len, n_hb, s_kv, limit, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
@@ -452,7 +452,6 @@ def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, b
             q, kv, dout, idx, args.q_start_t if args.q_start_t is not None else dummy,
             args.topk_length if args.topk_length is not None else dummy, p_buf, ds_buf, dq, target,
             row0, h_q, kv.shape[0], idx.shape[1], args.q_start_int, args.k_stride, n_hb, args.sm_scale,
-            1.0 if ds_scaled else args.sm_scale,
             q.stride(0), q.stride(1), kv.stride(0), dout.stride(0), dout.stride(1), idx.stride(0),
             dq.stride(0), dq.stride(1), target.stride(0),
             D0=d0, DC=dcp, BH=bh, HAS_V=has_v, DETERMINISTIC=deterministic, CAUSAL=args.causal, DS_SCALED=ds_scaled,
