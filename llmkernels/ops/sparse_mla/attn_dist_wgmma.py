@@ -32,16 +32,28 @@ if HAVE_GLUON:
         return n_len, limit
 
     @gluon.jit
+    def _ws_idx(idx_ptr, row, t0, n_len, s_im, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+        """Entries [t0, t0 + BLOCK_N) of the row, -1 past n_len. A consumer issues this load early and tests the
+        values (_ws_check) only after its next wait: testing them at once stalls the warpgroup on the load's L2
+        round trip (~600-1000 clocks a tile; sparse_mla_fwd notes, version 5)."""
+        offs = t0 + gl.arange(0, BLOCK_N, layout=layout)
+        return gl.load(idx_ptr + row * s_im + offs, mask=offs < n_len, other=-1)
+
+    @gluon.jit
+    def _ws_check(idx, s_kv, limit, CAUSAL: gl.constexpr):
+        """valid = in [0, s_kv) and visible (causal)."""
+        valid = (idx >= 0) & (idx < s_kv)
+        if CAUSAL:
+            valid = valid & (idx <= limit)
+        return valid
+
+    @gluon.jit
     def _ws_valid(idx_ptr, row, t0, n_len, s_im, s_kv, limit, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                   layout: gl.constexpr):
         """(valid, indices) of entries [t0, t0 + BLOCK_N) of the row: -1 past n_len; valid = in [0, s_kv) and
         visible (causal)."""
-        offs = t0 + gl.arange(0, BLOCK_N, layout=layout)
-        idx = gl.load(idx_ptr + row * s_im + offs, mask=offs < n_len, other=-1)
-        valid = (idx >= 0) & (idx < s_kv)
-        if CAUSAL:
-            valid = valid & (idx <= limit)
-        return valid, idx
+        idx = _ws_idx(idx_ptr, row, t0, n_len, s_im, BLOCK_N, layout)
+        return _ws_check(idx, s_kv, limit, CAUSAL), idx
 
     @gluon.jit
     def _kv_ring(dtype: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
@@ -78,11 +90,10 @@ if HAVE_GLUON:
                 # the consumers staged q through the last 2 * (64 // BLOCK_N) slots
                 mbarrier.wait(q_ready, 0, pred=j == STAGES - 2 * (64 // BLOCK_N))
             valid = valid_n
-            idx = idx_n
-            # next tile's indices now, so its addresses are ready when its slot frees
-            valid_n, idx_n = _ws_valid(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL,
-                                       gl.SliceLayout(1, g_l))
-            base = kv_ptr + gl.where(valid, idx, 0).to(gl.int64)[:, None] * s_kvn
+            base = kv_ptr + gl.where(valid, idx_n, 0).to(gl.int64)[:, None] * s_kvn
+            # next tile's indices now (tested after this tile's copies are issued), so its addresses are ready
+            # when its slot frees
+            idx_n = _ws_idx(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, BLOCK_N, gl.SliceLayout(1, g_l))
             async_copy.async_copy_global_to_shared(klo_s.index(s), base + d_lo[None, :], mask=valid[:, None])
             if D_T > 0:
                 d_hi = gl.arange(0, D_T, layout=gl.SliceLayout(0, g_l))
@@ -90,6 +101,7 @@ if HAVE_GLUON:
                                                        mask=valid[:, None])
             # each producer thread arrives once its own copies have landed (count = 128)
             async_copy.mbarrier_arrive(full.index(s), increment_count=False)
+            valid_n = _ws_check(idx_n, s_kv, limit, CAUSAL)
 
     @gluon.jit
     def _ws_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q, n_len, s_kv,
@@ -140,12 +152,9 @@ if HAVE_GLUON:
         zero = gl.zeros([64, BLOCK_N], gl.float32, mma_l)
         cols = gl.arange(0, BLOCK_N, layout=col_l)
         n_tiles = gl.cdiv(n_len, BLOCK_N)
-        valid_n = _ws_valid(idx_ptr, row, j0 * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, col_l)[0]
         for j in range(j0, n_tiles, jstep):
             s = j % STAGES
-            valid = valid_n
-            valid_n = _ws_valid(idx_ptr, row, (j + jstep) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL,
-                                col_l)[0]
+            t = _ws_idx(idx_ptr, row, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after the wgmma
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
             if GATHER_ONLY:  # probe: the producer's gather rate alone (scripts/sparse_mla_gluon_device.py)
@@ -159,6 +168,7 @@ if HAVE_GLUON:
                 gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
                 mbarrier.arrive(empty.index(s), count=1)  # ... so one arrival releases it for this consumer
                 p = gl.exp2(acc * qk_scale - lse2[:, None])
+                valid = _ws_check(t, s_kv, limit, CAUSAL)
                 col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
                 offs = j * BLOCK_N + cols
                 if ATOMIC:  # two adds onto 0: 0 + a + b is exact in either order, so the sum is deterministic

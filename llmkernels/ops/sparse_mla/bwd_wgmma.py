@@ -15,7 +15,7 @@ from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mb
 from .common import LOG2E, LOG2E_C, column_parts
 
 if HAVE_GLUON:
-    from .attn_dist_wgmma import _row_limits, _ws_valid
+    from .attn_dist_wgmma import _row_limits, _ws_check, _ws_idx, _ws_valid
     from .fwd_wgmma import _q_and_slots
 
     @gluon.jit
@@ -34,12 +34,13 @@ if HAVE_GLUON:
             mbarrier.wait(do_ready, 0, pred=j == 1)
             valid = valid_n
             base = kv_ptr + gl.where(valid, idx_n, 0).to(gl.int64)[:, None] * s_kvn
-            valid_n, idx_n = _ws_valid(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+            idx_n = _ws_idx(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, BLOCK_N, rl)  # tested after the copies
             async_copy.async_copy_global_to_shared(klo_s.index(s), base + d_lo[None, :], mask=valid[:, None])
             if D_T > 0:
                 async_copy.async_copy_global_to_shared(khi_s.index(s), base + D_V + d_hi[None, :],
                                                        mask=valid[:, None])
             async_copy.mbarrier_arrive(full.index(s), increment_count=False)
+            valid_n = _ws_check(idx_n, s_kv, limit, CAUSAL)
 
     @gluon.jit
     def _p_consumer(q_ptr, idx_ptr, lse_ptr, p_ptr, key_ptr, klo_s, khi_s, qlo_s, qhi_s, full, empty, pready, r, row,
@@ -76,7 +77,7 @@ if HAVE_GLUON:
         for j in range(gl.cdiv(n_len, BLOCK_N)):
             s = j % 2
             z = zero * j  # runtime 0: keeps the wgmma descriptors in the loop (fwd_wgmma.py)
-            valid, t = _ws_valid(idx_ptr, row, j * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, col_l)
+            t = _ws_idx(idx_ptr, row, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after S
             offs = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_l)
             offs_st = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, st_l))
             mbarrier.wait(full.index(s), (j // 2) & 1)
@@ -85,6 +86,7 @@ if HAVE_GLUON:
             if D_T > 0:
                 sa = warpgroup_mma(qhi_s, khi_s.index(s).permute((1, 0)), sa, is_async=True)
             sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
+            valid = _ws_check(t, s_kv, limit, CAUSAL)
             p = gl.where(valid[None, :], gl.exp2(sa * scale_log2 - lse2[:, None]), 0.0)
             p16 = p.to(p_ptr.dtype.element_ty)
             gl.thread_barrier()  # every warp's S read of the rope is done before P goes over it
@@ -239,7 +241,7 @@ if HAVE_GLUON:
             mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1, pred=j >= STAGES)
             valid = valid_n
             base = kv_ptr + gl.where(valid, idx_n, 0).to(gl.int64)[:, None] * s_kvn
-            valid_n, idx_n = _ws_valid(idx_ptr, row, (j + 1) * BN, n_len, s_im, s_kv, limit, BN, CAUSAL, rl)
+            idx_n = _ws_idx(idx_ptr, row, (j + 1) * BN, n_len, s_im, BN, rl)  # tested after the copies
             async_copy.async_copy_global_to_shared(k_s.index(s), base + d[None, :], mask=valid[:, None])
             offs = j * BN + cols
             m = hmask[:, None] & (offs < topk)[None, :]
@@ -248,6 +250,7 @@ if HAVE_GLUON:
                 async_copy.async_copy_global_to_shared(pb_s.index(s), p_ptr + buf_rows[:, None] + offs[None, :],
                                                        mask=m)
             async_copy.mbarrier_arrive(full.index(s), increment_count=False)
+            valid_n = _ws_check(idx_n, s_kv, limit, CAUSAL)
 
     @gluon.jit
     def _red_staged(idx_ptr, dkv_ptr, stg, stg_full, stg_free, row, j, n_len, s_kv, limit, s_im, s_dkvr,
@@ -257,13 +260,33 @@ if HAVE_GLUON:
         4096 values (32 registers: consumer 0 also holds dQ); the buffer is released once the last piece is read."""
         red_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
         NP: gl.constexpr = BN * DC // 4096
+        gl.static_assert(NP <= 4, "index loads are issued for up to 4 pieces")
         b = j % NB
+        # every piece's indices before the wait, tested after it: their L2 round trip overlaps the wait
+        PN: gl.constexpr = BN // NP
+        il: gl.constexpr = gl.SliceLayout(1, red_l)
+        t0 = _ws_idx(idx_ptr, row, j * BN, n_len, s_im, PN, il)
+        t1 = t0
+        t2 = t0
+        t3 = t0
+        if NP > 1:
+            t1 = _ws_idx(idx_ptr, row, j * BN + PN, n_len, s_im, PN, il)
+        if NP > 2:
+            t2 = _ws_idx(idx_ptr, row, j * BN + 2 * PN, n_len, s_im, PN, il)
+            t3 = _ws_idx(idx_ptr, row, j * BN + 3 * PN, n_len, s_im, PN, il)
         mbarrier.wait(stg_full.index(b), (j // NB) & 1)
         dr = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, red_l))
         for p in gl.static_range(NP):
-            v, t = _ws_valid(idx_ptr, row, j * BN + p * (BN // NP), n_len, s_im, s_kv, limit, BN // NP, CAUSAL,
-                             gl.SliceLayout(1, red_l))
-            g = stg.index(b).slice(p * (BN // NP), BN // NP, dim=0).load(red_l)
+            if p == 0:
+                t = t0
+            elif p == 1:
+                t = t1
+            elif p == 2:
+                t = t2
+            else:
+                t = t3
+            v = _ws_check(t, s_kv, limit, CAUSAL)
+            g = stg.index(b).slice(p * PN, PN, dim=0).load(red_l)
             if p == NP - 1:
                 gl.thread_barrier()
                 mbarrier.arrive(stg_free.index(b), count=1)
@@ -345,8 +368,7 @@ if HAVE_GLUON:
         dr = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, red_l))
         for j in range(gl.cdiv(n_len, BN)):
             s = j % STAGES
-            valid, t = _ws_valid(idx_ptr, row, j * BN, n_len, s_im, s_kv, limit, BN, CAUSAL,
-                                 gl.SliceLayout(1, red_l))
+            t = _ws_idx(idx_ptr, row, j * BN, n_len, s_im, BN, gl.SliceLayout(1, red_l))  # tested after the wgmma
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()
             # the K role of each gathered row (sm_scale dS), then the V role (first 512 columns): one chain when the
@@ -360,6 +382,7 @@ if HAVE_GLUON:
             g = warpgroup_mma_wait(num_outstanding=0, deps=(g,))
             gl.thread_barrier()
             mbarrier.arrive(empty.index(s), count=1)
+            valid = _ws_check(t, s_kv, limit, CAUSAL)
             if DETERMINISTIC:  # contribution of (row, head block, slot); summed in a fixed order later
                 gr = gl.convert_layout(g, red_l)
                 offs = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, red_l))

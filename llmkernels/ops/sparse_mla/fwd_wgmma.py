@@ -19,7 +19,7 @@ from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mb
 from .common import LN2_C, LOG2E_C, row_args, row_flags, sink_arg
 
 if HAVE_GLUON:
-    from .attn_dist_wgmma import _row_limits, _ws_valid
+    from .attn_dist_wgmma import _row_limits, _ws_check, _ws_idx, _ws_valid
 
     @gluon.jit
     def _q_and_slots(dtype: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr):
@@ -44,10 +44,21 @@ if HAVE_GLUON:
         mbarrier.arrive(bars.index(k), count=1)
 
     @gluon.jit
+    def _stamp(stamp_ptr, i, k: gl.constexpr, CID: gl.constexpr, STAMP: gl.constexpr):
+        """Timeline probe (STAMP): %clock64 of point k of pair i, by thread 0 of consumer CID, 16 pairs x 8 points."""
+        if STAMP:
+            tid = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
+            t = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [tid], dtype=gl.int64, is_pure=False,
+                                          pack=1)
+            off = ((gl.program_id(0) * 2 + CID) * 16 + i) * 8 + k
+            gl.store(stamp_ptr + off + tid * 0, t, mask=(tid == 0) & (i < 16))
+
+    @gluon.jit
     def _see_consumer(q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s, xm, xl,
                       bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om, s_oh,
-                      s_lm, zero, CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
-                      CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr):
+                      s_lm, zero, stamp_ptr, CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
+                      D_T: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr,
+                      STAMP: gl.constexpr, STAGGER: gl.constexpr):
         """Consumer CID of the seesaw (module docstring). Ring barriers [early 0, early 1, late 0, late 1].
         Per pair, consumer 0: S a, P a V a (slot 0: frees its early half), then P b V b (frees slot 1's late half);
         consumer 1: S b, P a V a (frees slot 0's late half), then P b V b (frees slot 1). Slot 0 thus refills
@@ -94,10 +105,14 @@ if HAVE_GLUON:
             z = zero * i
             qz_s = q3_s.index(z)
             sa_s = klo_s.index(CID + z)
-            valid = _ws_valid(idx_ptr, row, (2 * i + CID) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL,
-                              col_l)[0]
+            _stamp(stamp_ptr, i, 0, CID, STAMP)
+            t = _ws_idx(idx_ptr, row, (2 * i + CID) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after S
+            if STAGGER:
+                if CID == 1:  # S b queues behind S a on the tensor cores: consumer 0's softmax overlaps S b
+                    mbarrier.wait(bars.index(6), ph)
             # the early half of the slot (this consumer's own 256 columns) lands first
             mbarrier.wait(full.index(CID), ph)
+            _stamp(stamp_ptr, i, 1, CID, STAMP)
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
             sa = warpgroup_mma(qz_s.slice(c0, DH, dim=1), sa_s.slice(c0, DH, dim=1).permute((1, 0)), zero_s,
                                use_acc=False, is_async=True)
@@ -107,13 +122,19 @@ if HAVE_GLUON:
                                is_async=True)
             if D_T > 0:
                 sa = warpgroup_mma(qhi_s, khi_s.index(CID).permute((1, 0)), sa, is_async=True)
+            if STAGGER:
+                if CID == 0:
+                    gl.thread_barrier()
+                    mbarrier.arrive(bars.index(6), count=1)
             sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
-            sc = gl.where(valid[None, :], sa * qk_scale, float("-inf"))
+            _stamp(stamp_ptr, i, 2, CID, STAMP)
+            sc = gl.where(_ws_check(t, s_kv, limit, CAUSAL)[None, :], sa * qk_scale, float("-inf"))
             if CID == 0:
                 m_new = gl.maximum(m_i, gl.max(sc, axis=1))
                 _xchg(xm.index(0), bars, 1, m_new)
             else:
                 mbarrier.wait(bars.index(1), ph)
+                _stamp(stamp_ptr, i, 3, CID, STAMP)
                 m_new = gl.maximum(xm.index(0).load(row_l), gl.max(sc, axis=1))
                 _xchg(xm.index(1), bars, 2, m_new)
             m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # nothing valid yet: avoid inf - inf
@@ -128,11 +149,15 @@ if HAVE_GLUON:
                 fence_async_shared()
                 gl.thread_barrier()
                 mbarrier.arrive(bars.index(4), count=1)
+                _stamp(stamp_ptr, i, 4, CID, STAMP)
                 mbarrier.wait(bars.index(3), ph)  # tile a's P V first, so slot 0 frees early
+                _stamp(stamp_ptr, i, 5, CID, STAMP)
                 acc = warpgroup_mma(pbuf.index(z), klo_s.index(z).slice(c0, DH, dim=1), acc, is_async=True)
             acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)  # V = kv[:, :D_V]
             if CID == 0:
+                _stamp(stamp_ptr, i, 3, CID, STAMP)
                 mbarrier.wait(bars.index(2), ph)
+                _stamp(stamp_ptr, i, 4, CID, STAMP)
                 m1 = xm.index(1).load(row_l)
                 # m1 >= m_new; with nothing valid so far on this side, P and O are 0 and any finite factor does
                 beta = gl.where(m_new == float("-inf"), 1.0, gl.exp2(m_new - m1))
@@ -142,6 +167,7 @@ if HAVE_GLUON:
                 gl.thread_barrier()
                 mbarrier.arrive(bars.index(3), count=1)
                 acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
+                _stamp(stamp_ptr, i, 5, CID, STAMP)
                 gl.thread_barrier()  # done with slot 0: its early half and (with consumer 1) its late half
                 mbarrier.arrive(empty.index(0), count=1)
                 mbarrier.arrive(empty.index(2), count=1)
@@ -149,15 +175,19 @@ if HAVE_GLUON:
                 l_i = l_i * beta
                 m_new = m1
                 mbarrier.wait(bars.index(4), ph)
+                _stamp(stamp_ptr, i, 6, CID, STAMP)
                 acc = warpgroup_mma(pbuf.index(1 + z), klo_s.index(1 + z).slice(c0, DH, dim=1), acc, is_async=True)
                 acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
+                _stamp(stamp_ptr, i, 7, CID, STAMP)
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(3), count=1)
             else:
                 pb = warpgroup_mma_wait(num_outstanding=1, deps=(pb,))  # tile a's P V done: slot 0 is free
+                _stamp(stamp_ptr, i, 6, CID, STAMP)
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(2), count=1)
                 acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
+                _stamp(stamp_ptr, i, 7, CID, STAMP)
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(1), count=1)
                 mbarrier.arrive(empty.index(3), count=1)
@@ -223,13 +253,17 @@ if HAVE_GLUON:
             ph = (i & 1) ^ 1
             base_a = kv_ptr + gl.where(va, ia, 0).to(gl.int64)[:, None] * s_kvn
             base_b = kv_ptr + gl.where(vb, ib, 0).to(gl.int64)[:, None] * s_kvn
+            # the next pair's indices now, tested only after copies were issued (a load tested at once stalls the
+            # producer for its L2 round trip), so its addresses are ready when its slots free
+            ia = _ws_idx(idx_ptr, row, (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
+            ib_n = _ws_idx(idx_ptr, row, (2 * i + 3) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
             _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, False, D_V, D_T, cl, PROBE)
             _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, True, D_V, D_T, cl, PROBE)
             _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, False, D_V, D_T, cl, PROBE)
-            # the next pair's indices now, so its addresses are ready when its slots free
-            va, ia = _ws_valid(idx_ptr, row, (2 * i + 2) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+            va = _ws_check(ia, s_kv, limit, CAUSAL)
             _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, True, D_V, D_T, cl, PROBE)
-            vb, ib = _ws_valid(idx_ptr, row, (2 * i + 3) * BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+            vb = _ws_check(ib_n, s_kv, limit, CAUSAL)
+            ib = ib_n
 
     @gluon.jit
     def _see_probe_consumer(full, empty, n_len, CID: gl.constexpr, BLOCK_N: gl.constexpr):
@@ -244,11 +278,12 @@ if HAVE_GLUON:
     @gluon.jit(do_not_specialize=["zero"])
     def _fwd_see_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tlen_ptr, qs_ptr,
                         s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
-                        s_qm, s_qh, s_kvn, s_im, s_om, s_oh, s_lm, zero,
+                        s_qm, s_qh, s_kvn, s_im, s_om, s_oh, s_lm, zero, stamp_ptr,
                         BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
                         HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
                         QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
-                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0):
+                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0,
+                        STAMP: gl.constexpr = 0, STAGGER: gl.constexpr = 0):
         pid = gl.program_id(0)
         row = (pid // n_hb).to(gl.int64)
         hb = pid % n_hb
@@ -263,9 +298,10 @@ if HAVE_GLUON:
         v_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         xm = gl.allocate_shared_memory(gl.float32, [2, 64], v_l)
         xl = gl.allocate_shared_memory(gl.float32, [2, 64], v_l)
-        # 0: q loaded (both consumers), 1: m0 published, 2: m1 published, 3: P of tile a, 4: P of tile b, 5: l
-        bars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(6):
+        # 0: q loaded (both consumers), 1: m0 published, 2: m1 published, 3: P of tile a, 4: P of tile b, 5: l,
+        # 6: S of tile a issued (STAGGER)
+        bars = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(7):
             mbarrier.init(bars.index(i), count=2 if i == 0 or i == 5 else 1)
         if PROBE == 2:
             gl.warp_specialize([
@@ -278,10 +314,12 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
-                             s_om, s_oh, s_lm, zero, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE)),
+                             s_om, s_oh, s_lm, zero, stamp_ptr, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE,
+                             STAMP, STAGGER)),
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
-                             s_om, s_oh, s_lm, zero, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE)),
+                             s_om, s_oh, s_lm, zero, stamp_ptr, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE,
+                             STAMP, STAGGER)),
             (_see_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
                              BLOCK_N, D_V, D_T, CAUSAL, PROBE)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
@@ -292,12 +330,13 @@ def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, 
     q, kv, idx = a.q, a.kv, a.indices
     s_q, h_q, d_qk = q.shape
     # 64-row tiles: q (72 KB) + two slots (144 KB) fill shared memory; 232 registers per consumer (O's half alone
-    # is 128), 40 for the producer (benchmarks/notes/sparse_mla_fwd.md, version 4)
-    cfg = dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=40)
+    # is 128), 48 for the producer (40 spills the next pair's indices; benchmarks/notes/sparse_mla_fwd.md, v4-5)
+    cfg = dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=48)
     cfg.update(config or {})
+    stamp = cfg.pop("stamp", lse)  # timeline probe buffer (STAMP=1): int64 [programs, 2, 16, 8]
     n_hb = triton.cdiv(h_q, 64)
     _fwd_see_kernel[(s_q * n_hb,)](
         q, kv, idx, out, max_logits, lse, sink_arg(a), *row_args(a, n_hb),
-        q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0), 0,
+        q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0), 0, stamp,
         D_V=a.d_v, D_T=d_qk - a.d_v, HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse, num_warps=4,
         **row_flags(a), **cfg)

@@ -1,0 +1,109 @@
+"""A/B of the Gluon sparse MLA kernels on the record shapes: a copy of the previous kernels (package
+llmkernels/ops/_sm_head, made by hand from git, not committed) against the working tree, same run, with a bitwise
+comparison of the outputs, fwd timelines (fwd_wgmma STAMP) and the public backward's time.
+Usage (repo root, PYTHONPATH=.): python scripts/sparse_mla_ab.py [fwd] [dist] [bwd] [--cfg K=V ...]"""
+import importlib
+import json
+import os
+import sys
+
+import torch
+import triton
+
+from llmkernels.ops.sparse_mla import attn_dist_wgmma as WD
+from llmkernels.ops.sparse_mla import fwd_wgmma as WF
+from llmkernels.ops.sparse_mla.autograd import sparse_mla_bwd
+from llmkernels.ops.sparse_mla.common import prepare
+from llmkernels.ops.sparse_mla.spec import make_inputs
+
+dev = torch.device("cuda")
+OUT = os.environ.get("OUT", "/tmp")
+try:
+    HF = importlib.import_module("llmkernels.ops._sm_head.fwd_wgmma")
+    HD = importlib.import_module("llmkernels.ops._sm_head.attn_dist_wgmma")
+except ImportError:
+    HF = HD = None
+    print("no _sm_head package: new kernels only")
+S_Q, S_KV, TOPK, D_QK = 4096, 8192, 2048, 576
+rows = []
+
+
+def fwd_out(mod, a, cfg):
+    s_q, h_q = a.q.shape[:2]
+    o = (torch.empty((s_q, h_q, 512), dtype=a.q.dtype, device=dev), torch.empty((s_q, h_q), device=dev),
+         torch.empty((s_q, h_q), device=dev))
+    mod.sparse_mla_fwd_ws_launch(a, *o, config=cfg)
+    return o
+
+
+def dist_out(mod, a, lse, cfg):
+    out = torch.zeros(a.indices.shape, device=dev)
+    mod.attn_dist_ws_launch(a, lse, out, config=cfg)
+    return out
+
+
+def timed(op, h_q, name, fn, flop):
+    fn()
+    ms = triton.testing.do_bench(fn, warmup=30, rep=200)
+    rows.append(dict(op=op, h_q=h_q, impl=name, ms=ms, tflops=flop / ms / 1e9))
+    print(f"{op} h_q={h_q:>3} {name:<22} {ms:7.3f} ms {flop / ms / 1e9:6.1f} TFLOP/s", flush=True)
+    return ms
+
+
+def timeline(a, cfg, ms):
+    """Median clocks of each stamp point relative to consumer 0's pair start (pairs 2..13, every program)."""
+    n_prog = a.q.shape[0] * triton.cdiv(a.q.shape[1], 64)
+    st = torch.zeros(n_prog, 2, 16, 8, dtype=torch.int64, device=dev)
+    fwd_out(WF, a, {**cfg, "STAMP": 1, "stamp": st})
+    torch.cuda.synchronize()
+    s = st.double()
+    rel = s[:, :, 2:14, :] - s[:, 0:1, 2:14, 0:1]
+    med = rel.permute(1, 3, 0, 2).reshape(2, 8, -1).median(dim=2).values
+    period = (s[:, 0, 3:15, 0] - s[:, 0, 2:14, 0]).flatten().median().item()
+    prog = (s[:, 0, 15, 7] - s[:, 0, 0, 0]).median().item()
+    print(f"    period {period:.0f} clk, program {prog:.0f} clk (~{prog * n_prog / 132 / (ms * 1e6):.2f} GHz if back "
+          f"to back); c0 " + " ".join(f"{v:.0f}" for v in med[0].tolist()) + " | c1 "
+          + " ".join(f"{v:.0f}" for v in med[1].tolist()), flush=True)
+
+
+def main():
+    ops = [o for o in ("fwd", "dist", "bwd") if o in sys.argv] or ["fwd", "dist", "bwd"]
+    extra = {k: int(v) for k, v in (x.split("=") for x in sys.argv[1:] if "=" in x)}
+    for h_q in (128, 64):
+        x = make_inputs(S_Q, S_KV, h_q, TOPK, D_QK, torch.bfloat16, dev, seed=1)
+        a = prepare(x["q"], x["kv"], x["indices"], x["sm_scale"], q_start=x["q_start"])
+        if "fwd" in ops:
+            flop = 2 * S_Q * TOPK * h_q * (D_QK + 512)
+            ref = fwd_out(HF, a, None) if HF else None
+            for name, cfg in [("new", {}), ("new stagger", dict(STAGGER=1)), ("new probe1", dict(PROBE=1)),
+                              ("new stagger probe1", dict(STAGGER=1, PROBE=1))] + ([("new +cfg", extra)] if extra
+                                                                                     else []):
+                ms = timed("fwd", h_q, name, lambda cfg=cfg: fwd_out(WF, a, cfg), flop)
+                if "probe" not in name:
+                    if ref is not None:
+                        o = fwd_out(WF, a, cfg)
+                        print(f"    bitwise equal to head: {all(torch.equal(u, v) for u, v in zip(o, ref))}")
+                    timeline(a, cfg, ms)
+            if HF:
+                timed("fwd", h_q, "head", lambda: fwd_out(HF, a, None), flop)
+        if "dist" in ops:
+            flop = 2 * S_Q * h_q * D_QK * TOPK
+            lse = fwd_out(WF, a, None)[2]
+            timed("dist", h_q, "new", lambda: dist_out(WD, a, lse, None), flop)
+            if HD:
+                timed("dist", h_q, "head", lambda: dist_out(HD, a, lse, None), flop)
+                print(f"    bitwise equal to head: {torch.equal(dist_out(WD, a, lse, None), dist_out(HD, a, lse, None))}")
+        if "bwd" in ops:
+            flop = 2 * S_Q * TOPK * h_q * (2 * 512 + 3 * D_QK)
+            o, _, lse = fwd_out(WF, a, None)
+            do = torch.randn_like(o)
+            for det in (False, True):
+                timed("bwd", h_q, "det" if det else "default",
+                      lambda det=det: sparse_mla_bwd(a.q, a.kv, o, do, x["indices"], lse, x["sm_scale"],
+                                                     q_start=x["q_start"], deterministic=det), flop)
+    json.dump(rows, open(f"{OUT}/sparse_mla_ab.json", "w"), indent=1)
+
+
+if __name__ == "__main__":
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
+    main()
