@@ -331,6 +331,25 @@ def test_gpu_fwd_and_dist_causal(h_q, d_qk):
 
 
 @gpu
+@pytest.mark.parametrize("h_q", [16, 128])
+def test_gpu_fwd_and_dist_fp16(h_q):
+    """fp16 inputs through the sm_90 kernels (their P conversion has an fp16 branch), with sinks and garbage."""
+    dev = torch.device("cuda")
+    s_q, s_kv, topk = 45, 900, 256
+    q = torch.randn(s_q, h_q, 576, device=dev, dtype=torch.float16)
+    kv = torch.randn(s_kv, 1, 576, device=dev, dtype=torch.float16)
+    idx = causal_indices(s_q, s_kv, topk, s_kv - s_q, dev)
+    idx[2, :4] = torch.tensor([-1, s_kv, I32_MIN, I32_MAX], dtype=torch.int32, device=dev)
+    idx[3] = -1
+    kw = dict(q_start=s_kv - s_q, attn_sink=torch.randn(h_q, device=dev))
+    got, ref = _both(q, kv, idx, 576 ** -0.5, **kw)
+    _check_fwd(got, ref, torch.float16)
+    kw.pop("attn_sink")
+    d = sparse_mla_attn_dist(q, kv, idx, got[2], 576 ** -0.5, **kw)
+    assert rel_err(d, sparse_mla_attn_dist_ref(q, kv, idx, got[2], 576 ** -0.5, **kw)) <= STAT_TOL
+
+
+@gpu
 def test_gpu_kl_loss_many_heads_and_determinism():
     dev = torch.device("cuda")
     q = torch.randn(64, 200, 576, device=dev, dtype=torch.bfloat16)  # 200 heads: two blocks, atomics

@@ -32,6 +32,18 @@ if HAVE_GLUON:
         return n_len, limit
 
     @gluon.jit
+    def _cvt2(x, dtype: gl.constexpr):
+        """fp32 -> bf16 / fp16 two values per instruction (cvt.rn.*x2.f32). Triton's own `.to` gave one scalar F2F per
+        value in the wgmma accumulator layout: half-rate conversions on the pipe exp2 also needs."""
+        if dtype == gl.bfloat16:
+            y = gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.bfloat16,
+                                          is_pure=True, pack=2)
+        else:
+            y = gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.float16,
+                                          is_pure=True, pack=2)
+        return y
+
+    @gluon.jit
     def _ws_idx(idx_ptr, row, t0, n_len, s_im, BLOCK_N: gl.constexpr, layout: gl.constexpr):
         """Entries [t0, t0 + BLOCK_N) of the row, -1 past n_len. A consumer issues this load early and tests the
         values (_ws_check) only after its next wait: testing them at once stalls the warpgroup on the load's L2

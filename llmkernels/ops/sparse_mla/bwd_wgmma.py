@@ -15,7 +15,7 @@ from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mb
 from .common import LOG2E, LOG2E_C, column_parts
 
 if HAVE_GLUON:
-    from .attn_dist_wgmma import _row_limits, _ws_check, _ws_idx, _ws_valid
+    from .attn_dist_wgmma import _cvt2, _row_limits, _ws_check, _ws_idx, _ws_valid
     from .fwd_wgmma import _q_and_slots
 
     @gluon.jit
@@ -88,7 +88,7 @@ if HAVE_GLUON:
             sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
             valid = _ws_check(t, s_kv, limit, CAUSAL)
             p = gl.where(valid[None, :], gl.exp2(sa * scale_log2 - lse2[:, None]), 0.0)
-            p16 = p.to(p_ptr.dtype.element_ty)
+            p16 = _cvt2(p, p_ptr.dtype.element_ty)
             gl.thread_barrier()  # every warp's S read of the rope is done before P goes over it
             khi_s.index(s).store(p16)
             gl.thread_barrier()
@@ -153,7 +153,7 @@ if HAVE_GLUON:
             p = khi_s.index(s).load(s_l).to(gl.float32)
             ds = p * (dp - delta[:, None]) * ds_scale  # sm_scale here (Gluon second pass) or there (Triton's)
             gl.thread_barrier()  # P read by every warp (consumer 0 read its copy before pready): dS goes over it
-            khi_s.index(s).store(ds.to(ds_ptr.dtype.element_ty))
+            khi_s.index(s).store(_cvt2(ds, ds_ptr.dtype.element_ty))
             gl.thread_barrier()
             ds_st = khi_s.index(s).load(st_l)
             gl.thread_barrier()

@@ -19,7 +19,7 @@ from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mb
 from .common import LN2_C, LOG2E_C, row_args, row_flags, sink_arg
 
 if HAVE_GLUON:
-    from .attn_dist_wgmma import _row_limits, _ws_check, _ws_idx, _ws_valid
+    from .attn_dist_wgmma import _cvt2, _row_limits, _ws_check, _ws_idx, _ws_valid
 
     @gluon.jit
     def _q_and_slots(dtype: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr):
@@ -126,46 +126,31 @@ if HAVE_GLUON:
                 if CID == 0:
                     gl.thread_barrier()
                     mbarrier.arrive(bars.index(6), count=1)
-            sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
-            _stamp(stamp_ptr, i, 2, CID, STAMP)
-            sc = gl.where(_ws_check(t, s_kv, limit, CAUSAL)[None, :], sa * qk_scale, float("-inf"))
             if CID == 0:
-                m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-                _xchg(xm.index(0), bars, 1, m_new)
-            else:
-                mbarrier.wait(bars.index(1), ph)
-                _stamp(stamp_ptr, i, 3, CID, STAMP)
-                m_new = gl.maximum(xm.index(0).load(row_l), gl.max(sc, axis=1))
-                _xchg(xm.index(1), bars, 2, m_new)
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # nothing valid yet: avoid inf - inf
-            p = gl.exp2(sc - m_safe[:, None])
-            alpha = gl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            acc = acc * gl.convert_layout(alpha, orow_l)[:, None]
-            p16 = p.to(klo_s.dtype)
-            pb = gl.convert_layout(p16, p_l)
-            if CID == 1:  # P of tile b, for consumer 0
-                pbuf.index(1).store(p16)
+                sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
+                _stamp(stamp_ptr, i, 2, CID, STAMP)
+                sc = gl.where(_ws_check(t, s_kv, limit, CAUSAL)[None, :], sa * qk_scale, float("-inf"))
+                m0 = gl.maximum(m_i, gl.max(sc, axis=1))
+                _xchg(xm.index(0), bars, 1, m0)
+                m_safe = gl.where(m0 == float("-inf"), 0.0, m0)  # nothing valid yet: avoid inf - inf
+                p = gl.exp2(sc - m_safe[:, None])
+                alpha = gl.exp2(m_i - m_safe)
+                l_i = l_i * alpha + gl.sum(p, axis=1)
+                acc = acc * gl.convert_layout(alpha, orow_l)[:, None]
+                p16 = _cvt2(p, klo_s.dtype)
+                pb = gl.convert_layout(p16, p_l)
+                acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)  # V = kv[:, :D_V]
+                # P of tile a at m0 for consumer 1, which scales its O to m0 before and to m1 after adding it
+                pbuf.index(0).store(p16)
                 fence_async_shared()
                 gl.thread_barrier()
-                mbarrier.arrive(bars.index(4), count=1)
-                _stamp(stamp_ptr, i, 4, CID, STAMP)
-                mbarrier.wait(bars.index(3), ph)  # tile a's P V first, so slot 0 frees early
-                _stamp(stamp_ptr, i, 5, CID, STAMP)
-                acc = warpgroup_mma(pbuf.index(z), klo_s.index(z).slice(c0, DH, dim=1), acc, is_async=True)
-            acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)  # V = kv[:, :D_V]
-            if CID == 0:
+                mbarrier.arrive(bars.index(3), count=1)
                 _stamp(stamp_ptr, i, 3, CID, STAMP)
                 mbarrier.wait(bars.index(2), ph)
                 _stamp(stamp_ptr, i, 4, CID, STAMP)
                 m1 = xm.index(1).load(row_l)
-                # m1 >= m_new; with nothing valid so far on this side, P and O are 0 and any finite factor does
-                beta = gl.where(m_new == float("-inf"), 1.0, gl.exp2(m_new - m1))
-                # P of tile a at m1, for consumer 1 (rescaled from bf16: fewer live registers than fp32 P)
-                pbuf.index(0).store((p16.to(gl.float32) * beta[:, None]).to(klo_s.dtype))
-                fence_async_shared()
-                gl.thread_barrier()
-                mbarrier.arrive(bars.index(3), count=1)
+                # m1 >= m0; with nothing valid so far, P and O are 0 and any finite factor does
+                beta = gl.where(m0 == float("-inf"), 1.0, gl.exp2(m0 - m1))
                 acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
                 _stamp(stamp_ptr, i, 5, CID, STAMP)
                 gl.thread_barrier()  # done with slot 0: its early half and (with consumer 1) its late half
@@ -173,25 +158,53 @@ if HAVE_GLUON:
                 mbarrier.arrive(empty.index(2), count=1)
                 acc = acc * gl.convert_layout(beta, orow_l)[:, None]
                 l_i = l_i * beta
-                m_new = m1
                 mbarrier.wait(bars.index(4), ph)
                 _stamp(stamp_ptr, i, 6, CID, STAMP)
                 acc = warpgroup_mma(pbuf.index(1 + z), klo_s.index(1 + z).slice(c0, DH, dim=1), acc, is_async=True)
-                acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 _stamp(stamp_ptr, i, 7, CID, STAMP)
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(3), count=1)
             else:
-                pb = warpgroup_mma_wait(num_outstanding=1, deps=(pb,))  # tile a's P V done: slot 0 is free
+                mbarrier.wait(bars.index(1), ph)
+                m0 = xm.index(0).load(row_l)
+                m0_safe = gl.where(m0 == float("-inf"), 0.0, m0)
+                alpha = gl.exp2(m_i - m0_safe)
+                acc = acc * gl.convert_layout(alpha, orow_l)[:, None]
+                l_i = l_i * alpha
+                _stamp(stamp_ptr, i, 2, CID, STAMP)
+                mbarrier.wait(bars.index(3), ph)
+                _stamp(stamp_ptr, i, 3, CID, STAMP)
+                # P a V a (at m0) under S b: slot 0 frees without waiting for this consumer's softmax
+                acc = warpgroup_mma(pbuf.index(z), klo_s.index(z).slice(c0, DH, dim=1), acc, is_async=True)
+                sa = warpgroup_mma_wait(num_outstanding=1, deps=(sa,))
+                _stamp(stamp_ptr, i, 4, CID, STAMP)
+                sc = gl.where(_ws_check(t, s_kv, limit, CAUSAL)[None, :], sa * qk_scale, float("-inf"))
+                m1 = gl.maximum(m0, gl.max(sc, axis=1))
+                _xchg(xm.index(1), bars, 2, m1)
+                m_safe = gl.where(m1 == float("-inf"), 0.0, m1)
+                p = gl.exp2(sc - m_safe[:, None])
+                p16 = _cvt2(p, klo_s.dtype)
+                pbuf.index(1).store(p16)  # P of tile b, for consumer 0
+                fence_async_shared()
+                gl.thread_barrier()
+                mbarrier.arrive(bars.index(4), count=1)
+                _stamp(stamp_ptr, i, 5, CID, STAMP)
+                gamma = gl.where(m0 == float("-inf"), 1.0, gl.exp2(m0 - m1))
+                l_i = l_i * gamma + gl.sum(p, axis=1)
+                pb = gl.convert_layout(p16, p_l)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 _stamp(stamp_ptr, i, 6, CID, STAMP)
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(2), count=1)
+                acc = acc * gl.convert_layout(gamma, orow_l)[:, None]
+                acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)
                 acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
                 _stamp(stamp_ptr, i, 7, CID, STAMP)
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(1), count=1)
                 mbarrier.arrive(empty.index(3), count=1)
-            m_i = m_new
+            m_i = m1
 
         _xchg(xl.index(CID), bars, 5, l_i)  # the denominator is the sum of both consumers' shares
         mbarrier.wait(bars.index(5), 0)
@@ -283,7 +296,7 @@ if HAVE_GLUON:
                         HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
                         QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
                         PROD_REGS: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0,
-                        STAMP: gl.constexpr = 0, STAGGER: gl.constexpr = 0):
+                        STAMP: gl.constexpr = 0, STAGGER: gl.constexpr = 1):
         pid = gl.program_id(0)
         row = (pid // n_hb).to(gl.int64)
         hb = pid % n_hb
