@@ -7,8 +7,8 @@ tile b in slot 1), gathered by a 4-warp cp.async producer. Two consumer warpgrou
   O += PV: consumer c owns output columns [256 c, 256 c + 256) and multiplies both tiles' P into them: its own P
            from registers, the other's through shared memory (written over the tile's rope columns, which only S
            reads). A [64, 512] fp32 O would not fit one warpgroup's registers; half of it does.
-The running max is shared: consumer 0 publishes m0 = max(m, rowmax a), consumer 1 m1 = max(m0, rowmax b), and
-consumer 0 rescales its side by 2^(m0 - m1). Each slot is gathered in two halves so it can be refilled as soon
+The running max is shared: consumer 0 publishes m0 = max(m, rowmax a) and P a at m0, consumer 1 m1 = max(m0, rowmax b)
+and P b at m1; each consumer brings its O half to m0 before adding P a V a and to m1 before adding P b V b. Each slot is gathered in two halves so it can be refilled as soon
 as its readers are done: the early half (the 256 columns consumer s multiplies by its own P) and the late half
 (the other 256 columns and the rope). Measured history: benchmarks/notes/sparse_mla_fwd.md.
 """
@@ -60,9 +60,10 @@ if HAVE_GLUON:
                       D_T: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr,
                       STAMP: gl.constexpr, STAGGER: gl.constexpr):
         """Consumer CID of the seesaw (module docstring). Ring barriers [early 0, early 1, late 0, late 1].
-        Per pair, consumer 0: S a, P a V a (slot 0: frees its early half), then P b V b (frees slot 1's late half);
-        consumer 1: S b, P a V a (frees slot 0's late half), then P b V b (frees slot 1). Slot 0 thus refills
-        while slot 1 is still multiplied."""
+        Per pair, consumer 0: S a (then STAGGER lets consumer 1 issue S b, which queues behind it, so this
+        softmax overlaps S b), P a at m0 to consumer 1, P a V a (frees slot 0's early half), O to m1, then P b V b
+        (frees slot 1's late half). Consumer 1: O to m0, P a V a under S b (frees slot 0's late half without
+        waiting for its own softmax), S b's softmax at m1, O to m1, P b V b (frees slot 1). P is rounded once."""
         DH: gl.constexpr = D_V // 2
         s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_N, 16])
