@@ -103,7 +103,7 @@ def main():
             flop = 2 * S_Q * h_q * D_QK * TOPK
             lse = fwd_out(WF, a, None)[2]
             ref = dist_out(WD, a, lse, None)
-            for cfg in [None, dict(STAGES=2), dict(BLOCK_N=32, STAGES=4), dict(STAGES=2, PROD_REGS=48)]:
+            for cfg in [None, dict(STAGES=3, PROD_REGS=48), dict(STAGES=3, PROD_REGS=56), dict(STAGES=2, PROD_REGS=48)]:
                 timed("dist", h_q, str(cfg), lambda cfg=cfg: dist_out(WD, a, lse, cfg), flop)
                 err = ((dist_out(WD, a, lse, cfg) - ref).abs() / (1 + ref.abs())).max().item()
                 print(f"    max rel diff to the default {err:.1e}")

@@ -239,11 +239,13 @@ def attn_dist_ws_launch(a, lse, out, config=None) -> None:
     entry, added atomically onto 0: exact in either order); above that the last bits may vary between runs."""
     q, kv, idx = a.q, a.kv, a.indices
     s_q, h_q, d_qk = q.shape
-    # measured on an H100 (benchmarks/notes/sparse_mla_fwd.md): 3 slots of 64 rows (two in flight while one
-    # is read); consumers get 232 registers (q alone is 144), the producer 40
-    cfg = dict(BLOCK_N=64, STAGES=3, CONS_REGS=232, PROD_REGS=40)
-    cfg.update(config or {})
     split = h_q > 64  # 2 x 64 heads on every tile; else both consumers take 64 heads on alternate tiles
+    # measured on an H100 (benchmarks/notes/sparse_mla_fwd.md, version 5): slots of 64 rows, 3 where the consumers
+    # take alternate tiles, 2 where both read every tile (507-514 vs 490 TFLOP/s at h_q 128); consumers get 232
+    # registers (q alone is 144)
+    cfg = dict(BLOCK_N=64, STAGES=2, CONS_REGS=232, PROD_REGS=48) if split else \
+        dict(BLOCK_N=64, STAGES=3, CONS_REGS=232, PROD_REGS=40)
+    cfg.update(config or {})
     n_hb = triton.cdiv(h_q, 128 if split else 64)
     _dist_ws_kernel[(s_q * n_hb,)](
         q, kv, idx, lse, out, *row_args(a, n_hb),
