@@ -72,7 +72,7 @@ def timeline(a, cfg, ms):
 
 def main():
     ops = [o for o in ("fwd", "dist", "bwd") if o in sys.argv]
-    if not ops and not {"dsweep", "gsweep", "fsweep"} & set(sys.argv):
+    if not ops and not {"dsweep", "gsweep"} & set(sys.argv):
         ops = ["fwd", "dist", "bwd"]
     extra = {k: int(v) for k, v in (x.split("=") for x in sys.argv[1:] if "=" in x)}
     for h_q in [int(v) for v in sys.argv[1:] if v.isdigit()] or [128, 64]:
@@ -103,14 +103,10 @@ def main():
             flop = 2 * S_Q * h_q * D_QK * TOPK
             lse = fwd_out(WF, a, None)[2]
             ref = dist_out(WD, a, lse, None)
-            for cfg in [None, dict(pf_rows=0), None, dict(pf_rows=0)]:
+            for cfg in [None, dict(STAGES=3, PROD_REGS=48), dict(STAGES=3, PROD_REGS=56), dict(STAGES=2, PROD_REGS=48)]:
                 timed("dist", h_q, str(cfg), lambda cfg=cfg: dist_out(WD, a, lse, cfg), flop)
                 err = ((dist_out(WD, a, lse, cfg) - ref).abs() / (1 + ref.abs())).max().item()
                 print(f"    max rel diff to the default {err:.1e}")
-        if "fsweep" in sys.argv:  # forward configs (the public op runs None)
-            flop = 2 * S_Q * TOPK * h_q * (D_QK + 512)
-            for cfg in [None, dict(pf_rows=0), None, dict(pf_rows=0)]:
-                timed("fwd", h_q, str(cfg), lambda cfg=cfg: fwd_out(WF, a, cfg), flop)
         if "gsweep" in sys.argv:  # the backward's Gluon second pass (g_ws overrides)
             from llmkernels.ops.sparse_mla.bwd import sparse_mla_bwd_launch
             flop = 2 * S_Q * TOPK * h_q * (2 * 512 + 3 * D_QK)

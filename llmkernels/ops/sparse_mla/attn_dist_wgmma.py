@@ -11,7 +11,7 @@ import triton
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
 
-from ..._runtime import interpreting, num_sms
+from ..._runtime import interpreting
 from .common import LOG2E_C, row_args, row_flags
 
 if HAVE_GLUON:
@@ -42,20 +42,6 @@ if HAVE_GLUON:
             y = gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.float16,
                                           is_pure=True, pack=2)
         return y
-
-    @gluon.jit
-    def _prefetch_q(q_ptr, row, pf_rows, s_q, h0, h_q, s_qm, s_qh, D: gl.constexpr):
-        """prefetch.global.L2 of the 64 heads [h0, h0 + 64) of query row `row + pf_rows`, which the program that
-        runs on this SM about one wave later will load: its q then comes from L2, not DRAM (pf_rows 0: none)."""
-        pf_l: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [4, 1], [1, 0])
-        heads = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, pf_l))
-        lines = gl.arange(0, 16, layout=gl.SliceLayout(0, pf_l))  # 128-byte lines of a head's row (<= 1024 values)
-        nxt = row + pf_rows
-        ok = (pf_rows > 0) & (nxt < s_q) & (heads < h_q)[:, None] & (lines * 64 < D)[None, :]  # 64 x 16 bit
-        ptr = q_ptr + nxt * s_qm + heads[:, None].to(gl.int64) * s_qh + lines[None, :] * 64
-        ptr = gl.where(ok, ptr, q_ptr)  # masked lanes prefetch q's first line (always valid memory)
-        gl.inline_asm_elementwise("mov.u32 $0, 0; prefetch.global.L2 [$1];", "=r,l", [ptr], dtype=gl.int32,
-                                  is_pure=False, pack=1)
 
     @gluon.jit
     def _ws_idx(idx_ptr, row, t0, n_len, s_im, BLOCK_N: gl.constexpr, layout: gl.constexpr):
@@ -131,7 +117,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _ws_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q, n_len, s_kv,
-                     limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om, pf_rows, s_q,
+                     limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                      CID: gl.constexpr, SPLIT_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
                      D_T: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, ATOMIC: gl.constexpr,
                      GATHER_ONLY: gl.constexpr):
@@ -164,7 +150,6 @@ if HAVE_GLUON:
             async_copy.async_copy_global_to_shared(
                 q_hi_s, q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
         async_copy.commit_group()
-        _prefetch_q(q_ptr, row, pf_rows, s_q, h0, h_q, s_qm, s_qh, D_V + D_T)
         async_copy.wait_group(0)
         gl.thread_barrier()
         q_lo = q_lo_s.load(a_l)
@@ -206,7 +191,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _dist_ws_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
                         s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
-                        s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om, pf_rows, s_q,
+                        s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om,
                         BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
                         HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
                         SPLIT_HEADS: gl.constexpr, ATOMIC: gl.constexpr, CONS_REGS: gl.constexpr,
@@ -223,10 +208,10 @@ if HAVE_GLUON:
         mbarrier.init(q_ready, count=2)
         gl.warp_specialize([
             (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q,
-                            n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om, pf_rows, s_q,
+                            n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                             0, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC, GATHER_ONLY)),
             (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q,
-                            n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om, pf_rows, s_q,
+                            n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                             1, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC, GATHER_ONLY)),
             (_ws_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, q_ready, row, n_len, s_kv, limit, s_kvn, s_im,
                             BLOCK_N, D_V, D_T, STAGES, CAUSAL)),
@@ -262,10 +247,8 @@ def attn_dist_ws_launch(a, lse, out, config=None) -> None:
         dict(BLOCK_N=64, STAGES=3, CONS_REGS=232, PROD_REGS=40)
     cfg.update(config or {})
     n_hb = triton.cdiv(h_q, 128 if split else 64)
-    pf_rows = cfg.pop("pf_rows", num_sms(q.device) // n_hb)  # one CTA per SM: the next wave's row on this SM
     _dist_ws_kernel[(s_q * n_hb,)](
         q, kv, idx, lse, out, *row_args(a, n_hb),
         q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0),
-        pf_rows, s_q,
         D_V=a.d_v, D_T=d_qk - a.d_v, SPLIT_HEADS=split, ATOMIC=split or n_hb > 1, num_warps=4, **row_flags(a),
         **cfg)

@@ -16,11 +16,10 @@ import triton
 
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
-from ..._runtime import num_sms
 from .common import LN2_C, LOG2E_C, row_args, row_flags, sink_arg
 
 if HAVE_GLUON:
-    from .attn_dist_wgmma import _cvt2, _prefetch_q, _row_limits, _ws_check, _ws_idx, _ws_valid
+    from .attn_dist_wgmma import _cvt2, _row_limits, _ws_check, _ws_idx, _ws_valid
 
     @gluon.jit
     def _q_and_slots(dtype: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr):
@@ -57,7 +56,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _see_consumer(q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s, xm, xl,
                       bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om, s_oh,
-                      s_lm, zero, stamp_ptr, pf_rows, s_q, CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
+                      s_lm, zero, stamp_ptr, CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
                       D_T: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr,
                       STAMP: gl.constexpr, STAGGER: gl.constexpr):
         """Consumer CID of the seesaw (module docstring). Ring barriers [early 0, early 1, late 0, late 1].
@@ -88,8 +87,6 @@ if HAVE_GLUON:
             async_copy.async_copy_global_to_shared(
                 qhi_s, q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
         async_copy.commit_group()
-        if CID == 0:
-            _prefetch_q(q_ptr, row, pf_rows, s_q, hb * 64, h_q, s_qm, s_qh, D_V + D_T)
         async_copy.wait_group(0)
         fence_async_shared()
         gl.thread_barrier()
@@ -295,7 +292,7 @@ if HAVE_GLUON:
     @gluon.jit(do_not_specialize=["zero"])
     def _fwd_see_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tlen_ptr, qs_ptr,
                         s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
-                        s_qm, s_qh, s_kvn, s_im, s_om, s_oh, s_lm, zero, stamp_ptr, pf_rows, s_q,
+                        s_qm, s_qh, s_kvn, s_im, s_om, s_oh, s_lm, zero, stamp_ptr,
                         BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
                         HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
                         QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
@@ -331,12 +328,12 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
-                             s_om, s_oh, s_lm, zero, stamp_ptr, pf_rows, s_q, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK,
-                             SINK_IN_LSE, STAMP, STAGGER)),
+                             s_om, s_oh, s_lm, zero, stamp_ptr, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE,
+                             STAMP, STAGGER)),
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
-                             s_om, s_oh, s_lm, zero, stamp_ptr, pf_rows, s_q, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK,
-                             SINK_IN_LSE, STAMP, STAGGER)),
+                             s_om, s_oh, s_lm, zero, stamp_ptr, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE,
+                             STAMP, STAGGER)),
             (_see_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
                              BLOCK_N, D_V, D_T, CAUSAL, PROBE)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
@@ -352,9 +349,8 @@ def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, 
     cfg.update(config or {})
     stamp = cfg.pop("stamp", lse)  # timeline probe buffer (STAMP=1): int64 [programs, 2, 16, 8]
     n_hb = triton.cdiv(h_q, 64)
-    pf_rows = cfg.pop("pf_rows", num_sms(q.device) // n_hb)  # one CTA per SM: the next wave's row on this SM
     _fwd_see_kernel[(s_q * n_hb,)](
         q, kv, idx, out, max_logits, lse, sink_arg(a), *row_args(a, n_hb),
-        q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0), 0, stamp, pf_rows, s_q,
+        q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0), 0, stamp,
         D_V=a.d_v, D_T=d_qk - a.d_v, HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse, num_warps=4,
         **row_flags(a), **cfg)
