@@ -1,7 +1,14 @@
-"""A/B of the Gluon sparse MLA kernels on the record shapes: a copy of the previous kernels (package
-llmkernels/ops/_sm_head, made by hand from git, not committed) against the working tree, same run, with a bitwise
-comparison of the outputs, fwd timelines (fwd_wgmma STAMP) and the public backward's time.
-Usage (repo root, PYTHONPATH=.): python scripts/sparse_mla_ab.py [fwd] [dist] [bwd] [--cfg K=V ...]"""
+"""A/B of the Gluon sparse MLA kernels on the record shapes: a copy of the previous kernels against the working
+tree, same run, with a bitwise comparison of the outputs, fwd timelines (fwd_wgmma STAMP) and the public backward's
+time; config sweeps (dsweep: attn_dist, gsweep: the backward's second pass).
+Usage (repo root, PYTHONPATH=.): python scripts/sparse_mla_ab.py [128] [64] [fwd] [dist] [bwd] [dsweep] [gsweep] [K=V ...]
+The previous kernels: mkdir llmkernels/ops/_sm_head; for f in __init__ common attn_dist_wgmma fwd_wgmma bwd_wgmma;
+do git show REV:llmkernels/ops/sparse_mla/$f.py > llmkernels/ops/_sm_head/$f.py; done (untracked, never committed;
+without it only the new kernels run).
+Timeline points (STAMP), consumer 0: 0 pair start, 1 slot 0's early half landed, 2 S a done, 3 P a handed over
+(P a V a issued), 4 m1 seen, 5 P a V a done, 6 P b seen, 7 P b V b done; consumer 1: 0 start, 1 slot 1's early half
+landed, 2 m0 seen (O scaled), 3 P a seen (P a V a issued), 4 S b done, 5 P b handed over, 6 P a V a done, 7 P b V b
+done. Medians over pairs 2-13 of every program, in clocks from consumer 0's pair start (one SM clock for both)."""
 import importlib
 import json
 import os
