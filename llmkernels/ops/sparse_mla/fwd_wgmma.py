@@ -7,10 +7,11 @@ tile b in slot 1), gathered by a 4-warp cp.async producer. Two consumer warpgrou
   O += PV: consumer c owns output columns [256 c, 256 c + 256) and multiplies both tiles' P into them: its own P
            from registers, the other's through shared memory (written over the tile's rope columns, which only S
            reads). A [64, 512] fp32 O would not fit one warpgroup's registers; half of it does.
-The running max is shared: consumer 0 publishes m0 = max(m, rowmax a) and P a at m0, consumer 1 m1 = max(m0, rowmax b)
-and P b at m1; each consumer brings its O half to m0 before adding P a V a and to m1 before adding P b V b. Each slot is gathered in two halves so it can be refilled as soon
-as its readers are done: the early half (the 256 columns consumer s multiplies by its own P) and the late half
-(the other 256 columns and the rope). Measured history: benchmarks/notes/sparse_mla_fwd.md.
+The running max is shared: consumer 0 publishes m0 = max(m, rowmax a) and P a at m0, consumer 1 m1 = max(m0,
+rowmax b) and P b at m1; each consumer brings its O half to m0 before adding P a V a and to m1 before adding P b V b.
+Each slot is gathered in two halves so it can be refilled as soon as its readers are done: the early half (the 256
+columns consumer s multiplies by its own P) and the late half (the other 256 columns and the rope). Measured history:
+benchmarks/notes/sparse_mla_fwd.md.
 """
 import triton
 
