@@ -33,8 +33,8 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _cvt2(x, dtype: gl.constexpr):
-        """fp32 -> bf16 / fp16 two values per instruction (cvt.rn.*x2.f32). Triton's own `.to` gave one scalar F2F per
-        value in the wgmma accumulator layout: half-rate conversions on the pipe exp2 also needs."""
+        """fp32 -> bf16 / fp16 two values per instruction (cvt.rn.*x2.f32, same rounding). Triton's own `.to` gave one
+        scalar F2F conversion per value in the wgmma accumulator layout."""
         if dtype == gl.bfloat16:
             y = gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.bfloat16,
                                           is_pure=True, pack=2)
