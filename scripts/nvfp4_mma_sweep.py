@@ -1,0 +1,118 @@
+"""nvfp4_gemv: the tensor-core kernel (gemv_mma.py) against the portable kernel, per shape and config, on the GPU.
+
+Run from the repo root: `python scripts/nvfp4_mma_sweep.py [budget_seconds] [variant-substring ...]`.
+Per shape (3 contest + 3 Llama): every variant on fresh full-range random inputs against the fp32 reference, then
+timed like the harness (graph replay of 32 back-to-back calls, inputs rotated beyond 3x L2), beside the portable
+kernel's plan (default and static weights) and a read-only stream over the same bytes (without and with PDL).
+Prints one row per (variant, shape) and a table of % of floor; full output under $OUT.
+"""
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+import torch
+import triton
+
+from llmkernels.bench.ceilings import copy_bandwidth
+from llmkernels.bench.harness import _graph_time_ms
+from llmkernels.checking import rel_err
+from llmkernels.ops.nvfp4_gemv import gemv_mma
+from llmkernels.ops.nvfp4_gemv.kernel import gemv_launch, gemv_plan
+from llmkernels.ops.nvfp4_gemv.reference import nvfp4_gemv_ref
+from llmkernels.ops.nvfp4_gemv.spec import GEMV_SHAPES, GEMV_TOL, gemv_bytes, make_inputs
+from nvfp4_pdl_sweep import read_call
+
+T0 = time.monotonic()
+BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 else 240.0
+ONLY = sys.argv[2:]
+OUT = os.environ.get("OUT")
+LOG = []
+STATIC = dict(pdl=True, pre=1, trigger="entry")
+
+
+def log(s=""):
+    print(s, flush=True)
+    LOG.append(s)
+
+
+def variants(M, KB, L, dev):
+    v = [("old plan", ("old", gemv_plan(M, KB, L, dev))), ("old static", ("old", gemv_plan(M, KB, L, dev, True)))]
+    for R, W in ((4, 4), (4, 8), (2, 4), (2, 8), (1, 8), (4, 2)):
+        v.append((f"mma R{R} W{W}", ("mma", gemv_mma.mma_plan(M, KB, L, dev, R=R, W=W))))
+    for R, W in ((4, 4), (4, 8), (2, 4), (2, 8)):
+        v.append((f"mma R{R} W{W} static", ("mma", {**gemv_mma.mma_plan(M, KB, L, dev, R=R, W=W), **STATIC})))
+    v.append(("mma R4 W4 pdl wait", ("mma", {**gemv_mma.mma_plan(M, KB, L, dev), **STATIC, "trigger": "wait"})))
+    v += [("read-only", ("read", False)), ("read-only pdl", ("read", True))]
+    return [x for x in v if not ONLY or any(o in x[0] for o in ONLY)]
+
+
+def call(kind, cfg, x):
+    a, b, sa, sb = (x[k].view(torch.uint8) for k in ("a", "b", "sfa", "sfb"))
+    if kind == "old":
+        return lambda: gemv_launch(a, b, sa, sb, x["c"], 1.0, cfg=cfg)
+    return lambda: gemv_mma.launch_gemv(a, b, sa, sb, x["c"], 1.0, cfg=cfg)
+
+
+def main():
+    dev = torch.device("cuda")
+    bw = copy_bandwidth()
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    log(f"{torch.cuda.get_device_name(0)}; torch {torch.__version__}; triton {triton.__version__}; "
+        f"copy {bw / 1e12:.3f} TB/s; L2 {l2 / 2**20:.0f} MiB; commit {os.environ.get('LLMKERNELS_COMMIT', '?')}")
+    rows = []
+    for M, K, L in GEMV_SHAPES:
+        nbytes = gemv_bytes(M, K, L)
+        floor_us = nbytes / bw * 1e6
+        sets = min(max(1, math.ceil(3 * l2 / nbytes)), 32)
+        xs = [make_inputs(M, K, L, dev) for _ in range(sets)]  # fresh full-range random bytes
+        ref = nvfp4_gemv_ref(xs[0]["a"], xs[0]["b"], xs[0]["sfa"], xs[0]["sfb"])
+        log(f"-- M={M} K={K} L={L}: floor {floor_us:.2f} us, {sets} input sets, mma plan "
+            f"{gemv_mma.mma_plan(M, K // 16, L, dev)}")
+        for name, (kind, cfg) in variants(M, K // 16, L, dev):
+            if time.monotonic() - T0 > BUDGET:
+                log(f"   {name:<24} skipped (budget {BUDGET:.0f} s spent)")
+                continue
+            try:
+                if kind == "read":
+                    fns, err = [read_call(x, cfg) for x in xs], float("nan")
+                else:
+                    x0 = dict(xs[0], c=torch.full_like(xs[0]["c"], float("nan")))
+                    call(kind, cfg, x0)()
+                    torch.cuda.synchronize()
+                    err = rel_err(x0["c"], ref)
+                    if not err <= GEMV_TOL:
+                        raise RuntimeError(f"rel err {err:.2e} > {GEMV_TOL}")
+                    fns = [call(kind, cfg, x) for x in xs]
+                us = _graph_time_ms(fns, calls=32, reps=15) * 1e3
+                pct = 100 * floor_us / us
+                rows.append(dict(variant=name, M=M, K=K, L=L, us=us, pct=pct, err=err, cfg=str(cfg)))
+                log(f"   {name:<24} {us:8.2f} us {pct:6.1f} %  err {err:.1e}")
+            except Exception as e:  # noqa: BLE001
+                log(f"   {name:<24} FAILED {type(e).__name__}: {str(e)[:300]}")
+                LOG.append(traceback.format_exc())
+                rows.append(dict(variant=name, M=M, K=K, L=L, error=f"{type(e).__name__}: {e}"[:400]))
+                torch.cuda.synchronize()
+        del xs, ref
+        torch.cuda.empty_cache()
+    names = list(dict.fromkeys(r["variant"] for r in rows))
+    log("\n% of floor per shape:")
+    log(f"{'variant':<24}" + "".join(f"{f'{M}x{K}x{L}':>15}" for M, K, L in GEMV_SHAPES))
+    for n in names:
+        cells = []
+        for M, K, L in GEMV_SHAPES:
+            r = [r for r in rows if r["variant"] == n and (r["M"], r["K"], r["L"]) == (M, K, L)]
+            cells.append("-" if not r else ("FAIL" if "error" in r[0] else f"{r[0]['pct']:.1f}"))
+        log(f"{n:<24}" + "".join(f"{c:>15}" for c in cells))
+    log(f"total {time.monotonic() - T0:.0f} s")
+    if OUT:
+        with open(os.path.join(OUT, "nvfp4_mma_sweep.txt"), "w") as f:
+            f.write("\n".join(LOG) + "\n")
+        with open(os.path.join(OUT, "nvfp4_mma_sweep.json"), "w") as f:
+            json.dump(dict(copy_bw=bw, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
