@@ -100,29 +100,24 @@ def _load_group(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, MASK_M: tl.constexpr
 
 
 @triton.jit
-def _tile_b(b_l, sb_l, kb0, t, bsel, kb_hi, m0, m1, tab, MASK_K: tl.constexpr, USE_ASM: tl.constexpr,
-            FIX_NAN: tl.constexpr):
-    """Per tile: the B fragments (16 words; b and -b, masked per step), sfb / 4 of blocks kb0 and kb0 + 4 and,
-    under the interpreter, the thread's own two b blocks."""
+def _load_b(b_l, sb_l, kb0, t, bsel, kb_hi, MASK_K: tl.constexpr, USE_ASM: tl.constexpr):
+    """Per tile: the b block of this thread's B fragments, sfb of blocks kb0 and kb0 + 4 and, under the
+    interpreter, the thread's own two b blocks."""
     kbb = kb0 - t + bsel
     bb = _ld(b_l + kbb, kbb < kb_hi, MASK_K)
-    f0 = _e4m3_f32(_ld(sb_l + kb0, kb0 < kb_hi, MASK_K), FIX_NAN) * 0.25
-    f1 = _e4m3_f32(_ld(sb_l + kb0 + 4, kb0 + 4 < kb_hi, MASK_K), FIX_NAN) * 0.25
+    s0 = _ld(sb_l + kb0, kb0 < kb_hi, MASK_K)
+    s1 = _ld(sb_l + kb0 + 4, kb0 + 4 < kb_hi, MASK_K)
     if USE_ASM:
-        frag = tl.inline_asm_elementwise(ASM_BFRAG, "=r" + ",=r" * 15 + ",l,r,r,r,r", [bb, m0, m1, tab[0], tab[1]],
-                                         dtype=(tl.int32,) * 16, is_pure=True, pack=1)
         own = (bb, bb)
     else:
-        frag = (m0,) * 16
         own = (_ld(b_l + kb0, kb0 < kb_hi, MASK_K), _ld(b_l + kb0 + 4, kb0 + 4 < kb_hi, MASK_K))
-    return frag, own, f0, f1, tab
+    return bb, s0, s1, own
 
 
 @triton.jit
-def _group_math(acc, q, bt, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr):
+def _group_math(acc, q, frag, own, f0, f1, tab, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr):
     """Add one tile of one row group (loads q of _load_group) to its accumulators acc = (rows g, rows g + 8):
     block sums times sfa * sfb / 4, exact in fp32, so each addition rounds once."""
-    frag, own, f0, f1, tab = bt
     if USE_ASM:
         c0, c1, c2, c3 = tl.inline_asm_elementwise(
             ASM_TILE, "=r,=r,=r,=r,l,l,l,l" + ",r" * 18,
@@ -142,8 +137,8 @@ def _group_math(acc, q, bt, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R: tl.constexpr, MASK_M: tl.constexpr,
-               MASK_K: tl.constexpr):
+def _load_w(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R: tl.constexpr, MASK_M: tl.constexpr,
+            MASK_K: tl.constexpr):
     """_load_group for each of the R row groups (unused groups repeat group 0's loads; never consumed)."""
     q0 = _load_group(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, MASK_M, MASK_K)
     q1 = q0
@@ -159,15 +154,24 @@ def _load_tile(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R: tl.constexpr, MASK
 
 
 @triton.jit
-def _tile_math(accs, qs, bt, R: tl.constexpr, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr):
-    a0 = _group_math(accs[0], qs[0], bt, USE_ASM, FIX_NAN)
+def _tile_math(accs, qs, bl, m0, m1, tab, R: tl.constexpr, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr):
+    """One tile for all R row groups: the B fragments (b and -b, masked per step) are built once for them."""
+    bb, s0, s1, own = bl
+    f0 = _e4m3_f32(s0, FIX_NAN) * 0.25
+    f1 = _e4m3_f32(s1, FIX_NAN) * 0.25
+    if USE_ASM:
+        frag = tl.inline_asm_elementwise(ASM_BFRAG, "=r" + ",=r" * 15 + ",l,r,r,r,r", [bb, m0, m1, tab[0], tab[1]],
+                                         dtype=(tl.int32,) * 16, is_pure=True, pack=1)
+    else:
+        frag = (m0,) * 16
+    a0 = _group_math(accs[0], qs[0], frag, own, f0, f1, tab, USE_ASM, FIX_NAN)
     a1, a2, a3 = accs[1], accs[2], accs[3]
     if R > 1:
-        a1 = _group_math(a1, qs[1], bt, USE_ASM, FIX_NAN)
+        a1 = _group_math(a1, qs[1], frag, own, f0, f1, tab, USE_ASM, FIX_NAN)
     if R > 2:
-        a2 = _group_math(a2, qs[2], bt, USE_ASM, FIX_NAN)
+        a2 = _group_math(a2, qs[2], frag, own, f0, f1, tab, USE_ASM, FIX_NAN)
     if R > 3:
-        a3 = _group_math(a3, qs[3], bt, USE_ASM, FIX_NAN)
+        a3 = _group_math(a3, qs[3], frag, own, f0, f1, tab, USE_ASM, FIX_NAN)
     return a0, a1, a2, a3
 
 
@@ -187,8 +191,8 @@ def _store_rows(acc, rows, l, M, W: tl.constexpr, alpha, out_ptr, part_ptr, spli
 def _gemv_mma_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
                      M, L, KB, per_split, one,
                      s_al, s_am, s_sal, s_sam, s_bl, s_sbl, s_ol, s_om,
-                     R: tl.constexpr, W: tl.constexpr, MASK_M: tl.constexpr, MASK_K: tl.constexpr,
-                     PARTIAL: tl.constexpr, USE_ASM: tl.constexpr,
+                     R: tl.constexpr, W: tl.constexpr, PIPE: tl.constexpr, MASK_M: tl.constexpr,
+                     MASK_K: tl.constexpr, PARTIAL: tl.constexpr, USE_ASM: tl.constexpr,
                      FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr, TRIGGER: tl.constexpr,
                      EMIT: tl.constexpr):
     """Rows pid * 16R .. + 16R - 1 of batch l over the blocks of `split`; the W warps take the K tiles in turn
@@ -197,10 +201,12 @@ def _gemv_mma_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
 
     Element e of the [32 W] tensors lives in lane e % 32 of warp e // 32 (the fragment order of the PTX): Triton's
     layout for a 1-D tensor of 32 W elements over W warps as long as no address looks contiguous, which the
-    runtime `one` (= 1, not specialised) sees to. USE_GDC (programmatic dependent launch, static weights): the
-    weights of the first tile (PRE) are loaded before griddepcontrol.wait, b and everything stored after it;
-    TRIGGER 3 releases the next kernel at entry, 1 after the wait, 0 never (it starts when this grid ends).
-    MASK_M / MASK_K: rows past M / blocks past a split's end can occur (else every load is unmasked)."""
+    runtime `one` (= 1, not specialised) sees to. PIPE: two tiles in flight per warp (ping-pong registers: the
+    loads of the tile after next are issued once the current one's registers are consumed, so no loop-carried
+    copy waits on a load). USE_GDC (programmatic dependent launch, static weights): the weights of the first tile
+    (PRE) are loaded before griddepcontrol.wait, b and everything stored after it; TRIGGER 3 releases the next
+    kernel at entry, 1 after the wait, 0 never (it starts when this grid ends). MASK_M / MASK_K: rows past M /
+    blocks past a split's end can occur (else every load is unmasked)."""
     if USE_GDC:
         if TRIGGER == 3:
             _gdc_trigger(EMIT)
@@ -226,23 +232,40 @@ def _gemv_mma_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
     tab = (0x03020100 * one + 0 * e, 0x0C080604 * one + 0 * e)
     z = tl.zeros([32 * W], tl.float32)
     accs = ((z, z), (z, z), (z, z), (z, z))
+    kb0 = kb_lo + 8 * w + t  # this warp's first tile
     i0 = 0
     if USE_GDC:
-        kb0 = kb_lo + 8 * w + t
-        if PRE:  # the first tile's weights may be read while the preceding kernel still runs
-            qs = _load_tile(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
+        if PRE or PIPE:  # the first tile's weights may be read while the preceding kernel still runs
+            qa = _load_w(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
         _gdc_wait(EMIT)
         if TRIGGER == 1:
             _gdc_trigger(EMIT)
-        if PRE:
-            bt = _tile_b(b_l, sb_l, kb0, t, bsel, kb_hi, m0, m1, tab, MASK_K, USE_ASM, FIX_NAN)
-            accs = _tile_math(accs, qs, bt, R, USE_ASM, FIX_NAN)
+        if PRE and not PIPE:
+            accs = _tile_math(accs, qa, _load_b(b_l, sb_l, kb0, t, bsel, kb_hi, MASK_K, USE_ASM), m0, m1, tab, R,
+                              USE_ASM, FIX_NAN)
             i0 = 1
-    for i in range(i0, n_iter):
-        kb0 = kb_lo + 8 * (i * W + w) + t
-        qs = _load_tile(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
-        bt = _tile_b(b_l, sb_l, kb0, t, bsel, kb_hi, m0, m1, tab, MASK_K, USE_ASM, FIX_NAN)
-        accs = _tile_math(accs, qs, bt, R, USE_ASM, FIX_NAN)
+    elif PIPE:
+        qa = _load_w(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
+    if PIPE:
+        ba = _load_b(b_l, sb_l, kb0, t, bsel, kb_hi, MASK_K, USE_ASM)
+        for j in range(0, n_iter // 2):
+            kb1 = kb0 + 8 * W
+            qb = _load_w(a_l, sa_l, row, kb1, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
+            bb = _load_b(b_l, sb_l, kb1, t, bsel, kb_hi, MASK_K, USE_ASM)
+            accs = _tile_math(accs, qa, ba, m0, m1, tab, R, USE_ASM, FIX_NAN)
+            # the tile after next, clamped to this warp's last one (reloaded from cache, never summed twice)
+            kb0 = kb_lo + 8 * (tl.minimum(2 * j + 2, n_iter - 1) * W + w) + t
+            qa = _load_w(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
+            ba = _load_b(b_l, sb_l, kb0, t, bsel, kb_hi, MASK_K, USE_ASM)
+            accs = _tile_math(accs, qb, bb, m0, m1, tab, R, USE_ASM, FIX_NAN)
+        if n_iter % 2 == 1:
+            accs = _tile_math(accs, qa, ba, m0, m1, tab, R, USE_ASM, FIX_NAN)
+    else:
+        for i in range(i0, n_iter):
+            kb0 = kb_lo + 8 * (i * W + w) + t
+            qs = _load_w(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
+            accs = _tile_math(accs, qs, _load_b(b_l, sb_l, kb0, t, bsel, kb_hi, MASK_K, USE_ASM), m0, m1, tab, R,
+                              USE_ASM, FIX_NAN)
     r8 = pid * (16 * R) + tl.arange(0, 8)
     for r in tl.static_range(R):
         _store_rows(accs[r][0], r8 + 16 * r, l, M, W, alpha, out_ptr, part_ptr, split, L, s_ol, s_om, PARTIAL)
@@ -299,7 +322,8 @@ def gemv_mma_launch(a64, b64, sa8, sb8, out, alpha: float, cfg: dict, use_asm=No
         a64, sa8, b64, sb8, out, part, alpha if split == 1 else 1.0, M, L, KB, per, 1,
         a64.stride(0), a64.stride(1), sa8.stride(2), sa8.stride(0), b64.stride(0), sb8.stride(1),
         out.stride(2), out.stride(0),
-        R=R, W=W, MASK_M=M % (16 * R) != 0, MASK_K=KB % (8 * W) != 0 or per % (8 * W) != 0, PARTIAL=split > 1, USE_ASM=use_asm, FIX_NAN=interp, USE_GDC=order,
+        R=R, W=W, PIPE=bool(cfg.get("pipe", False)), MASK_M=M % (16 * R) != 0,
+        MASK_K=KB % (8 * W) != 0 or per % (8 * W) != 0, PARTIAL=split > 1, USE_ASM=use_asm, FIX_NAN=interp, USE_GDC=order,
         PRE=int(cfg.get("pre", 1)) if order else 0, TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0,
         EMIT=pdl, num_warps=W, **({"launch_pdl": True} if pdl else {}))
     if split > 1:
