@@ -41,12 +41,13 @@ def log(s=""):
 def variants(M, KB, L, dev):
     """(name, (kind, cfg)); mma configs: R row groups a warp, W warps along K, pipe = two tiles in flight."""
     plan = lambda R, W, **kw: ("mma", {**gemv_mma.mma_plan(M, KB, L, dev, R=R, W=W), **kw})  # noqa: E731
-    v = [("old plan", ("old", gemv_plan(M, KB, L, dev))), ("old static", ("old", gemv_plan(M, KB, L, dev, True))),
-         ("mma R2 W4", plan(2, 4))]
+    v = [("old plan", ("old", gemv_plan(M, KB, L, dev))), ("old static", ("old", gemv_plan(M, KB, L, dev, True)))]
     for R, W in ((1, 4), (1, 8), (2, 2), (2, 4), (2, 8), (4, 4)):
+        v.append((f"mma R{R} W{W}", plan(R, W)))
+    for R, W in ((1, 8), (2, 4)):
         v.append((f"mma R{R} W{W} pipe", plan(R, W, pipe=True)))
-    for R, W in ((1, 4), (1, 8), (2, 4), (2, 8)):
-        v.append((f"mma R{R} W{W} pipe static", plan(R, W, pipe=True, **STATIC)))
+    for R, W in ((1, 8), (2, 4), (2, 8), (4, 4)):
+        v.append((f"mma R{R} W{W} static", plan(R, W, **STATIC)))
     v += [("read-only", ("read", False)), ("read-only pdl", ("read", True))]
     return [x for x in v if not ONLY or any(o in x[0] for o in ONLY)]
 

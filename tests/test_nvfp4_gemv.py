@@ -301,7 +301,7 @@ def test_gemv_mma_ptx_block_sums_emulated():
             A[0] = [0xFFFFFFFFFFFFFFFF] * 8
             A[9] = [0x8888888888888888] * 8
             B = [0x7777777777777777] * 8
-        ins = [{"$16": B[(ln // 4) // 2 + 4 * ((ln // 4) % 2)], "$17": 0xFFFFFFFF if ln // 4 == 2 * (ln % 4) else 0,
+        ins = [{"$16": B[ln // 4], "$17": 0xFFFFFFFF if ln // 4 == 2 * (ln % 4) else 0,
                 "$18": 0xFFFFFFFF if ln // 4 == 2 * (ln % 4) + 1 else 0, **tabs} for ln in range(32)]
         frag = run_warp(gemv_mma._asm_bfrag(), ins)
         for ln in range(32):
@@ -310,15 +310,15 @@ def test_gemv_mma_ptx_block_sums_emulated():
         ins = []
         for ln in range(32):
             g, t = ln // 4, ln % 4
-            d = {"$4": A[g][t], "$5": A[g][t + 4], "$6": A[g + 8][t], "$7": A[g + 8][t + 4],
+            d = {"$4": A[g][2 * t], "$5": A[g][2 * t + 1], "$6": A[g + 8][2 * t], "$7": A[g + 8][2 * t + 1],
                  "$24": tabs["$19"], "$25": tabs["$20"]}
             d.update({f"${8 + i}": frag[ln][f"${i}"] for i in range(16)})
             ins.append(d)
         out = run_warp(gemv_mma._asm_tile(), ins)
         for ln in range(32):
             g, t = ln // 4, ln % 4
-            want = [dot(A[g][t], B[t]), dot(A[g][t + 4], B[t + 4]), dot(A[g + 8][t], B[t]),
-                    dot(A[g + 8][t + 4], B[t + 4])]
+            want = [dot(A[g][2 * t], B[2 * t]), dot(A[g][2 * t + 1], B[2 * t + 1]), dot(A[g + 8][2 * t], B[2 * t]),
+                    dot(A[g + 8][2 * t + 1], B[2 * t + 1])]
             assert [((out[ln][f"${i}"] + 2**31) % 2**32) - 2**31 for i in range(4)] == want
 
 

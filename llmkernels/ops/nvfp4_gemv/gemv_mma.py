@@ -2,12 +2,13 @@
 
 Twice an E2M1 value is an integer in [-12, 12], so every block sum (2a)(2b) is exact in int32 and an int8 mma
 computes it. A warp owns 16 rows (R groups of them) and walks K in tiles of 8 scale blocks (128 values); thread
-(g, t) of the warp (lane 4g + t) loads blocks t and t + 4 of the tile from rows g and g + 8 (32 contiguous bytes
-per row and instruction). Four mma steps c = 0..3 cover the tile: step c takes word c % 2 of the thread's block
-t + 4 (c // 2), in the A fragment order (row g / g + 8, k slots 4t..4t+3 from its nibbles 0-3, 16+4t.. from 4-7).
-The mma's 8 output columns are the tile's 8 blocks (column 2t + j = block t + 4j): the B fragment of step c is
-the b values of the block that column owns and zero elsewhere, so after the 4 steps thread (g, t) holds the block
-sums C[g, 2t], C[g, 2t + 1], C[g + 8, 2t], C[g + 8, 2t + 1] of exactly the blocks whose scales it loaded.
+(g, t) of the warp (lane 4g + t) loads blocks 2t and 2t + 1 of the tile from rows g and g + 8 (one 16-byte load
+per row, 64 contiguous bytes per row and instruction) and their two scale bytes. Four mma steps c = 0..3 cover
+the tile: step c takes word c % 2 of the thread's block 2t + c // 2, in the A fragment order (row g / g + 8, k
+slots 4t..4t+3 from its nibbles 0-3, 16+4t.. from 4-7). The mma's 8 output columns are the tile's 8 blocks: the B
+fragment of step c is the b values of the block that column owns and zero elsewhere, so after the 4 steps thread
+(g, t) holds the block sums C[g, 2t], C[g, 2t + 1], C[g + 8, 2t], C[g + 8, 2t + 1] of exactly the blocks whose
+scales it loaded.
 
 prmt looks 4 nibbles up at once in the byte table 2|e2m1| = 0 1 2 3 4 6 8 12; a code with the sign bit set hits
 prmt's sign-replicate mode and gives 0 (the table's bytes have clear msbs). So the raw nibbles give the a >= 0
@@ -49,7 +50,7 @@ def _asm_bfrag() -> str:
 
 
 def _asm_tile() -> str:
-    """$4, $5: int64 blocks t and t + 4 of row g; $6, $7: of row g + 8; $8..$23: the B fragments of _asm_bfrag.
+    """$4, $5: int64 blocks 2t and 2t + 1 of row g; $6, $7: of row g + 8; $8..$23: the B fragments of _asm_bfrag.
     Outputs $0..$3: the int32 block sums C[g, 2t], C[g, 2t + 1], C[g + 8, 2t], C[g + 8, 2t + 1]."""
     s = ("{\n.reg .b32 x<8>, z, s, r<4>;\n"
          "mov.b64 {x0, x1}, $4;\nmov.b64 {x2, x3}, $5;\nmov.b64 {x4, x5}, $6;\nmov.b64 {x6, x7}, $7;\n"
@@ -82,35 +83,39 @@ def _ld(ptr, ok, MASK: tl.constexpr):
 
 
 @triton.jit
+def _ld2(ptr, k, kb_hi, ok, MASK: tl.constexpr):
+    """Elements k, k + 1 at ptr (one vector load: 16 bytes of weights, 2 of scales), split into two [32 W]
+    tensors (element e in thread e)."""
+    j = tl.arange(0, 2)[None, :]
+    v = _ld(ptr[:, None] + j, ok[:, None] & (k[:, None] + j < kb_hi), MASK)
+    return tl.split(v)
+
+
+@triton.jit
 def _load_group(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, MASK_M: tl.constexpr, MASK_K: tl.constexpr):
-    """Blocks kb0 and kb0 + 4 of rows `row` and row + 8 (int64 words), and their scales (bytes). Masks only where
-    the shape needs them (each masked load also zeroes its registers first)."""
+    """Blocks kb0, kb0 + 1 of rows `row` and row + 8 (int64 words), and their scales (bytes). Masks only where the
+    shape needs them (each masked load also zeroes its registers first)."""
     MASK: tl.constexpr = MASK_M or MASK_K
-    ok0 = kb0 < kb_hi
-    ok1 = kb0 + 4 < kb_hi
-    ot = row < M
-    ob = row + 8 < M
     at = a_l + row.to(tl.int64) * s_am + kb0
-    ab = at + 8 * s_am
     st = sa_l + row.to(tl.int64) * s_sam + kb0
-    sb = st + 8 * s_sam
-    return (_ld(at, ot & ok0, MASK), _ld(at + 4, ot & ok1, MASK), _ld(ab, ob & ok0, MASK),
-            _ld(ab + 4, ob & ok1, MASK), _ld(st, ot & ok0, MASK), _ld(st + 4, ot & ok1, MASK),
-            _ld(sb, ob & ok0, MASK), _ld(sb + 4, ob & ok1, MASK))
+    x0, x1 = _ld2(at, kb0, kb_hi, row < M, MASK)
+    x2, x3 = _ld2(at + 8 * s_am, kb0, kb_hi, row + 8 < M, MASK)
+    s0, s1 = _ld2(st, kb0, kb_hi, row < M, MASK)
+    s2, s3 = _ld2(st + 8 * s_sam, kb0, kb_hi, row + 8 < M, MASK)
+    return x0, x1, x2, x3, s0, s1, s2, s3
 
 
 @triton.jit
 def _load_b(b_l, sb_l, kb0, t, bsel, kb_hi, MASK_K: tl.constexpr, USE_ASM: tl.constexpr):
-    """Per tile: the b block of this thread's B fragments, sfb of blocks kb0 and kb0 + 4 and, under the
+    """Per tile: the b block of this thread's B fragments, sfb of blocks kb0 and kb0 + 1 and, under the
     interpreter, the thread's own two b blocks."""
-    kbb = kb0 - t + bsel
+    kbb = kb0 - 2 * t + bsel
     bb = _ld(b_l + kbb, kbb < kb_hi, MASK_K)
-    s0 = _ld(sb_l + kb0, kb0 < kb_hi, MASK_K)
-    s1 = _ld(sb_l + kb0 + 4, kb0 + 4 < kb_hi, MASK_K)
+    s0, s1 = _ld2(sb_l + kb0, kb0, kb_hi, kb0 < kb_hi, MASK_K)
     if USE_ASM:
         own = (bb, bb)
     else:
-        own = (_ld(b_l + kb0, kb0 < kb_hi, MASK_K), _ld(b_l + kb0 + 4, kb0 + 4 < kb_hi, MASK_K))
+        own = _ld2(b_l + kb0, kb0, kb_hi, kb0 < kb_hi, MASK_K)
     return bb, s0, s1, own
 
 
@@ -225,14 +230,14 @@ def _gemv_mma_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
     sa_l = sa_ptr + l * s_sal
     b_l = b_ptr + l * s_bl
     sb_l = sb_ptr + l * s_sbl
-    bsel = (g // 2 + 4 * (g % 2)) * one  # the block whose b values this thread's B fragments carry
-    m0 = tl.where(g == 2 * t, -1, 0)      # steps 0-1: column 2t is block t: only lanes with g = 2t carry it
-    m1 = tl.where(g == 2 * t + 1, -1, 0)  # steps 2-3: column 2t + 1 is block t + 4
+    bsel = g * one  # the block whose b values this thread's B fragments carry (column g = block g of the tile)
+    m0 = tl.where(g == 2 * t, -1, 0)      # steps 0-1 take blocks 2t: only the lane with g = 2t carries b there
+    m1 = tl.where(g == 2 * t + 1, -1, 0)  # steps 2-3 take blocks 2t + 1
     # prmt tables (2|e2m1| of codes 0-3 | 4-7) as runtime values: as immediates ptxas re-creates them per use
     tab = (0x03020100 * one + 0 * e, 0x0C080604 * one + 0 * e)
     z = tl.zeros([32 * W], tl.float32)
     accs = ((z, z), (z, z), (z, z), (z, z))
-    kb0 = kb_lo + 8 * w + t  # this warp's first tile
+    kb0 = kb_lo + 8 * w + 2 * t  # this warp's first tile; thread t takes its blocks 2t, 2t + 1
     i0 = 0
     if USE_GDC:
         if PRE or PIPE:  # the first tile's weights may be read while the preceding kernel still runs
@@ -254,7 +259,7 @@ def _gemv_mma_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
             bb = _load_b(b_l, sb_l, kb1, t, bsel, kb_hi, MASK_K, USE_ASM)
             accs = _tile_math(accs, qa, ba, m0, m1, tab, R, USE_ASM, FIX_NAN)
             # the tile after next, clamped to this warp's last one (reloaded from cache, never summed twice)
-            kb0 = kb_lo + 8 * (tl.minimum(2 * j + 2, n_iter - 1) * W + w) + t
+            kb0 = kb_lo + 8 * (tl.minimum(2 * j + 2, n_iter - 1) * W + w) + 2 * t
             qa = _load_w(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
             ba = _load_b(b_l, sb_l, kb0, t, bsel, kb_hi, MASK_K, USE_ASM)
             accs = _tile_math(accs, qb, bb, m0, m1, tab, R, USE_ASM, FIX_NAN)
@@ -262,7 +267,7 @@ def _gemv_mma_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
             accs = _tile_math(accs, qa, ba, m0, m1, tab, R, USE_ASM, FIX_NAN)
     else:
         for i in range(i0, n_iter):
-            kb0 = kb_lo + 8 * (i * W + w) + t
+            kb0 = kb_lo + 8 * (i * W + w) + 2 * t
             qs = _load_w(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
             accs = _tile_math(accs, qs, _load_b(b_l, sb_l, kb0, t, bsel, kb_hi, MASK_K, USE_ASM), m0, m1, tab, R,
                               USE_ASM, FIX_NAN)
