@@ -5,6 +5,7 @@ set -u
 export PYTHONPATH=$PWD:$PWD/scripts PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 python scripts/nvfp4_mma_sweep.py "${1:-200}" 2>&1 | tee "$OUT/sweep_log.txt" | grep -v "^   .* us "
+[ "${NCU:-0}" = 1 ] || exit 0
 SECTIONS="--section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats --section Occupancy"
 for kind in old mma; do
   NVFP4_KIND=$kind timeout 120 ncu -k regex:_gemv --launch-skip 2 --launch-count 1 $SECTIONS --print-details all \

@@ -326,6 +326,8 @@ def test_gemv_mma_ptx_block_sums_emulated():
     (37, 160, 3, dict(R=1, W=1)),                 # 10 blocks: a partial tile; rows past M in the group
     (70, 512, 2, dict(R=4, W=2, split=2)),        # split K: partials + ordered reduction
     (29, 480, 2, dict(R=3, W=4)),                 # warps with no tile in the last round
+    (29, 1040, 2, dict(R=2, W=2, U=3)),           # batches of 3 tiles a warp (65 blocks: a partial batch)
+    (40, 1024, 1, dict(R=1, W=4, U=2, split=2)),  # one batch a warp per split
     (64, 256, 1, dict(R=2, W=2)),                 # every load unmasked
     (5, 16, 2, dict(R=1, W=2)),                   # a single block
 ])
@@ -338,13 +340,14 @@ def test_gemv_mma_configs_poisoned(device, M, K, L, cfg):
 
 @pytest.mark.parametrize("cfg", [dict(R=2, W=2, pdl=True, pre=1, trigger="entry"),
                                  dict(R=3, W=1, split=3, pdl=True, pre=1, trigger="wait"),
-                                 dict(R=1, W=4, pdl=True, pre=0, trigger="none")])
+                                 dict(R=1, W=4, pdl=True, pre=0, trigger="none"),
+                                 dict(R=2, W=2, U=2, pdl=True, pre=1, trigger="entry")])
 def test_gemv_mma_pdl_order_bit_identical(device, cfg):
     # the PDL code order (first tile's weights before the wait, peeled) sums in the kernel's own order
     M, K, L = 29, 480, 2
     x = make_inputs(M, K, L, device, n_pad=2)
     want = torch.full((M, 1, L), float("nan"), dtype=torch.float16, device=device)
-    _mma(x, want, {k: v for k, v in cfg.items() if k in ("R", "W", "split")}, 0.5)
+    _mma(x, want, {k: v for k, v in cfg.items() if k in ("R", "W", "U", "split")}, 0.5)
     out = torch.full_like(want, float("nan"))
     _mma(x, out, cfg, 0.5)
     assert torch.equal(out, want) and rel_err(out, _ref(x, 0.5)) <= GEMV_TOL
@@ -352,7 +355,7 @@ def test_gemv_mma_pdl_order_bit_identical(device, cfg):
 
 def test_gemv_mma_bad_config(device):
     x = make_inputs(16, 32, 1, device, n_pad=1)
-    for cfg in (dict(R=5, W=1), dict(R=1, W=3), dict(R=0, W=2)):
+    for cfg in (dict(R=5, W=1), dict(R=1, W=3), dict(R=0, W=2), dict(R=1, W=1, U=5), dict(R=1, W=1, U=2, pipe=True)):
         with pytest.raises(ValueError, match="R"):
             _mma(x, torch.empty_like(x["c"]), cfg)
 
@@ -493,7 +496,8 @@ def test_gpu_configs_poisoned(BB, R, nw, split, pf):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [dict(R=1, W=1), dict(R=2, W=4), dict(R=3, W=2, split=3), dict(R=4, W=4),
-                                 dict(R=4, W=8), dict(R=2, W=8, split=2), dict(R=4, W=4, pdl=True, pre=1)])
+                                 dict(R=4, W=8), dict(R=2, W=8, split=2), dict(R=4, W=4, pdl=True, pre=1),
+                                 dict(R=2, W=8, U=2), dict(R=1, W=4, U=4, pdl=True, pre=1), dict(R=2, W=4, pipe=True)])
 def test_gpu_mma_configs_poisoned(cfg):
     # odd M, a K tail (129 blocks: a partial tile), strided out: the tensor-core path against the reference and,
     # bit for bit, against the same kernel's integer path (same block sums, same order)

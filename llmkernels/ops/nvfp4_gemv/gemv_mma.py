@@ -181,6 +181,46 @@ def _tile_math(accs, qs, bl, m0, m1, tab, R: tl.constexpr, USE_ASM: tl.constexpr
 
 
 @triton.jit
+def _load_more(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, W: tl.constexpr, U: tl.constexpr, R: tl.constexpr,
+               MASK_M: tl.constexpr, MASK_K: tl.constexpr):
+    """The weights of this warp's tiles 1..U-1 of a batch (tile u starts u W tiles after tile 0)."""
+    q1 = 0
+    q2 = 0
+    q3 = 0
+    if U > 1:
+        q1 = _load_w(a_l, sa_l, row, kb0 + 8 * W, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
+    if U > 2:
+        q2 = _load_w(a_l, sa_l, row, kb0 + 16 * W, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
+    if U > 3:
+        q3 = _load_w(a_l, sa_l, row, kb0 + 24 * W, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
+    return q1, q2, q3
+
+
+@triton.jit
+def _batch_math(accs, q0, q1, q2, q3, b_l, sb_l, kb0, t, bsel, kb_hi, m0, m1, tab, W: tl.constexpr, U: tl.constexpr,
+                R: tl.constexpr, MASK_K: tl.constexpr, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr):
+    """The U tiles of a batch, in order (their b loads first, so all are in flight together)."""
+    b0 = _load_b(b_l, sb_l, kb0, t, bsel, kb_hi, MASK_K, USE_ASM)
+    b1 = b0
+    b2 = b0
+    b3 = b0
+    if U > 1:
+        b1 = _load_b(b_l, sb_l, kb0 + 8 * W, t, bsel, kb_hi, MASK_K, USE_ASM)
+    if U > 2:
+        b2 = _load_b(b_l, sb_l, kb0 + 16 * W, t, bsel, kb_hi, MASK_K, USE_ASM)
+    if U > 3:
+        b3 = _load_b(b_l, sb_l, kb0 + 24 * W, t, bsel, kb_hi, MASK_K, USE_ASM)
+    accs = _tile_math(accs, q0, b0, m0, m1, tab, R, USE_ASM, FIX_NAN)
+    if U > 1:
+        accs = _tile_math(accs, q1, b1, m0, m1, tab, R, USE_ASM, FIX_NAN)
+    if U > 2:
+        accs = _tile_math(accs, q2, b2, m0, m1, tab, R, USE_ASM, FIX_NAN)
+    if U > 3:
+        accs = _tile_math(accs, q3, b3, m0, m1, tab, R, USE_ASM, FIX_NAN)
+    return accs
+
+
+@triton.jit
 def _store_rows(acc, rows, l, M, W: tl.constexpr, alpha, out_ptr, part_ptr, split, L, s_ol, s_om,
                 PARTIAL: tl.constexpr):
     """Sum a [32 W] accumulator over the 4 threads of each lane group and over the W warps: 8 row sums."""
@@ -196,7 +236,7 @@ def _store_rows(acc, rows, l, M, W: tl.constexpr, alpha, out_ptr, part_ptr, spli
 def _gemv_mma_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
                      M, L, KB, per_split, one,
                      s_al, s_am, s_sal, s_sam, s_bl, s_sbl, s_ol, s_om,
-                     R: tl.constexpr, W: tl.constexpr, PIPE: tl.constexpr, MASK_M: tl.constexpr,
+                     R: tl.constexpr, W: tl.constexpr, U: tl.constexpr, PIPE: tl.constexpr, MASK_M: tl.constexpr,
                      MASK_K: tl.constexpr, PARTIAL: tl.constexpr, USE_ASM: tl.constexpr,
                      FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr, TRIGGER: tl.constexpr,
                      EMIT: tl.constexpr):
@@ -224,7 +264,7 @@ def _gemv_mma_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
     w = (e // 32) * one
     kb_lo = split * per_split
     kb_hi = tl.minimum(kb_lo + per_split, KB)
-    n_iter = tl.cdiv(tl.cdiv(kb_hi - kb_lo, 8), W)
+    n_iter = tl.cdiv(tl.cdiv(kb_hi - kb_lo, 8), W * U)
     row = pid * (16 * R) + g  # top row of group 0; group r adds 16 r
     a_l = a_ptr + l * s_al
     sa_l = sa_ptr + l * s_sal
@@ -240,18 +280,20 @@ def _gemv_mma_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
     kb0 = kb_lo + 8 * w + 2 * t  # this warp's first tile; thread t takes its blocks 2t, 2t + 1
     i0 = 0
     if USE_GDC:
-        if PRE or PIPE:  # the first tile's weights may be read while the preceding kernel still runs
+        if PRE or PIPE:  # the first tiles' weights may be read while the preceding kernel still runs
             qa = _load_w(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
+            if not PIPE:
+                q1, q2, q3 = _load_more(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, W, U, R, MASK_M, MASK_K)
         _gdc_wait(EMIT)
         if TRIGGER == 1:
             _gdc_trigger(EMIT)
         if PRE and not PIPE:
-            accs = _tile_math(accs, qa, _load_b(b_l, sb_l, kb0, t, bsel, kb_hi, MASK_K, USE_ASM), m0, m1, tab, R,
-                              USE_ASM, FIX_NAN)
+            accs = _batch_math(accs, qa, q1, q2, q3, b_l, sb_l, kb0, t, bsel, kb_hi, m0, m1, tab, W, U, R, MASK_K,
+                               USE_ASM, FIX_NAN)
             i0 = 1
     elif PIPE:
         qa = _load_w(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
-    if PIPE:
+    if PIPE:  # U = 1
         ba = _load_b(b_l, sb_l, kb0, t, bsel, kb_hi, MASK_K, USE_ASM)
         for j in range(0, n_iter // 2):
             kb1 = kb0 + 8 * W
@@ -267,10 +309,11 @@ def _gemv_mma_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
             accs = _tile_math(accs, qa, ba, m0, m1, tab, R, USE_ASM, FIX_NAN)
     else:
         for i in range(i0, n_iter):
-            kb0 = kb_lo + 8 * (i * W + w) + 2 * t
-            qs = _load_w(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
-            accs = _tile_math(accs, qs, _load_b(b_l, sb_l, kb0, t, bsel, kb_hi, MASK_K, USE_ASM), m0, m1, tab, R,
-                              USE_ASM, FIX_NAN)
+            kb0 = kb_lo + 8 * (i * W * U + w) + 2 * t
+            qa = _load_w(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
+            q1, q2, q3 = _load_more(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, W, U, R, MASK_M, MASK_K)
+            accs = _batch_math(accs, qa, q1, q2, q3, b_l, sb_l, kb0, t, bsel, kb_hi, m0, m1, tab, W, U, R, MASK_K,
+                               USE_ASM, FIX_NAN)
     r8 = pid * (16 * R) + tl.arange(0, 8)
     for r in tl.static_range(R):
         _store_rows(accs[r][0], r8 + 16 * r, l, M, W, alpha, out_ptr, part_ptr, split, L, s_ol, s_om, PARTIAL)
@@ -312,9 +355,10 @@ def gemv_mma_launch(a64, b64, sa8, sb8, out, alpha: float, cfg: dict, use_asm=No
         sa8 = sa8.permute(2, 0, 1).contiguous().permute(1, 2, 0)
     if sb8.stride(0) != 1:
         sb8 = sb8.t().contiguous().t()
-    R, W = int(cfg["R"]), int(cfg["W"])
-    if not (1 <= R <= 4 and W >= 1 and W & (W - 1) == 0):
-        raise ValueError(f"mma GEMV config needs 1 <= R <= 4 and W a power of two, got {cfg}")
+    R, W, U, pipe = int(cfg["R"]), int(cfg["W"]), int(cfg.get("U", 1)), bool(cfg.get("pipe", False))
+    if not (1 <= R <= 4 and 1 <= U <= 4 and W >= 1 and W & (W - 1) == 0 and not (pipe and U > 1)):
+        raise ValueError(f"mma GEMV config needs 1 <= R <= 4, 1 <= U <= 4, W a power of two and U = 1 with pipe, "
+                         f"got {cfg}")
     per = -(-(-(-KB // int(cfg.get("split", 1)))) // 8) * 8  # blocks per split: whole tiles
     split = -(-KB // per)
     interp = interpreting()
@@ -327,8 +371,8 @@ def gemv_mma_launch(a64, b64, sa8, sb8, out, alpha: float, cfg: dict, use_asm=No
         a64, sa8, b64, sb8, out, part, alpha if split == 1 else 1.0, M, L, KB, per, 1,
         a64.stride(0), a64.stride(1), sa8.stride(2), sa8.stride(0), b64.stride(0), sb8.stride(1),
         out.stride(2), out.stride(0),
-        R=R, W=W, PIPE=bool(cfg.get("pipe", False)), MASK_M=M % (16 * R) != 0,
-        MASK_K=KB % (8 * W) != 0 or per % (8 * W) != 0, PARTIAL=split > 1, USE_ASM=use_asm, FIX_NAN=interp, USE_GDC=order,
+        R=R, W=W, U=U, PIPE=pipe, MASK_M=M % (16 * R) != 0,
+        MASK_K=KB % (8 * W * U) != 0 or per % (8 * W * U) != 0, PARTIAL=split > 1, USE_ASM=use_asm, FIX_NAN=interp, USE_GDC=order,
         PRE=int(cfg.get("pre", 1)) if order else 0, TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0,
         EMIT=pdl, num_warps=W, **({"launch_pdl": True} if pdl else {}))
     if split > 1:
