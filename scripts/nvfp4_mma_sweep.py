@@ -39,15 +39,14 @@ def log(s=""):
 
 
 def variants(M, KB, L, dev):
-    """(name, (kind, cfg)); mma configs: R row groups a warp, W warps along K, U tiles a warp loads together,
-    pipe = two tiles in flight (ping-pong)."""
-    plan = lambda R, W, U=1, **kw: ("mma", {**gemv_mma.mma_plan(M, KB, L, dev, R=R, W=W), "U": U, **kw})  # noqa
+    """(name, (kind, cfg)); mma configs: R row groups a warp, W warps along K (tiles of 16 blocks)."""
+    plan = lambda R, W, **kw: ("mma", {**gemv_mma.mma_plan(M, KB, L, dev, R=R, W=W), **kw})  # noqa: E731
     v = [("old plan", ("old", gemv_plan(M, KB, L, dev))), ("old static", ("old", gemv_plan(M, KB, L, dev, True)))]
-    lay = [(2, 4, 1), (1, 8, 2), (2, 8, 2), (1, 4, 4), (2, 4, 2), (2, 16, 1), (1, 16, 1)]
-    for R, W, U in lay:
-        v.append((f"mma R{R} W{W} U{U}", plan(R, W, U)))
-    for R, W, U in lay[:1] + lay[1:4] + lay[5:]:
-        v.append((f"mma R{R} W{W} U{U} static", plan(R, W, U, **STATIC)))
+    lay = [(1, 4), (1, 8), (2, 4), (2, 8), (1, 16), (4, 4)]
+    for R, W in lay:
+        v.append((f"mma R{R} W{W}", plan(R, W)))
+    for R, W in lay[:5]:
+        v.append((f"mma R{R} W{W} static", plan(R, W, **STATIC)))
     v += [("read-only", ("read", False)), ("read-only pdl", ("read", True))]
     return [x for x in v if not ONLY or any(o in x[0] for o in ONLY)]
 

@@ -295,30 +295,31 @@ def test_gemv_mma_ptx_block_sums_emulated():
 
     tabs = {"$19": 0x03020100, "$20": 0x0C080604}
     for trial in range(6):
-        A = [[rnd.getrandbits(64) for _ in range(8)] for _ in range(16)]
-        B = [rnd.getrandbits(64) for _ in range(8)]
+        A = [[rnd.getrandbits(64) for _ in range(16)] for _ in range(16)]  # one half-tile: blocks 4t, 4t + 1
+        B = [rnd.getrandbits(64) for _ in range(16)]
         if trial == 0:  # extremes: all -6 (code 15) against all 6 (code 7), and negative zeros (code 8)
-            A[0] = [0xFFFFFFFFFFFFFFFF] * 8
-            A[9] = [0x8888888888888888] * 8
-            B = [0x7777777777777777] * 8
-        ins = [{"$16": B[ln // 4], "$17": 0xFFFFFFFF if ln // 4 == 2 * (ln % 4) else 0,
+            A[0] = [0xFFFFFFFFFFFFFFFF] * 16
+            A[9] = [0x8888888888888888] * 16
+            B = [0x7777777777777777] * 16
+        col_block = [4 * (c // 2) + c % 2 for c in range(8)]  # column c of a half-tile: block 4 (c // 2) + c % 2
+        ins = [{"$16": B[col_block[ln // 4]], "$17": 0xFFFFFFFF if ln // 4 == 2 * (ln % 4) else 0,
                 "$18": 0xFFFFFFFF if ln // 4 == 2 * (ln % 4) + 1 else 0, **tabs} for ln in range(32)]
         frag = run_warp(gemv_mma._asm_bfrag(), ins)
         for ln in range(32):
-            if (ln // 4) // 2 != ln % 4:
+            if (ln // 4) // 2 != ln % 4:  # lanes that own no column of the half-tile
                 assert all(frag[ln][f"${i}"] == 0 for i in range(16))
         ins = []
         for ln in range(32):
             g, t = ln // 4, ln % 4
-            d = {"$4": A[g][2 * t], "$5": A[g][2 * t + 1], "$6": A[g + 8][2 * t], "$7": A[g + 8][2 * t + 1],
+            d = {"$4": A[g][4 * t], "$5": A[g][4 * t + 1], "$6": A[g + 8][4 * t], "$7": A[g + 8][4 * t + 1],
                  "$24": tabs["$19"], "$25": tabs["$20"]}
             d.update({f"${8 + i}": frag[ln][f"${i}"] for i in range(16)})
             ins.append(d)
         out = run_warp(gemv_mma._asm_tile(), ins)
         for ln in range(32):
             g, t = ln // 4, ln % 4
-            want = [dot(A[g][2 * t], B[2 * t]), dot(A[g][2 * t + 1], B[2 * t + 1]), dot(A[g + 8][2 * t], B[2 * t]),
-                    dot(A[g + 8][2 * t + 1], B[2 * t + 1])]
+            want = [dot(A[g][4 * t], B[4 * t]), dot(A[g][4 * t + 1], B[4 * t + 1]), dot(A[g + 8][4 * t], B[4 * t]),
+                    dot(A[g + 8][4 * t + 1], B[4 * t + 1])]
             assert [((out[ln][f"${i}"] + 2**31) % 2**32) - 2**31 for i in range(4)] == want
 
 
@@ -326,8 +327,7 @@ def test_gemv_mma_ptx_block_sums_emulated():
     (37, 160, 3, dict(R=1, W=1)),                 # 10 blocks: a partial tile; rows past M in the group
     (70, 512, 2, dict(R=4, W=2, split=2)),        # split K: partials + ordered reduction
     (29, 480, 2, dict(R=3, W=4)),                 # warps with no tile in the last round
-    (29, 1040, 2, dict(R=2, W=2, U=3)),           # batches of 3 tiles a warp (65 blocks: a partial batch)
-    (40, 1024, 1, dict(R=1, W=4, U=2, split=2)),  # one batch a warp per split
+    (40, 1024, 1, dict(R=1, W=4, split=2)),       # 64 blocks: one tile a warp per split
     (64, 256, 1, dict(R=2, W=2)),                 # every load unmasked
     (5, 16, 2, dict(R=1, W=2)),                   # a single block
 ])
@@ -340,14 +340,13 @@ def test_gemv_mma_configs_poisoned(device, M, K, L, cfg):
 
 @pytest.mark.parametrize("cfg", [dict(R=2, W=2, pdl=True, pre=1, trigger="entry"),
                                  dict(R=3, W=1, split=3, pdl=True, pre=1, trigger="wait"),
-                                 dict(R=1, W=4, pdl=True, pre=0, trigger="none"),
-                                 dict(R=2, W=2, U=2, pdl=True, pre=1, trigger="entry")])
+                                 dict(R=1, W=4, pdl=True, pre=0, trigger="none")])
 def test_gemv_mma_pdl_order_bit_identical(device, cfg):
     # the PDL code order (first tile's weights before the wait, peeled) sums in the kernel's own order
     M, K, L = 29, 480, 2
     x = make_inputs(M, K, L, device, n_pad=2)
     want = torch.full((M, 1, L), float("nan"), dtype=torch.float16, device=device)
-    _mma(x, want, {k: v for k, v in cfg.items() if k in ("R", "W", "U", "split")}, 0.5)
+    _mma(x, want, {k: v for k, v in cfg.items() if k in ("R", "W", "split")}, 0.5)
     out = torch.full_like(want, float("nan"))
     _mma(x, out, cfg, 0.5)
     assert torch.equal(out, want) and rel_err(out, _ref(x, 0.5)) <= GEMV_TOL
@@ -355,7 +354,7 @@ def test_gemv_mma_pdl_order_bit_identical(device, cfg):
 
 def test_gemv_mma_bad_config(device):
     x = make_inputs(16, 32, 1, device, n_pad=1)
-    for cfg in (dict(R=5, W=1), dict(R=1, W=3), dict(R=0, W=2), dict(R=1, W=1, U=5), dict(R=1, W=1, U=2, pipe=True)):
+    for cfg in (dict(R=5, W=1), dict(R=1, W=3), dict(R=0, W=2)):
         with pytest.raises(ValueError, match="R"):
             _mma(x, torch.empty_like(x["c"]), cfg)
 
@@ -497,7 +496,7 @@ def test_gpu_configs_poisoned(BB, R, nw, split, pf):
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [dict(R=1, W=1), dict(R=2, W=4), dict(R=3, W=2, split=3), dict(R=4, W=4),
                                  dict(R=4, W=8), dict(R=2, W=8, split=2), dict(R=4, W=4, pdl=True, pre=1),
-                                 dict(R=2, W=8, U=2), dict(R=1, W=4, U=4, pdl=True, pre=1), dict(R=2, W=4, pipe=True)])
+                                 dict(R=1, W=16), dict(R=1, W=4, pdl=True, pre=1)])
 def test_gpu_mma_configs_poisoned(cfg):
     # odd M, a K tail (129 blocks: a partial tile), strided out: the tensor-core path against the reference and,
     # bit for bit, against the same kernel's integer path (same block sums, same order)

@@ -1,14 +1,14 @@
 """NVFP4 GEMV on integer tensor cores (mma.sync m16n8k32 s8): the decode is 7 instructions per 8 weights.
 
 Twice an E2M1 value is an integer in [-12, 12], so every block sum (2a)(2b) is exact in int32 and an int8 mma
-computes it. A warp owns 16 rows (R groups of them) and walks K in tiles of 8 scale blocks (128 values); thread
-(g, t) of the warp (lane 4g + t) loads blocks 2t and 2t + 1 of the tile from rows g and g + 8 (one 16-byte load
-per row, 64 contiguous bytes per row and instruction) and their two scale bytes. Four mma steps c = 0..3 cover
-the tile: step c takes word c % 2 of the thread's block 2t + c // 2, in the A fragment order (row g / g + 8, k
-slots 4t..4t+3 from its nibbles 0-3, 16+4t.. from 4-7). The mma's 8 output columns are the tile's 8 blocks: the B
-fragment of step c is the b values of the block that column owns and zero elsewhere, so after the 4 steps thread
-(g, t) holds the block sums C[g, 2t], C[g, 2t + 1], C[g + 8, 2t], C[g + 8, 2t + 1] of exactly the blocks whose
-scales it loaded.
+computes it. A warp owns 16 rows (R groups of them) and walks K in tiles of 16 scale blocks (256 values); thread
+(g, t) of the warp (lane 4g + t) loads blocks 4t .. 4t + 3 of the tile from rows g and g + 8 (32 bytes a row: the
+lane group reads whole 128-byte lines) and their four scale bytes. Each half-tile h (the thread's blocks 4t + 2h,
+4t + 2h + 1) takes four mma steps c = 0..3: step c takes word c % 2 of block 4t + 2h + c // 2, in the A fragment
+order (row g / g + 8, k slots 4t..4t+3 from its nibbles 0-3, 16+4t.. from 4-7). The mma's 8 output columns are
+the half-tile's 8 blocks: the B fragment of step c is the b values of the block that column owns and zero
+elsewhere, so after the 4 steps thread (g, t) holds the block sums C[g, 2t], C[g, 2t + 1], C[g + 8, 2t],
+C[g + 8, 2t + 1] of exactly the blocks whose scales it loaded.
 
 prmt looks 4 nibbles up at once in the byte table 2|e2m1| = 0 1 2 3 4 6 8 12; a code with the sign bit set hits
 prmt's sign-replicate mode and gives 0 (the table's bytes have clear msbs). So the raw nibbles give the a >= 0
@@ -83,61 +83,72 @@ def _ld(ptr, ok, MASK: tl.constexpr):
 
 
 @triton.jit
-def _ld2(ptr, k, kb_hi, ok, MASK: tl.constexpr):
-    """Elements k, k + 1 at ptr (one vector load: 16 bytes of weights, 2 of scales), split into two [32 W]
+def _ld4(ptr, k, kb_hi, ok, MASK: tl.constexpr):
+    """Elements k .. k + 3 at ptr (one vector load per thread: 32 bytes of weights, 4 of scales), as four [32 W]
     tensors (element e in thread e)."""
-    j = tl.arange(0, 2)[None, :]
+    j = tl.arange(0, 4)[None, :]
     v = _ld(ptr[:, None] + j, ok[:, None] & (k[:, None] + j < kb_hi), MASK)
-    return tl.split(v)
+    v02, v13 = tl.split(tl.reshape(v, [v.shape[0], 2, 2]))
+    v0, v2 = tl.split(v02)
+    v1, v3 = tl.split(v13)
+    return v0, v1, v2, v3
 
 
 @triton.jit
 def _load_group(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, MASK_M: tl.constexpr, MASK_K: tl.constexpr):
-    """Blocks kb0, kb0 + 1 of rows `row` and row + 8 (int64 words), and their scales (bytes). Masks only where the
+    """Blocks kb0 .. kb0 + 3 of rows `row` and row + 8 (int64 words) and their scales (bytes). Masks only where the
     shape needs them (each masked load also zeroes its registers first)."""
     MASK: tl.constexpr = MASK_M or MASK_K
     at = a_l + row.to(tl.int64) * s_am + kb0
     st = sa_l + row.to(tl.int64) * s_sam + kb0
-    x0, x1 = _ld2(at, kb0, kb_hi, row < M, MASK)
-    x2, x3 = _ld2(at + 8 * s_am, kb0, kb_hi, row + 8 < M, MASK)
-    s0, s1 = _ld2(st, kb0, kb_hi, row < M, MASK)
-    s2, s3 = _ld2(st + 8 * s_sam, kb0, kb_hi, row + 8 < M, MASK)
-    return x0, x1, x2, x3, s0, s1, s2, s3
+    return (_ld4(at, kb0, kb_hi, row < M, MASK), _ld4(at + 8 * s_am, kb0, kb_hi, row + 8 < M, MASK),
+            _ld4(st, kb0, kb_hi, row < M, MASK), _ld4(st + 8 * s_sam, kb0, kb_hi, row + 8 < M, MASK))
 
 
 @triton.jit
-def _load_b(b_l, sb_l, kb0, t, bsel, kb_hi, MASK_K: tl.constexpr, USE_ASM: tl.constexpr):
-    """Per tile: the b block of this thread's B fragments, sfb of blocks kb0 and kb0 + 1 and, under the
-    interpreter, the thread's own two b blocks."""
-    kbb = kb0 - 2 * t + bsel
-    bb = _ld(b_l + kbb, kbb < kb_hi, MASK_K)
-    s0, s1 = _ld2(sb_l + kb0, kb0, kb_hi, kb0 < kb_hi, MASK_K)
+def _load_b(b_l, sb_l, kt0, kb0, bsel, kb_hi, MASK_K: tl.constexpr, USE_ASM: tl.constexpr):
+    """Per tile (16 blocks from kt0): the b blocks of this thread's B fragments in its two half-tiles, sfb of its
+    blocks kb0 .. kb0 + 3 and, under the interpreter, its own four b blocks."""
+    ka = kt0 + bsel
+    bb = (_ld(b_l + ka, ka < kb_hi, MASK_K), _ld(b_l + ka + 2, ka + 2 < kb_hi, MASK_K))
+    sf = _ld4(sb_l + kb0, kb0, kb_hi, kb0 < kb_hi, MASK_K)
     if USE_ASM:
-        own = (bb, bb)
+        own = sf
     else:
-        own = _ld2(b_l + kb0, kb0, kb_hi, kb0 < kb_hi, MASK_K)
-    return bb, s0, s1, own
+        own = _ld4(b_l + kb0, kb0, kb_hi, kb0 < kb_hi, MASK_K)
+    return bb, sf, own
 
 
 @triton.jit
-def _group_math(acc, q, frag, own, f0, f1, tab, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr):
-    """Add one tile of one row group (loads q of _load_group) to its accumulators acc = (rows g, rows g + 8):
-    block sums times sfa * sfb / 4, exact in fp32, so each addition rounds once."""
+def _half_math(x0, x1, x2, x3, frag, own0, own1, tab, USE_ASM: tl.constexpr):
+    """Block sums of one half-tile: C[g, 2t], C[g, 2t + 1], C[g + 8, 2t], C[g + 8, 2t + 1] (int32)."""
     if USE_ASM:
-        c0, c1, c2, c3 = tl.inline_asm_elementwise(
+        c = tl.inline_asm_elementwise(
             ASM_TILE, "=r,=r,=r,=r,l,l,l,l" + ",r" * 18,
-            [q[0], q[1], q[2], q[3], frag[0], frag[1], frag[2], frag[3], frag[4], frag[5], frag[6], frag[7],
+            [x0, x1, x2, x3, frag[0], frag[1], frag[2], frag[3], frag[4], frag[5], frag[6], frag[7],
              frag[8], frag[9], frag[10], frag[11], frag[12], frag[13], frag[14], frag[15], tab[0], tab[1]],
             dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
     else:  # the interpreter: the same block sums from the thread's own b blocks
-        c0 = _block_dot(q[0], own[0], False)
-        c1 = _block_dot(q[1], own[1], False)
-        c2 = _block_dot(q[2], own[0], False)
-        c3 = _block_dot(q[3], own[1], False)
-    at = acc[0] + c0.to(tl.float32) * (_e4m3_f32(q[4], FIX_NAN) * f0)
-    at = at + c1.to(tl.float32) * (_e4m3_f32(q[5], FIX_NAN) * f1)
-    ab = acc[1] + c2.to(tl.float32) * (_e4m3_f32(q[6], FIX_NAN) * f0)
-    ab = ab + c3.to(tl.float32) * (_e4m3_f32(q[7], FIX_NAN) * f1)
+        c = (_block_dot(x0, own0, False), _block_dot(x1, own1, False), _block_dot(x2, own0, False),
+             _block_dot(x3, own1, False))
+    return c
+
+
+@triton.jit
+def _group_math(acc, q, fa, fb, own, f, tab, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr):
+    """Add one tile of one row group (loads q of _load_group) to its accumulators acc = (rows g, rows g + 8):
+    block sums times sfa * sfb / 4, exact in fp32, so each addition rounds once."""
+    xt, xb, st, sb = q
+    c0, c1, c2, c3 = _half_math(xt[0], xt[1], xb[0], xb[1], fa, own[0], own[1], tab, USE_ASM)
+    d0, d1, d2, d3 = _half_math(xt[2], xt[3], xb[2], xb[3], fb, own[2], own[3], tab, USE_ASM)
+    at = acc[0] + c0.to(tl.float32) * (_e4m3_f32(st[0], FIX_NAN) * f[0])
+    at = at + c1.to(tl.float32) * (_e4m3_f32(st[1], FIX_NAN) * f[1])
+    at = at + d0.to(tl.float32) * (_e4m3_f32(st[2], FIX_NAN) * f[2])
+    at = at + d1.to(tl.float32) * (_e4m3_f32(st[3], FIX_NAN) * f[3])
+    ab = acc[1] + c2.to(tl.float32) * (_e4m3_f32(sb[0], FIX_NAN) * f[0])
+    ab = ab + c3.to(tl.float32) * (_e4m3_f32(sb[1], FIX_NAN) * f[1])
+    ab = ab + d2.to(tl.float32) * (_e4m3_f32(sb[2], FIX_NAN) * f[2])
+    ab = ab + d3.to(tl.float32) * (_e4m3_f32(sb[3], FIX_NAN) * f[3])
     return at, ab
 
 
@@ -159,65 +170,32 @@ def _load_w(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R: tl.constexpr, MASK_M:
 
 
 @triton.jit
+def _frag(bb, m0, m1, tab):
+    return tl.inline_asm_elementwise(ASM_BFRAG, "=r" + ",=r" * 15 + ",l,r,r,r,r", [bb, m0, m1, tab[0], tab[1]],
+                                     dtype=(tl.int32,) * 16, is_pure=True, pack=1)
+
+
+@triton.jit
 def _tile_math(accs, qs, bl, m0, m1, tab, R: tl.constexpr, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr):
-    """One tile for all R row groups: the B fragments (b and -b, masked per step) are built once for them."""
-    bb, s0, s1, own = bl
-    f0 = _e4m3_f32(s0, FIX_NAN) * 0.25
-    f1 = _e4m3_f32(s1, FIX_NAN) * 0.25
+    """One tile for all R row groups: the B fragments of its two half-tiles are built once for them."""
+    bb, sf, own = bl
+    f = (_e4m3_f32(sf[0], FIX_NAN) * 0.25, _e4m3_f32(sf[1], FIX_NAN) * 0.25, _e4m3_f32(sf[2], FIX_NAN) * 0.25,
+         _e4m3_f32(sf[3], FIX_NAN) * 0.25)
     if USE_ASM:
-        frag = tl.inline_asm_elementwise(ASM_BFRAG, "=r" + ",=r" * 15 + ",l,r,r,r,r", [bb, m0, m1, tab[0], tab[1]],
-                                         dtype=(tl.int32,) * 16, is_pure=True, pack=1)
+        fa = _frag(bb[0], m0, m1, tab)
+        fb = _frag(bb[1], m0, m1, tab)
     else:
-        frag = (m0,) * 16
-    a0 = _group_math(accs[0], qs[0], frag, own, f0, f1, tab, USE_ASM, FIX_NAN)
+        fa = (m0,) * 16
+        fb = fa
+    a0 = _group_math(accs[0], qs[0], fa, fb, own, f, tab, USE_ASM, FIX_NAN)
     a1, a2, a3 = accs[1], accs[2], accs[3]
     if R > 1:
-        a1 = _group_math(a1, qs[1], frag, own, f0, f1, tab, USE_ASM, FIX_NAN)
+        a1 = _group_math(a1, qs[1], fa, fb, own, f, tab, USE_ASM, FIX_NAN)
     if R > 2:
-        a2 = _group_math(a2, qs[2], frag, own, f0, f1, tab, USE_ASM, FIX_NAN)
+        a2 = _group_math(a2, qs[2], fa, fb, own, f, tab, USE_ASM, FIX_NAN)
     if R > 3:
-        a3 = _group_math(a3, qs[3], frag, own, f0, f1, tab, USE_ASM, FIX_NAN)
+        a3 = _group_math(a3, qs[3], fa, fb, own, f, tab, USE_ASM, FIX_NAN)
     return a0, a1, a2, a3
-
-
-@triton.jit
-def _load_more(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, W: tl.constexpr, U: tl.constexpr, R: tl.constexpr,
-               MASK_M: tl.constexpr, MASK_K: tl.constexpr):
-    """The weights of this warp's tiles 1..U-1 of a batch (tile u starts u W tiles after tile 0)."""
-    q1 = 0
-    q2 = 0
-    q3 = 0
-    if U > 1:
-        q1 = _load_w(a_l, sa_l, row, kb0 + 8 * W, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
-    if U > 2:
-        q2 = _load_w(a_l, sa_l, row, kb0 + 16 * W, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
-    if U > 3:
-        q3 = _load_w(a_l, sa_l, row, kb0 + 24 * W, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
-    return q1, q2, q3
-
-
-@triton.jit
-def _batch_math(accs, q0, q1, q2, q3, b_l, sb_l, kb0, t, bsel, kb_hi, m0, m1, tab, W: tl.constexpr, U: tl.constexpr,
-                R: tl.constexpr, MASK_K: tl.constexpr, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr):
-    """The U tiles of a batch, in order (their b loads first, so all are in flight together)."""
-    b0 = _load_b(b_l, sb_l, kb0, t, bsel, kb_hi, MASK_K, USE_ASM)
-    b1 = b0
-    b2 = b0
-    b3 = b0
-    if U > 1:
-        b1 = _load_b(b_l, sb_l, kb0 + 8 * W, t, bsel, kb_hi, MASK_K, USE_ASM)
-    if U > 2:
-        b2 = _load_b(b_l, sb_l, kb0 + 16 * W, t, bsel, kb_hi, MASK_K, USE_ASM)
-    if U > 3:
-        b3 = _load_b(b_l, sb_l, kb0 + 24 * W, t, bsel, kb_hi, MASK_K, USE_ASM)
-    accs = _tile_math(accs, q0, b0, m0, m1, tab, R, USE_ASM, FIX_NAN)
-    if U > 1:
-        accs = _tile_math(accs, q1, b1, m0, m1, tab, R, USE_ASM, FIX_NAN)
-    if U > 2:
-        accs = _tile_math(accs, q2, b2, m0, m1, tab, R, USE_ASM, FIX_NAN)
-    if U > 3:
-        accs = _tile_math(accs, q3, b3, m0, m1, tab, R, USE_ASM, FIX_NAN)
-    return accs
 
 
 @triton.jit
@@ -236,22 +214,19 @@ def _store_rows(acc, rows, l, M, W: tl.constexpr, alpha, out_ptr, part_ptr, spli
 def _gemv_mma_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
                      M, L, KB, per_split, one,
                      s_al, s_am, s_sal, s_sam, s_bl, s_sbl, s_ol, s_om,
-                     R: tl.constexpr, W: tl.constexpr, U: tl.constexpr, PIPE: tl.constexpr, MASK_M: tl.constexpr,
-                     MASK_K: tl.constexpr, PARTIAL: tl.constexpr, USE_ASM: tl.constexpr,
-                     FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr, TRIGGER: tl.constexpr,
-                     EMIT: tl.constexpr):
-    """Rows pid * 16R .. + 16R - 1 of batch l over the blocks of `split`; the W warps take the K tiles in turn
-    (warp w: tiles w, w + W, ...) and their sums meet at the end. a_ptr int64 [L, M, KB] (one scale block a word),
-    b_ptr int64 [L, KB], sa_ptr / sb_ptr bytes with unit stride along K.
+                     R: tl.constexpr, W: tl.constexpr, MASK_M: tl.constexpr, MASK_K: tl.constexpr,
+                     PARTIAL: tl.constexpr, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr,
+                     PRE: tl.constexpr, TRIGGER: tl.constexpr, EMIT: tl.constexpr):
+    """Rows pid * 16R .. + 16R - 1 of batch l over the blocks of `split`; the W warps take the K tiles (16 blocks)
+    in turn (warp w: tiles w, w + W, ...) and their sums meet at the end. a_ptr int64 [L, M, KB] (one scale block a
+    word), b_ptr int64 [L, KB], sa_ptr / sb_ptr bytes with unit stride along K.
 
     Element e of the [32 W] tensors lives in lane e % 32 of warp e // 32 (the fragment order of the PTX): Triton's
     layout for a 1-D tensor of 32 W elements over W warps as long as no address looks contiguous, which the
-    runtime `one` (= 1, not specialised) sees to. PIPE: two tiles in flight per warp (ping-pong registers: the
-    loads of the tile after next are issued once the current one's registers are consumed, so no loop-carried
-    copy waits on a load). USE_GDC (programmatic dependent launch, static weights): the weights of the first tile
-    (PRE) are loaded before griddepcontrol.wait, b and everything stored after it; TRIGGER 3 releases the next
-    kernel at entry, 1 after the wait, 0 never (it starts when this grid ends). MASK_M / MASK_K: rows past M /
-    blocks past a split's end can occur (else every load is unmasked)."""
+    runtime `one` (= 1, not specialised) sees to. USE_GDC (programmatic dependent launch, static weights): the
+    weights of the first tile (PRE) are loaded before griddepcontrol.wait, b and everything stored after it;
+    TRIGGER 3 releases the next kernel at entry, 1 after the wait, 0 never (it starts when this grid ends).
+    MASK_M / MASK_K: rows past M / blocks past a split's end can occur (else every load is unmasked)."""
     if USE_GDC:
         if TRIGGER == 3:
             _gdc_trigger(EMIT)
@@ -264,56 +239,38 @@ def _gemv_mma_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
     w = (e // 32) * one
     kb_lo = split * per_split
     kb_hi = tl.minimum(kb_lo + per_split, KB)
-    n_iter = tl.cdiv(tl.cdiv(kb_hi - kb_lo, 8), W * U)
+    n_iter = tl.cdiv(tl.cdiv(kb_hi - kb_lo, 16), W)
     row = pid * (16 * R) + g  # top row of group 0; group r adds 16 r
     a_l = a_ptr + l * s_al
     sa_l = sa_ptr + l * s_sal
     b_l = b_ptr + l * s_bl
     sb_l = sb_ptr + l * s_sbl
-    bsel = g * one  # the block whose b values this thread's B fragments carry (column g = block g of the tile)
-    m0 = tl.where(g == 2 * t, -1, 0)      # steps 0-1 take blocks 2t: only the lane with g = 2t carries b there
-    m1 = tl.where(g == 2 * t + 1, -1, 0)  # steps 2-3 take blocks 2t + 1
+    # half-tile h holds the thread's blocks 4t + 2h, 4t + 2h + 1 in mma columns 2t, 2t + 1: column g of half h is
+    # block 4 (g // 2) + g % 2 + 2h, and only the lane with g // 2 = t carries b there (masks m0: steps 0-1, m1: 2-3)
+    bsel = (4 * (g // 2) + g % 2) * one
+    m0 = tl.where(g == 2 * t, -1, 0)
+    m1 = tl.where(g == 2 * t + 1, -1, 0)
     # prmt tables (2|e2m1| of codes 0-3 | 4-7) as runtime values: as immediates ptxas re-creates them per use
     tab = (0x03020100 * one + 0 * e, 0x0C080604 * one + 0 * e)
     z = tl.zeros([32 * W], tl.float32)
     accs = ((z, z), (z, z), (z, z), (z, z))
-    kb0 = kb_lo + 8 * w + 2 * t  # this warp's first tile; thread t takes its blocks 2t, 2t + 1
+    kt0 = kb_lo + 16 * w  # this warp's first tile; thread t takes its blocks 4t .. 4t + 3
     i0 = 0
     if USE_GDC:
-        if PRE or PIPE:  # the first tiles' weights may be read while the preceding kernel still runs
-            qa = _load_w(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
-            if not PIPE:
-                q1, q2, q3 = _load_more(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, W, U, R, MASK_M, MASK_K)
+        if PRE:  # the first tile's weights may be read while the preceding kernel still runs
+            qs = _load_w(a_l, sa_l, row, kt0 + 4 * t, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
         _gdc_wait(EMIT)
         if TRIGGER == 1:
             _gdc_trigger(EMIT)
-        if PRE and not PIPE:
-            accs = _batch_math(accs, qa, q1, q2, q3, b_l, sb_l, kb0, t, bsel, kb_hi, m0, m1, tab, W, U, R, MASK_K,
-                               USE_ASM, FIX_NAN)
+        if PRE:
+            accs = _tile_math(accs, qs, _load_b(b_l, sb_l, kt0, kt0 + 4 * t, bsel, kb_hi, MASK_K, USE_ASM), m0, m1,
+                              tab, R, USE_ASM, FIX_NAN)
             i0 = 1
-    elif PIPE:
-        qa = _load_w(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
-    if PIPE:  # U = 1
-        ba = _load_b(b_l, sb_l, kb0, t, bsel, kb_hi, MASK_K, USE_ASM)
-        for j in range(0, n_iter // 2):
-            kb1 = kb0 + 8 * W
-            qb = _load_w(a_l, sa_l, row, kb1, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
-            bb = _load_b(b_l, sb_l, kb1, t, bsel, kb_hi, MASK_K, USE_ASM)
-            accs = _tile_math(accs, qa, ba, m0, m1, tab, R, USE_ASM, FIX_NAN)
-            # the tile after next, clamped to this warp's last one (reloaded from cache, never summed twice)
-            kb0 = kb_lo + 8 * (tl.minimum(2 * j + 2, n_iter - 1) * W + w) + 2 * t
-            qa = _load_w(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
-            ba = _load_b(b_l, sb_l, kb0, t, bsel, kb_hi, MASK_K, USE_ASM)
-            accs = _tile_math(accs, qb, bb, m0, m1, tab, R, USE_ASM, FIX_NAN)
-        if n_iter % 2 == 1:
-            accs = _tile_math(accs, qa, ba, m0, m1, tab, R, USE_ASM, FIX_NAN)
-    else:
-        for i in range(i0, n_iter):
-            kb0 = kb_lo + 8 * (i * W * U + w) + 2 * t
-            qa = _load_w(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
-            q1, q2, q3 = _load_more(a_l, sa_l, row, kb0, kb_hi, M, s_am, s_sam, W, U, R, MASK_M, MASK_K)
-            accs = _batch_math(accs, qa, q1, q2, q3, b_l, sb_l, kb0, t, bsel, kb_hi, m0, m1, tab, W, U, R, MASK_K,
-                               USE_ASM, FIX_NAN)
+    for i in range(i0, n_iter):
+        kt = kb_lo + 16 * (i * W + w)
+        qs = _load_w(a_l, sa_l, row, kt + 4 * t, kb_hi, M, s_am, s_sam, R, MASK_M, MASK_K)
+        accs = _tile_math(accs, qs, _load_b(b_l, sb_l, kt, kt + 4 * t, bsel, kb_hi, MASK_K, USE_ASM), m0, m1, tab,
+                          R, USE_ASM, FIX_NAN)
     r8 = pid * (16 * R) + tl.arange(0, 8)
     for r in tl.static_range(R):
         _store_rows(accs[r][0], r8 + 16 * r, l, M, W, alpha, out_ptr, part_ptr, split, L, s_ol, s_om, PARTIAL)
@@ -338,7 +295,7 @@ def mma_plan(M: int, KB: int, L: int, device: torch.device, static_weights: bool
     first tile's weights loaded before the wait and the next call released at entry."""
     tiles = -(-M // (16 * R)) * L
     sms = num_sms(device)
-    split = 1 if tiles >= sms else min(-(-2 * sms // tiles), max(1, -(-KB // (8 * W))))
+    split = 1 if tiles >= sms else min(-(-2 * sms // tiles), max(1, -(-KB // (16 * W))))
     plan = dict(R=R, W=W, split=split)
     if static_weights:
         plan.update(pdl=True, pre=1, trigger="entry")
@@ -355,11 +312,10 @@ def gemv_mma_launch(a64, b64, sa8, sb8, out, alpha: float, cfg: dict, use_asm=No
         sa8 = sa8.permute(2, 0, 1).contiguous().permute(1, 2, 0)
     if sb8.stride(0) != 1:
         sb8 = sb8.t().contiguous().t()
-    R, W, U, pipe = int(cfg["R"]), int(cfg["W"]), int(cfg.get("U", 1)), bool(cfg.get("pipe", False))
-    if not (1 <= R <= 4 and 1 <= U <= 4 and W >= 1 and W & (W - 1) == 0 and not (pipe and U > 1)):
-        raise ValueError(f"mma GEMV config needs 1 <= R <= 4, 1 <= U <= 4, W a power of two and U = 1 with pipe, "
-                         f"got {cfg}")
-    per = -(-(-(-KB // int(cfg.get("split", 1)))) // 8) * 8  # blocks per split: whole tiles
+    R, W = int(cfg["R"]), int(cfg["W"])
+    if not (1 <= R <= 4 and W >= 1 and W & (W - 1) == 0):
+        raise ValueError(f"mma GEMV config needs 1 <= R <= 4 and W a power of two, got {cfg}")
+    per = -(-(-(-KB // int(cfg.get("split", 1)))) // 16) * 16  # blocks per split: whole tiles
     split = -(-KB // per)
     interp = interpreting()
     order = bool(cfg.get("pdl", False)) and (interp or pdl_enabled(a64.device))
@@ -371,8 +327,7 @@ def gemv_mma_launch(a64, b64, sa8, sb8, out, alpha: float, cfg: dict, use_asm=No
         a64, sa8, b64, sb8, out, part, alpha if split == 1 else 1.0, M, L, KB, per, 1,
         a64.stride(0), a64.stride(1), sa8.stride(2), sa8.stride(0), b64.stride(0), sb8.stride(1),
         out.stride(2), out.stride(0),
-        R=R, W=W, U=U, PIPE=pipe, MASK_M=M % (16 * R) != 0,
-        MASK_K=KB % (8 * W * U) != 0 or per % (8 * W * U) != 0, PARTIAL=split > 1, USE_ASM=use_asm, FIX_NAN=interp, USE_GDC=order,
+        R=R, W=W, MASK_M=M % (16 * R) != 0, MASK_K=KB % (16 * W) != 0 or per % (16 * W) != 0, PARTIAL=split > 1, USE_ASM=use_asm, FIX_NAN=interp, USE_GDC=order,
         PRE=int(cfg.get("pre", 1)) if order else 0, TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0,
         EMIT=pdl, num_warps=W, **({"launch_pdl": True} if pdl else {}))
     if split > 1:
