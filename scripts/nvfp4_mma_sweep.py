@@ -20,10 +20,11 @@ from llmkernels.bench.ceilings import copy_bandwidth
 from llmkernels.bench.harness import _graph_time_ms
 from llmkernels.checking import rel_err
 from llmkernels.ops.nvfp4_gemv import gemv_mma
-from llmkernels.ops.nvfp4_gemv.kernel import gemv_launch, gemv_plan
+from llmkernels.ops.nvfp4_gemv.kernel import _blocks, gemv_launch, gemv_plan
 from llmkernels.ops.nvfp4_gemv.reference import nvfp4_gemv_ref
 from llmkernels.ops.nvfp4_gemv.spec import GEMV_SHAPES, GEMV_TOL, gemv_bytes, make_inputs
 from nvfp4_pdl_sweep import read_call
+import triton.language as tl
 
 T0 = time.monotonic()
 BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 else 240.0
@@ -38,6 +39,45 @@ def log(s=""):
     LOG.append(s)
 
 
+@triton.jit(do_not_specialize=["one"])
+def _frag_read_kernel(a_ptr, sa_ptr, out_ptr, M, KB, one, s_al, s_am, s_sal, s_sam,
+                      R: tl.constexpr, W: tl.constexpr, NB: tl.constexpr):
+    """Read-only probe with the mma kernel's access pattern: warp w of a program (16 R rows) takes K tiles of 4 NB
+    blocks w, w + W, ...; lane 4g + t reads blocks NB t .. NB t + NB - 1 of rows g and g + 8 of each group (one
+    vector load a row) and NB scale bytes; xor-reduces what it read and stores one word per thread."""
+    pid = tl.program_id(0)
+    l = tl.program_id(1).to(tl.int64)
+    e = tl.arange(0, 32 * W)
+    g = (e % 32) // 4
+    t = (e % 4) * one
+    w = (e // 32) * one
+    j = tl.arange(0, NB)[None, :]
+    acc = tl.zeros([32 * W], tl.int64)
+    for i in range(0, tl.cdiv(tl.cdiv(KB, 4 * NB), W)):
+        kb = 4 * NB * (i * W + w) + NB * t
+        for r in tl.static_range(2 * R):
+            row = (pid * (16 * R) + 8 * r + g).to(tl.int64)
+            v = tl.load((a_ptr + l * s_al + row * s_am + kb)[:, None] + j)
+            sv = tl.load((sa_ptr + l * s_sal + row * s_sam + kb)[:, None] + j)
+            acc ^= tl.reduce(v, 1, _xor) ^ tl.reduce(sv.to(tl.int64), 1, _xor)
+    tl.store(out_ptr + (l * tl.num_programs(0) + pid) * (32 * W) + e, acc)
+
+
+@triton.jit
+def _xor(a, b):
+    return a ^ b
+
+
+def frag_read_call(x, R, W, NB):
+    a8, sa8 = x["a"].view(torch.uint8), x["sfa"].view(torch.uint8)
+    M, KH, L = a8.shape
+    a64 = _blocks(a8)
+    grid = (triton.cdiv(M, 16 * R), L)
+    out = torch.empty(grid[0] * L * 32 * W, dtype=torch.int64, device="cuda")
+    return lambda: _frag_read_kernel[grid](a64, sa8, out, M, KH // 8, 1, a64.stride(0), a64.stride(1),
+                                           sa8.stride(2), sa8.stride(0), R=R, W=W, NB=NB, num_warps=W)
+
+
 def variants(M, KB, L, dev):
     """(name, (kind, cfg)); mma configs: R row groups a warp, W warps along K (tiles of 16 blocks)."""
     plan = lambda R, W, **kw: ("mma", {**gemv_mma.mma_plan(M, KB, L, dev, R=R, W=W), **kw})  # noqa: E731
@@ -48,6 +88,8 @@ def variants(M, KB, L, dev):
     for R, W in lay[:5]:
         v.append((f"mma R{R} W{W} static", plan(R, W, **STATIC)))
     v += [("read-only", ("read", False)), ("read-only pdl", ("read", True))]
+    for R, W, NB in ((1, 4, 4), (2, 4, 4), (2, 4, 2), (1, 8, 4), (2, 8, 2)):
+        v.append((f"read frag R{R} W{W} {32 * NB}B", ("frag", (R, W, NB))))
     return [x for x in v if not ONLY or any(o in x[0] for o in ONLY)]
 
 
@@ -80,6 +122,8 @@ def main():
             try:
                 if kind == "read":
                     fns, err = [read_call(x, cfg) for x in xs], float("nan")
+                elif kind == "frag":
+                    fns, err = [frag_read_call(x, *cfg) for x in xs], float("nan")
                 else:
                     x0 = dict(xs[0], c=torch.full_like(xs[0]["c"], float("nan")))
                     call(kind, cfg, x0)()
