@@ -57,8 +57,9 @@ def _frag_read_kernel(a_ptr, sa_ptr, out_ptr, M, KB, one, s_al, s_am, s_sal, s_s
         kb = 4 * NB * (i * W + w) + NB * t
         for r in tl.static_range(2 * R):
             row = (pid * (16 * R) + 8 * r + g).to(tl.int64)
-            v = tl.load((a_ptr + l * s_al + row * s_am + kb)[:, None] + j)
-            sv = tl.load((sa_ptr + l * s_sal + row * s_sam + kb)[:, None] + j)
+            ok = (kb[:, None] + j < KB) & (row < M)[:, None]
+            v = tl.load((a_ptr + l * s_al + row * s_am + kb)[:, None] + j, mask=ok, other=0)
+            sv = tl.load((sa_ptr + l * s_sal + row * s_sam + kb)[:, None] + j, mask=ok, other=0)
             acc ^= tl.reduce(v, 1, _xor) ^ tl.reduce(sv.to(tl.int64), 1, _xor)
     tl.store(out_ptr + (l * tl.num_programs(0) + pid) * (32 * W) + e, acc)
 
@@ -107,7 +108,8 @@ def main():
     log(f"{torch.cuda.get_device_name(0)}; torch {torch.__version__}; triton {triton.__version__}; "
         f"copy {bw / 1e12:.3f} TB/s; L2 {l2 / 2**20:.0f} MiB; commit {os.environ.get('LLMKERNELS_COMMIT', '?')}")
     rows = []
-    for M, K, L in GEMV_SHAPES:
+    shapes = [tuple(int(v) for v in os.environ["SHAPES"].split(","))] if "SHAPES" in os.environ else GEMV_SHAPES
+    for M, K, L in shapes:
         nbytes = gemv_bytes(M, K, L)
         floor_us = nbytes / bw * 1e6
         sets = min(max(1, math.ceil(3 * l2 / nbytes)), 32)
