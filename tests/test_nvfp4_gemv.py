@@ -1,5 +1,4 @@
 import math
-import os
 
 import pytest
 import torch
@@ -7,9 +6,9 @@ import torch
 from llmkernels import (NVFP4Linear, from_blocked, nvfp4_dequantize, nvfp4_gemv, nvfp4_linear, nvfp4_quantize,
                         to_blocked)
 from llmkernels.checking import rel_err
-from llmkernels.ops.nvfp4_gemv import custom_kernel, gemv_mma
+from llmkernels.ops.nvfp4_gemv import custom_kernel
 from llmkernels.ops.nvfp4_gemv.format import E2M1_VALUES, pack_codes, unpack_e2m1
-from llmkernels.ops.nvfp4_gemv.kernel import _blocks, dequant_launch, gemv_launch, gemv_plan, gemv_tile, linear_launch
+from llmkernels.ops.nvfp4_gemv.kernel import dequant_launch, gemv_launch, gemv_plan, gemv_tile, linear_launch
 from llmkernels.ops.nvfp4_gemv.reference import nvfp4_gemv_ref, nvfp4_linear_ref
 from llmkernels.ops.nvfp4_gemv.spec import GEMV_TOL, LINEAR_TOL, make_inputs, make_linear_inputs, random_scales
 
@@ -274,91 +273,6 @@ def test_gemv_bad_inputs(device):
 
 # ---- linear ------------------------------------------------------------------------------------
 
-def _mma(x, out, cfg, alpha=1.0, use_asm=None):
-    """The tensor-core GEMV kernel with an explicit config (under the interpreter: its integer path)."""
-    a8, b8, sa8, sb8 = (x[k].view(torch.uint8) for k in ("a", "b", "sfa", "sfb"))
-    return gemv_mma.gemv_mma_launch(_blocks(a8), _blocks(b8[:1])[:, 0], sa8, sb8[0], out, alpha, cfg, use_asm=use_asm)
-
-
-def test_gemv_mma_ptx_block_sums_emulated():
-    # the inline PTX of the tensor-core GEMV run through a warp-level emulator (tests/ptx_warp.py): for random
-    # 16-row tiles (every code, both signs, both nibbles) every lane gets the exact block sums (2a)(2b) of the two
-    # blocks whose scales it loads, and the B fragments of lanes that own no block are all zero
-    import random
-
-    from ptx_warp import run_warp
-    rnd = random.Random(int.from_bytes(os.urandom(4), "little"))
-    v2 = [(-1 if c & 8 else 1) * [0, 1, 2, 3, 4, 6, 8, 12][c & 7] for c in range(16)]
-
-    def dot(x, y):
-        return sum(v2[(x >> 4 * i) & 15] * v2[(y >> 4 * i) & 15] for i in range(16))
-
-    tabs = {"$19": 0x03020100, "$20": 0x0C080604}
-    for trial in range(6):
-        A = [[rnd.getrandbits(64) for _ in range(16)] for _ in range(16)]  # one half-tile: blocks 4t, 4t + 1
-        B = [rnd.getrandbits(64) for _ in range(16)]
-        if trial == 0:  # extremes: all -6 (code 15) against all 6 (code 7), and negative zeros (code 8)
-            A[0] = [0xFFFFFFFFFFFFFFFF] * 16
-            A[9] = [0x8888888888888888] * 16
-            B = [0x7777777777777777] * 16
-        col_block = [4 * (c // 2) + c % 2 for c in range(8)]  # column c of a half-tile: block 4 (c // 2) + c % 2
-        ins = [{"$16": B[col_block[ln // 4]], "$17": 0xFFFFFFFF if ln // 4 == 2 * (ln % 4) else 0,
-                "$18": 0xFFFFFFFF if ln // 4 == 2 * (ln % 4) + 1 else 0, **tabs} for ln in range(32)]
-        frag = run_warp(gemv_mma._asm_bfrag(), ins)
-        for ln in range(32):
-            if (ln // 4) // 2 != ln % 4:  # lanes that own no column of the half-tile
-                assert all(frag[ln][f"${i}"] == 0 for i in range(16))
-        ins = []
-        for ln in range(32):
-            g, t = ln // 4, ln % 4
-            d = {"$4": A[g][4 * t], "$5": A[g][4 * t + 1], "$6": A[g + 8][4 * t], "$7": A[g + 8][4 * t + 1],
-                 "$24": tabs["$19"], "$25": tabs["$20"]}
-            d.update({f"${8 + i}": frag[ln][f"${i}"] for i in range(16)})
-            ins.append(d)
-        out = run_warp(gemv_mma._asm_tile(), ins)
-        for ln in range(32):
-            g, t = ln // 4, ln % 4
-            want = [dot(A[g][4 * t], B[4 * t]), dot(A[g][4 * t + 1], B[4 * t + 1]), dot(A[g + 8][4 * t], B[4 * t]),
-                    dot(A[g + 8][4 * t + 1], B[4 * t + 1])]
-            assert [((out[ln][f"${i}"] + 2**31) % 2**32) - 2**31 for i in range(4)] == want
-
-
-@pytest.mark.parametrize("M,K,L,cfg", [
-    (37, 160, 3, dict(R=1, W=1)),                 # 10 blocks: a partial tile; rows past M in the group
-    (70, 512, 2, dict(R=4, W=2, split=2)),        # split K: partials + ordered reduction
-    (29, 480, 2, dict(R=3, W=4)),                 # warps with no tile in the last round
-    (40, 1024, 1, dict(R=1, W=4, split=2)),       # 64 blocks: one tile a warp per split
-    (64, 256, 1, dict(R=2, W=2)),                 # every load unmasked
-    (5, 16, 2, dict(R=1, W=2)),                   # a single block
-])
-def test_gemv_mma_configs_poisoned(device, M, K, L, cfg):
-    x = make_inputs(M, K, L, device, n_pad=2)
-    out = torch.full((L, M, 1), float("nan"), dtype=torch.float16, device=device).permute(1, 2, 0)
-    _mma(x, out, cfg, 0.5)
-    assert rel_err(out, _ref(x, 0.5)) <= GEMV_TOL
-
-
-@pytest.mark.parametrize("cfg", [dict(R=2, W=2, pdl=True, pre=1, trigger="entry"),
-                                 dict(R=3, W=1, split=3, pdl=True, pre=1, trigger="wait"),
-                                 dict(R=1, W=4, pdl=True, pre=0, trigger="none")])
-def test_gemv_mma_pdl_order_bit_identical(device, cfg):
-    # the PDL code order (first tile's weights before the wait, peeled) sums in the kernel's own order
-    M, K, L = 29, 480, 2
-    x = make_inputs(M, K, L, device, n_pad=2)
-    want = torch.full((M, 1, L), float("nan"), dtype=torch.float16, device=device)
-    _mma(x, want, {k: v for k, v in cfg.items() if k in ("R", "W", "split")}, 0.5)
-    out = torch.full_like(want, float("nan"))
-    _mma(x, out, cfg, 0.5)
-    assert torch.equal(out, want) and rel_err(out, _ref(x, 0.5)) <= GEMV_TOL
-
-
-def test_gemv_mma_bad_config(device):
-    x = make_inputs(16, 32, 1, device, n_pad=1)
-    for cfg in (dict(R=5, W=1), dict(R=1, W=3), dict(R=0, W=2)):
-        with pytest.raises(ValueError, match="R"):
-            _mma(x, torch.empty_like(x["c"]), cfg)
-
-
 @pytest.mark.parametrize("T,N,K,bias", [(1, 96, 160, True), (3, 200, 256, False), (16, 64, 512, True),
                                         (17, 40, 64, True)])
 def test_linear_matches_reference(device, T, N, K, bias):
@@ -463,19 +377,12 @@ def test_gpu_contest_shapes(M, K, L):
     ref = _ref(x)
     assert rel_err(c, ref) <= GEMV_TOL
     assert torch.allclose(c.float(), ref.half().float(), rtol=1e-3, atol=1e-3)  # the contest's own criterion
-    y = make_inputs(M, K, L, dev)  # all codes: the asm paths must equal their integer fallbacks bit for bit
-    c = _gemv(y)  # the tensor-core kernel (mma_plan)
+    y = make_inputs(M, K, L, dev)  # all codes: the asm path must equal the integer fallback bit for bit
+    c = _gemv(y)
     assert rel_err(c, _ref(y)) <= GEMV_TOL
-    a8, b8, sa8, sb8 = (y[k].view(torch.uint8) for k in ("a", "b", "sfa", "sfb"))
     out = torch.full_like(c, float("nan"))
-    _mma(y, out, gemv_mma.mma_plan(M, K // 16, L, dev), use_asm=False)
-    assert torch.equal(out, c)
-    for use_asm in (True, False):  # the portable kernel
-        out = torch.full_like(c, float("nan"))
-        gemv_launch(a8, b8, sa8, sb8, out, 1.0, use_asm=use_asm)
-        assert rel_err(out, _ref(y)) <= GEMV_TOL
-        if use_asm:
-            c = out
+    gemv_launch(y["a"].view(torch.uint8), y["b"].view(torch.uint8), y["sfa"].view(torch.uint8),
+                y["sfb"].view(torch.uint8), out, 1.0, use_asm=False)
     assert torch.equal(out, c)
 
 
@@ -491,53 +398,6 @@ def test_gpu_configs_poisoned(BB, R, nw, split, pf):
     gemv_launch(x["a"].view(torch.uint8), x["b"].view(torch.uint8), x["sfa"].view(torch.uint8),
                 x["sfb"].view(torch.uint8), out, 1.0, cfg=cfg)
     assert rel_err(out, _ref(x)) <= GEMV_TOL
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [dict(R=1, W=1), dict(R=2, W=4), dict(R=3, W=2, split=3), dict(R=4, W=4),
-                                 dict(R=4, W=8), dict(R=2, W=8, split=2), dict(R=4, W=4, pdl=True, pre=1),
-                                 dict(R=1, W=16), dict(R=1, W=4, pdl=True, pre=1)])
-def test_gpu_mma_configs_poisoned(cfg):
-    # odd M, a K tail (129 blocks: a partial tile), strided out: the tensor-core path against the reference and,
-    # bit for bit, against the same kernel's integer path (same block sums, same order)
-    M, K, L = 1000, 2048 + 16, 3
-    x = make_inputs(M, K, L, torch.device("cuda"))
-    out = torch.full((M, 2, L), float("nan"), dtype=torch.float16, device="cuda")[:, :1]
-    _mma(x, out, cfg)
-    assert rel_err(out, _ref(x)) <= GEMV_TOL
-    want = torch.full_like(out, float("nan"))
-    _mma(x, want, cfg, use_asm=False)
-    assert torch.equal(out, want)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("extra", [dict(pdl=True, pre=1, trigger="entry"), dict(pdl=True, pre=1, trigger="wait"),
-                                   dict(pdl=True, pre=0, trigger="none"), dict(pdl=True, pre=1, split=3)])
-def test_gpu_mma_pdl_graph(extra):
-    # back-to-back PDL launches of the tensor-core kernel in a graph, each on its own inputs: every output
-    # equals the plain launch's bit for bit
-    dev = torch.device("cuda")
-    M, K, L = 1000, 2048 + 16, 3
-    xs = [make_inputs(M, K, L, dev) for _ in range(3)]
-    plan = gemv_mma.mma_plan(M, K // 16, L, dev)
-    cfg = {**plan, **extra}
-    want = [torch.full_like(x["c"], float("nan")) for x in xs]
-    for x, w in zip(xs, want):
-        _mma(x, w, {k: v for k, v in cfg.items() if k in ("R", "W", "split")})
-    outs = [torch.full_like(x["c"], float("nan")) for x in xs]
-    for x, o in zip(xs, outs):
-        _mma(x, o, cfg)  # compile before capture
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(2):
-            for x, o in zip(xs, outs):
-                _mma(x, o, cfg)
-    for o in outs:
-        o.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    for x, o, w in zip(xs, outs, want):
-        assert torch.equal(o, w) and rel_err(o, _ref(x)) <= GEMV_TOL
 
 
 @pytest.mark.gpu

@@ -5,8 +5,7 @@ import torch
 
 from ..._validate import check_bool, check_same_device, check_scale, check_shape, check_tensor
 from .format import BLOCK, SCALE_DTYPES, as_bytes, nvfp4_quantize
-from .gemv_mma import launch_gemv
-from .kernel import MAX_FUSED_T, dequant_launch, linear_launch
+from .kernel import MAX_FUSED_T, dequant_launch, gemv_launch, linear_launch
 
 _X_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -24,7 +23,7 @@ def _new_out(a: torch.Tensor) -> torch.Tensor:
 def _gemv_op(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.Tensor, alpha: float,
              static_weights: bool) -> torch.Tensor:
     out = _new_out(a)
-    launch_gemv(_u8(a), _u8(b), _u8(sfa), _u8(sfb), out, alpha, static_weights=static_weights)
+    gemv_launch(_u8(a), _u8(b), _u8(sfa), _u8(sfb), out, alpha, static_weights=static_weights)
     return out
 
 
@@ -37,7 +36,7 @@ def _(a, b, sfa, sfb, alpha, static_weights):
 @torch.library.custom_op("llmkernels::nvfp4_gemv_out", mutates_args=("out",))
 def _gemv_out_op(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.Tensor, alpha: float,
                  out: torch.Tensor, static_weights: bool) -> None:
-    launch_gemv(_u8(a), _u8(b), _u8(sfa), _u8(sfb), out, alpha, static_weights=static_weights)
+    gemv_launch(_u8(a), _u8(b), _u8(sfa), _u8(sfb), out, alpha, static_weights=static_weights)
 
 
 @_gemv_out_op.register_fake
