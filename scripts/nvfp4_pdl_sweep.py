@@ -127,6 +127,25 @@ def read_call(x, pdl):
 
 # ---- variants ----------------------------------------------------------------------------------------------
 
+def tile_variants(plan, KB, M, L):
+    """VARIANTS=tiles: programs of several K tiles under static-weights PDL, the first tile loaded before the wait
+    and, with prefetch, the next one issued before the preloaded tile decodes (round 8 in the notes)."""
+    static = gemv_plan(M, KB, L, torch.device("cuda"), True)
+    v = [("plan", dict(plan)), ("static", static)]
+    for BB, R, nw, pf in ((64, 4, 1, False), (64, 4, 1, True), (64, 4, 2, True), (64, 2, 2, True), (32, 4, 1, True),
+                          (128, 4, 2, True), (64, 2, 1, True), (static["BB"], R_OF[static["BB"]], static["num_warps"],
+                                                                True)):
+        if BB >= 2 * KB:
+            continue
+        lay = dict(BM=gemv_tile(BB, R, nw), BB=BB, num_warps=nw, split=1, num_stages=1, prefetch=pf)
+        v.append((f"BB{BB} R{R} {nw}w{' pf' if pf else ''} static", {**lay, "pdl": True, "pre": 1,
+                                                                         "trigger": "entry"}))
+    return v
+
+
+R_OF = {16: 4, 32: 4, 64: 4, 128: 4, 256: 4}  # the plan's rows per thread
+
+
 def variants(plan, KB):
     """(name, cfg or None for the plan itself); every key is documented in gemv_plan."""
     nw = plan["num_warps"]
@@ -161,7 +180,8 @@ def main():
     if not all(p.get("overlap") for p in probe.values()):
         log("WARNING: PDL did not overlap in every mode: the pdl rows below may measure plain launches")
     rows = []
-    for M, K, L in GEMV_SHAPES:
+    shapes = GEMV_SHAPES[:3] if os.environ.get("VARIANTS") == "tiles" else GEMV_SHAPES
+    for M, K, L in shapes:
         nbytes = gemv_bytes(M, K, L)
         floor_us = nbytes / bw * 1e6
         sets = min(max(1, math.ceil(3 * l2 / nbytes)), 32)
@@ -170,7 +190,8 @@ def main():
         plan = gemv_plan(M, K // 16, L, dev)
         base_out = None
         log(f"-- M={M} K={K} L={L}: floor {floor_us:.2f} us, {sets} input sets, plan {plan}")
-        todo = [(n, c) for n, c in variants(plan, K // 16)] + [("read-only", "read"), ("read-only pdl", "read-pdl")]
+        pick = tile_variants(plan, K // 16, M, L) if os.environ.get("VARIANTS") == "tiles" else variants(plan, K // 16)
+        todo = [(n, c) for n, c in pick] + [("read-only", "read"), ("read-only pdl", "read-pdl")]
         for name, cfg in todo:
             if time.monotonic() - T0 > BUDGET:
                 log(f"   {name:<30} skipped (budget {BUDGET:.0f} s spent)")
@@ -208,7 +229,6 @@ def main():
         del xs, ref, base_out
         torch.cuda.empty_cache()
     # compact table: variant x shape (% of floor)
-    shapes = [(M, K, L) for M, K, L in GEMV_SHAPES]
     names = list(dict.fromkeys(r["variant"] for r in rows))
     log("\n% of floor (us) per shape:")
     log(f"{'variant':<30}" + "".join(f"{f'{M}x{K}x{L}':>22}" for M, K, L in shapes))

@@ -267,12 +267,15 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
                 _trigger_if_last(k_lo + BB, k_hi, BB, TRIGGER, EMIT)
             else:
                 _trigger_if_last(k_lo, k_hi, BB, TRIGGER, EMIT)
+            k_start = k_lo + PRE * BB
+            if PREFETCH:  # the next tile's loads in flight while the preloaded tiles decode
+                a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k_start, k_hi, s_sak, s_sbk, BB)
             acc += _tile_term(a0, sa0, b0, sb0, USE_ASM, FIX_NAN)
             if PRE >= 2:
                 acc += _tile_term(a1, sa1, b1, sb1, USE_ASM, FIX_NAN)
-            k_start = k_lo + PRE * BB
     if PREFETCH:  # issue tile i+1's loads before decoding tile i (masked past the end: no traffic)
-        a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k_start, k_hi, s_sak, s_sbk, BB)
+        if not (USE_GDC and PRE >= 1):
+            a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k_start, k_hi, s_sak, s_sbk, BB)
         for k0 in range(k_start, k_hi, BB):
             a2, sa2, b2, sb2 = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0 + BB, k_hi, s_sak, s_sbk, BB)
             if USE_GDC:
