@@ -146,6 +146,22 @@ def tile_variants(plan, KB, M, L):
 R_OF = {16: 4, 32: 4, 64: 4, 128: 4, 256: 4}  # the plan's rows per thread
 
 
+def tile2_variants(plan, KB, M, L):
+    """VARIANTS=tiles2: one-warp programs around BB 64 R 4 (round 8)."""
+    static = gemv_plan(M, KB, L, torch.device("cuda"), True)
+    pdl = dict(pdl=True, pre=1, trigger="entry")
+    lay = lambda BB, R, nw=1, **kw: dict(BM=gemv_tile(BB, R, nw), BB=BB, num_warps=nw, split=1, num_stages=1, **kw)  # noqa
+    return [("plan", dict(plan)), ("static", static),
+            ("BB64 R4 1w static", {**lay(64, 4), **pdl}),
+            ("BB64 R4 1w pre2 static", {**lay(64, 4), **pdl, "pre": 2}),
+            ("BB64 R8 1w static", {**lay(64, 8), **pdl}),
+            ("BB64 R4 1w wait static", {**lay(64, 4), **pdl, "trigger": "wait"}),
+            ("BB128 R4 1w static", {**lay(128, 4), **pdl}),
+            ("BB32 R4 1w static", {**lay(32, 4), **pdl}),
+            ("BB64 R4 1w", lay(64, 4)),
+            ("BB128 R4 1w", lay(128, 4))]
+
+
 def variants(plan, KB):
     """(name, cfg or None for the plan itself); every key is documented in gemv_plan."""
     nw = plan["num_warps"]
@@ -180,7 +196,7 @@ def main():
     if not all(p.get("overlap") for p in probe.values()):
         log("WARNING: PDL did not overlap in every mode: the pdl rows below may measure plain launches")
     rows = []
-    shapes = GEMV_SHAPES[:3] if os.environ.get("VARIANTS") == "tiles" else GEMV_SHAPES
+    shapes = {"tiles": GEMV_SHAPES[:3], "tiles2": GEMV_SHAPES[:5]}.get(os.environ.get("VARIANTS"), GEMV_SHAPES)
     for M, K, L in shapes:
         nbytes = gemv_bytes(M, K, L)
         floor_us = nbytes / bw * 1e6
@@ -190,7 +206,8 @@ def main():
         plan = gemv_plan(M, K // 16, L, dev)
         base_out = None
         log(f"-- M={M} K={K} L={L}: floor {floor_us:.2f} us, {sets} input sets, plan {plan}")
-        pick = tile_variants(plan, K // 16, M, L) if os.environ.get("VARIANTS") == "tiles" else variants(plan, K // 16)
+        pick = {"tiles": tile_variants, "tiles2": tile2_variants}.get(os.environ.get("VARIANTS"), lambda p, kb, m, l:
+                                                                                         variants(p, kb))(plan, K // 16, M, L)
         todo = [(n, c) for n, c in pick] + [("read-only", "read"), ("read-only pdl", "read-pdl")]
         for name, cfg in todo:
             if time.monotonic() - T0 > BUDGET:
