@@ -561,8 +561,9 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: boo
     """4 rows per thread (4 independent 16-byte loads in flight), warps side by side along K.
 
     static_weights (a and sfa not written by a kernel that may still run when this one starts): launch with
-    programmatic dependent launch, first weight tile loaded before griddepcontrol.wait, and 4-warp programs over
-    256 blocks whenever rows are that long (H100 sweeps, benchmarks/notes/nvfp4_pdl_sweep_run1/2.txt).
+    programmatic dependent launch, first weight tile loaded before griddepcontrol.wait; one-warp programs over
+    64 blocks for rows of 128-256 blocks with >= 16 row tiles per SM, else 4-warp programs over 256 blocks
+    whenever rows are that long (H100 sweeps, benchmarks/notes/nvfp4_pdl_sweep_run1/2.txt, nvfp4_static_tiles.txt).
 
     Measured on H100 (benchmarks/notes/nvfp4_gemv.md): 2-warp programs over 128 blocks win when there are few
     row tiles per SM, 4-warp programs over 256 blocks when there are many (>= 16 per SM); K is split only
@@ -575,7 +576,12 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: boo
     """
     sms = num_sms(device)
     R = 4
-    if KB >= 256 and (static_weights or -(-M // R) * L >= 16 * sms):
+    if static_weights and 128 <= KB <= 256 and -(-M // R) * L >= 16 * sms:
+        # one-warp programs of 64-block tiles (only the first loaded before the wait): fewer bytes preloaded, a
+        # shorter decode burst after it (notes round 8: 84.9 -> 87.6 % at (7168, 2048, 4), 80.9 -> 84.1 % at
+        # (14336, 4096, 1); slower with longer rows or fewer row tiles)
+        BB, nw = 64, 1
+    elif KB >= 256 and (static_weights or -(-M // R) * L >= 16 * sms):
         BB, nw = 256, 4
     elif KB >= 128:
         BB, nw = 128, 2
