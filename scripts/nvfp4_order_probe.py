@@ -1,0 +1,33 @@
+"""Does timing right after the bf16 GEMM ceiling slow the nvfp4 GEMV? (The harness measures its ceilings first;
+the sweeps only the copy rate.) Times the default and static-weights GEMV at (7168, 2048, 4) as the harness does
+(graph replay, rotated inputs): first cold, then right after gemm_tflops(), then after a 5 s pause; twice."""
+import math
+import time
+
+import torch
+
+from llmkernels.bench.ceilings import copy_bandwidth, gemm_tflops
+from llmkernels.bench.harness import _graph_time_ms
+from llmkernels.ops.nvfp4_gemv.op import nvfp4_gemv
+from llmkernels.ops.nvfp4_gemv.spec import gemv_bytes, make_inputs
+
+M, K, L = 7168, 2048, 4
+bw = copy_bandwidth()
+floor_us = gemv_bytes(M, K, L) / bw * 1e6
+dev = torch.device("cuda")
+sets = max(3, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / gemv_bytes(M, K, L)))
+xs = [make_inputs(M, K, L, dev) for _ in range(sets)]
+
+
+def pct(static):
+    fns = [lambda x=x: nvfp4_gemv(x["a"], x["b"], x["sfa"], x["sfb"], out=x["c"], static_weights=static) for x in xs]
+    return 100 * floor_us / (_graph_time_ms(fns) * 1e3)
+
+
+for rnd in range(2):
+    print(f"round {rnd}: cold      default {pct(False):5.1f} %  static {pct(True):5.1f} %", flush=True)
+    tf = gemm_tflops()
+    print(f"round {rnd}: after GEMM ({tf:.0f} TFLOP/s) default {pct(False):5.1f} %  static {pct(True):5.1f} %",
+          flush=True)
+    time.sleep(5)
+    print(f"round {rnd}: +5 s      default {pct(False):5.1f} %  static {pct(True):5.1f} %", flush=True)
