@@ -127,39 +127,36 @@ def read_call(x, pdl):
 
 # ---- variants ----------------------------------------------------------------------------------------------
 
+def _lay(BB, R, nw, **kw):
+    return dict(BM=gemv_tile(BB, R, nw), BB=BB, num_warps=nw, split=1, num_stages=1, **kw)
+
+
+STATIC = dict(pdl=True, pre=1, trigger="entry")
+
+
 def tile_variants(plan, KB, M, L):
     """VARIANTS=tiles: programs of several K tiles under static-weights PDL, the first tile loaded before the wait
     and, with prefetch, the next one issued before the preloaded tile decodes (round 8 in the notes)."""
     static = gemv_plan(M, KB, L, torch.device("cuda"), True)
     v = [("plan", dict(plan)), ("static", static)]
     for BB, R, nw, pf in ((64, 4, 1, False), (64, 4, 1, True), (64, 4, 2, True), (64, 2, 2, True), (32, 4, 1, True),
-                          (128, 4, 2, True), (64, 2, 1, True), (static["BB"], R_OF[static["BB"]], static["num_warps"],
-                                                                True)):
-        if BB >= 2 * KB:
-            continue
-        lay = dict(BM=gemv_tile(BB, R, nw), BB=BB, num_warps=nw, split=1, num_stages=1, prefetch=pf)
-        v.append((f"BB{BB} R{R} {nw}w{' pf' if pf else ''} static", {**lay, "pdl": True, "pre": 1,
-                                                                         "trigger": "entry"}))
+                          (128, 4, 2, True), (64, 2, 1, True), (static["BB"], 4, static["num_warps"], True)):
+        if BB < 2 * KB:
+            v.append((f"BB{BB} R{R} {nw}w{' pf' if pf else ''} static", _lay(BB, R, nw, prefetch=pf, **STATIC)))
     return v
-
-
-R_OF = {16: 4, 32: 4, 64: 4, 128: 4, 256: 4}  # the plan's rows per thread
 
 
 def tile2_variants(plan, KB, M, L):
     """VARIANTS=tiles2: one-warp programs around BB 64 R 4 (round 8)."""
-    static = gemv_plan(M, KB, L, torch.device("cuda"), True)
-    pdl = dict(pdl=True, pre=1, trigger="entry")
-    lay = lambda BB, R, nw=1, **kw: dict(BM=gemv_tile(BB, R, nw), BB=BB, num_warps=nw, split=1, num_stages=1, **kw)  # noqa
-    return [("plan", dict(plan)), ("static", static),
-            ("BB64 R4 1w static", {**lay(64, 4), **pdl}),
-            ("BB64 R4 1w pre2 static", {**lay(64, 4), **pdl, "pre": 2}),
-            ("BB64 R8 1w static", {**lay(64, 8), **pdl}),
-            ("BB64 R4 1w wait static", {**lay(64, 4), **pdl, "trigger": "wait"}),
-            ("BB128 R4 1w static", {**lay(128, 4), **pdl}),
-            ("BB32 R4 1w static", {**lay(32, 4), **pdl}),
-            ("BB64 R4 1w", lay(64, 4)),
-            ("BB128 R4 1w", lay(128, 4))]
+    return [("plan", dict(plan)), ("static", gemv_plan(M, KB, L, torch.device("cuda"), True)),
+            ("BB64 R4 1w static", _lay(64, 4, 1, **STATIC)),
+            ("BB64 R4 1w pre2 static", _lay(64, 4, 1, **{**STATIC, "pre": 2})),
+            ("BB64 R8 1w static", _lay(64, 8, 1, **STATIC)),
+            ("BB64 R4 1w wait static", _lay(64, 4, 1, **{**STATIC, "trigger": "wait"})),
+            ("BB128 R4 1w static", _lay(128, 4, 1, **STATIC)),
+            ("BB32 R4 1w static", _lay(32, 4, 1, **STATIC)),
+            ("BB64 R4 1w", _lay(64, 4, 1)),
+            ("BB128 R4 1w", _lay(128, 4, 1))]
 
 
 def variants(plan, KB):
@@ -196,7 +193,8 @@ def main():
     if not all(p.get("overlap") for p in probe.values()):
         log("WARNING: PDL did not overlap in every mode: the pdl rows below may measure plain launches")
     rows = []
-    shapes = {"tiles": GEMV_SHAPES[:3], "tiles2": GEMV_SHAPES[:5]}.get(os.environ.get("VARIANTS"), GEMV_SHAPES)
+    choice = os.environ.get("VARIANTS")  # unset: the v3 candidates; "tiles" / "tiles2": round 8's layouts
+    shapes = GEMV_SHAPES[:{"tiles": 3, "tiles2": 5}.get(choice, len(GEMV_SHAPES))]
     for M, K, L in shapes:
         nbytes = gemv_bytes(M, K, L)
         floor_us = nbytes / bw * 1e6
@@ -206,9 +204,9 @@ def main():
         plan = gemv_plan(M, K // 16, L, dev)
         base_out = None
         log(f"-- M={M} K={K} L={L}: floor {floor_us:.2f} us, {sets} input sets, plan {plan}")
-        pick = {"tiles": tile_variants, "tiles2": tile2_variants}.get(os.environ.get("VARIANTS"), lambda p, kb, m, l:
-                                                                                         variants(p, kb))(plan, K // 16, M, L)
-        todo = [(n, c) for n, c in pick] + [("read-only", "read"), ("read-only pdl", "read-pdl")]
+        pick = (tile_variants(plan, K // 16, M, L) if choice == "tiles" else
+                tile2_variants(plan, K // 16, M, L) if choice == "tiles2" else variants(plan, K // 16))
+        todo = pick + [("read-only", "read"), ("read-only pdl", "read-pdl")]
         for name, cfg in todo:
             if time.monotonic() - T0 > BUDGET:
                 log(f"   {name:<30} skipped (budget {BUDGET:.0f} s spent)")
