@@ -176,7 +176,7 @@ def variants(plan, KB):
         for R, BB, w in ((8, 128, 2), (4, 256, 4), (8, 256, 4)):
             if BB > 2 * KB or (BB == plan["BB"] and w == nw and gemv_tile(BB, R, w) == plan["BM"]):
                 continue
-            lay = dict(BM=gemv_tile(BB, R, w), BB=BB, num_warps=w, split=1, num_stages=1)
+            lay = _lay(BB, R, w)
             v.append((f"R{R} BB{BB} {w}w", lay))
             v.append((f"R{R} BB{BB} {w}w pdl entry pre1", {**lay, "pdl": True, "pre": 1, "trigger": "entry"}))
     return v
