@@ -308,9 +308,9 @@ def test_gpu_gluon_kernels_match_triton(h_q):
 @gpu
 @pytest.mark.parametrize("h_q", [16, 64, 128, 200])  # alternate tiles / both consumers per tile / two head blocks
 def test_gpu_dist_persistent_grid(h_q):
-    """The sm_90 attn_dist is persistent (one program per SM walks the rows): a grid of 3 programs, where each
-    program crosses many rows of different lengths (topk_length 0 included), must give bitwise what one program
-    per row gives, and match the reference."""
+    """The sm_90 attn_dist is persistent (one program per SM walks an equal run of (row, tile) units): a grid of 3
+    programs, each crossing many rows of different lengths (topk_length 0 included) and starting or ending inside
+    a row, must give what one program per row gives (bitwise up to 128 heads), and match the reference."""
     from llmkernels.ops.sparse_mla.attn_dist_wgmma import attn_dist_ws_launch, wgmma_usable
     dev = torch.device("cuda")
     s_q, s_kv, topk = 29, 700, 333
@@ -331,7 +331,10 @@ def test_gpu_dist_persistent_grid(h_q):
         d = torch.zeros(s_q, topk, device=dev)
         attn_dist_ws_launch(a, lse, d, config=dict(GRID=grid))
         outs.append(d)
-    assert torch.equal(outs[0], outs[1])
+    if h_q <= 128:  # at most two partial sums per entry, added onto 0: exact in any order
+        assert torch.equal(outs[0], outs[1])
+    else:  # 4 atomic partial sums per entry: the order, hence the last bit, may differ
+        assert rel_err(outs[0], outs[1]) <= 1e-6
     assert rel_err(outs[0], sparse_mla_attn_dist_ref(q, kv, idx, lse, 0.04, **kw)) <= STAT_TOL
 
 

@@ -86,30 +86,48 @@ if HAVE_GLUON:
         return klo_s, khi_s, full, empty
 
     @gluon.jit
-    def _work_row(w, n_hb, topk, tlen_ptr, qs_ptr, q_start, k_stride,
+    def _my_span(n_work, topk):
+        """This program's share of the n_work x cdiv(topk, 64) (work item, tile) units, in order: units [u0, u1),
+        equal to one tile, so the last round has no idle SMs (4096 rows on 132 SMs: 32 rows for some, 31.03 on
+        average). Splitting a row is free here: a tile's column sums depend on that tile alone."""
+        n_t = gl.cdiv(topk, 64)
+        units = n_work.to(gl.int64) * n_t
+        pid = gl.program_id(0)
+        g = gl.num_programs(0)
+        u0 = pid * units // g
+        u1 = (pid + 1) * units // g
+        return u0, u1, n_t, (u0 // n_t).to(gl.int32), gl.cdiv(u1, n_t).to(gl.int32)
+
+    @gluon.jit
+    def _work_row(w, u0, u1, n_t, n_hb, topk, tlen_ptr, qs_ptr, q_start, k_stride,
                   HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr):
-        """(row, head block, entries to scan, causal limit, tiles) of work item w = row * n_hb + head block."""
+        """(row, head block, entries to scan, causal limit, first tile, tiles) of work item w = row * n_hb + head
+        block within this program's span [u0, u1): the tiles past the row's length are skipped."""
         row = (w // n_hb).to(gl.int64)
         n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
-        return row, w % n_hb, n_len, limit, gl.cdiv(n_len, 64)
+        base = w.to(gl.int64) * n_t
+        j_lo = gl.maximum(u0 - base, 0).to(gl.int32)
+        j_hi = gl.minimum(gl.minimum(u1 - base, n_t).to(gl.int32), gl.cdiv(n_len, 64))
+        return row, w % n_hb, n_len, limit, j_lo, gl.maximum(j_hi - j_lo, 0)
 
     @gluon.jit
     def _ws_producer(q_ptr, kv_ptr, idx_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, n_work, n_hb, h_q, topk,
                      s_kv, q_start, k_stride, s_qm, s_qh, s_kvn, s_im,
                      D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr, NQ: gl.constexpr,
                      HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr):
-        """4 warps, persistent: for each work item, its q ([64 heads, d_qk] per consumer that needs its own: NQ
+        """4 warps, persistent: for each work item of this program's span (_my_span), its q ([64 heads, d_qk] per consumer that needs its own: NQ
         ring items) and then its kv tiles, cp.async'ed into ring item k's slot k % STAGES once that slot's readers
         released it. The next item's q and first tiles thus land while the consumers finish the current one."""
         g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         rl: gl.constexpr = gl.SliceLayout(1, g_l)
         d_lo = gl.arange(0, D_V, layout=gl.SliceLayout(0, g_l))
         d_hi = gl.arange(0, D_T if D_T > 0 else 64, layout=gl.SliceLayout(0, g_l))
+        u0, u1, n_t, w_lo, w_hi = _my_span(n_work, topk)
         k = 0
-        for w in range(gl.program_id(0), n_work, gl.num_programs(0)):
-            row, hb, n_len, limit, n_tiles = _work_row(w, n_hb, topk, tlen_ptr, qs_ptr, q_start, k_stride,
-                                                       HAS_TLEN, CAUSAL, QS_TENSOR)
-            idx_n = _ws_idx(idx_ptr, row, 0, n_len, s_im, 64, rl)  # tested after q's copies are issued
+        for w in range(w_lo, w_hi):
+            row, hb, n_len, limit, j_lo, n_tiles = _work_row(w, u0, u1, n_t, n_hb, topk, tlen_ptr, qs_ptr, q_start,
+                                                             k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+            idx_n = _ws_idx(idx_ptr, row, j_lo * 64, n_len, s_im, 64, rl)  # tested after q's copies are issued
             for c in gl.static_range(NQ):
                 s = k % STAGES
                 mbarrier.wait(empty.index(s), ((k // STAGES) & 1) ^ 1, pred=k >= STAGES)
@@ -122,7 +140,7 @@ if HAVE_GLUON:
                 async_copy.mbarrier_arrive(full.index(s), increment_count=False)
                 k += 1
             valid_n = _ws_check(idx_n, s_kv, limit, CAUSAL)
-            for j in range(n_tiles):
+            for j in range(j_lo, j_lo + n_tiles):
                 s = k % STAGES
                 mbarrier.wait(empty.index(s), ((k // STAGES) & 1) ^ 1, pred=k >= STAGES)
                 base = kv_ptr + gl.where(valid_n, idx_n, 0).to(gl.int64)[:, None] * s_kvn
@@ -144,7 +162,8 @@ if HAVE_GLUON:
                      CID: gl.constexpr, SPLIT_HEADS: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
                      STAGES: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
                      ATOMIC: gl.constexpr, GATHER_ONLY: gl.constexpr):
-        """One warpgroup: 64 heads x (every tile if SPLIT_HEADS, else the tiles j = CID mod 2), for each work item.
+        """One warpgroup: 64 heads x (every tile if SPLIT_HEADS, else every other tile, from the CID-th of the
+        item's span), for each work item of this program's span (_my_span).
         Ring items and their readers: SPLIT_HEADS: q of consumer 0, q of consumer 1 (one reader each), then tiles
         (both read); else q (both read), then tiles (one reader). `empty` counts 2: a sole reader arrives twice.
         Consecutive items a consumer waits for are at most 2 apart, so with STAGES >= 2 the slot's previous fill
@@ -160,10 +179,11 @@ if HAVE_GLUON:
         jstep: gl.constexpr = 1 if SPLIT_HEADS else 2
         zero = gl.zeros([64, 64], gl.float32, mma_l)
         cols = gl.arange(0, 64, layout=col_l)
+        u0, u1, n_t, w_lo, w_hi = _my_span(n_work, topk)
         k = 0
-        for w in range(gl.program_id(0), n_work, gl.num_programs(0)):
-            row, hb, n_len, limit, n_tiles = _work_row(w, n_hb, topk, tlen_ptr, qs_ptr, q_start, k_stride,
-                                                       HAS_TLEN, CAUSAL, QS_TENSOR)
+        for w in range(w_lo, w_hi):
+            row, hb, n_len, limit, j_lo, n_tiles = _work_row(w, u0, u1, n_t, n_hb, topk, tlen_ptr, qs_ptr, q_start,
+                                                             k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
             kq = k + CID if SPLIT_HEADS else k
             s = kq % STAGES
             mbarrier.wait(full.index(s), (kq // STAGES) & 1)
@@ -177,8 +197,8 @@ if HAVE_GLUON:
             # padded heads get lse = +inf, so their probabilities are exactly 0
             lse2 = gl.load(lse_ptr + row * s_lm + offs_hm * s_lh, mask=offs_hm < h_q, other=float("inf"))
             lse2 = lse2 * LOG2E_C
-            for j in range(j0, n_tiles, jstep):
-                kk = k + j
+            for j in range(j_lo + j0, j_lo + n_tiles, jstep):
+                kk = k + j - j_lo
                 s = kk % STAGES
                 t = _ws_idx(idx_ptr, row, j * 64, n_len, s_im, 64, col_l)  # tested after the wgmma
                 mbarrier.wait(full.index(s), (kk // STAGES) & 1)
@@ -211,7 +231,7 @@ if HAVE_GLUON:
                         HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
                         SPLIT_HEADS: gl.constexpr, ATOMIC: gl.constexpr, CONS_REGS: gl.constexpr,
                         PROD_REGS: gl.constexpr, num_warps: gl.constexpr, GATHER_ONLY: gl.constexpr = False):
-        """Warp-specialised and persistent (work items pid, pid + grid, ...): a 4-warp producer stages q and
+        """Warp-specialised and persistent (each program an equal run of (work item, tile) units): a 4-warp producer stages q and
         gathers kv rows, two consumer warpgroups run wgmma + column sums, so one consumer's exp2/reduction
         overlaps the other's tensor-core work, and one item's q load and first gathers overlap the previous
         item's last tiles."""
