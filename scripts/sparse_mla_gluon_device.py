@@ -23,7 +23,7 @@ from llmkernels.ops.sparse_mla.spec import OUT_TOL, STAT_TOL, causal_indices, ma
 dev = torch.device("cuda")
 OUT = os.environ.get("OUT", "/tmp")
 SHAPES = [(128, 2048, 576), (64, 2048, 576), (16, 2048, 576), (128, 2048, 512), (128, 512, 576)]
-CONFIGS = {"dist": [None, dict(GRID=3), dict(GRID=1 << 30), dict(STAGES=2)], "fwd": [None]}  # None: the public ops'
+CONFIGS = {"dist": [None, dict(GRID=3), dict(GRID=1 << 30), dict(STAGES=3)], "fwd": [None]}  # None: the public ops'
 # (GRID 3: each program crosses many rows; 1 << 30: one program per row, the pre-persistent schedule)
 I32_MIN, I32_MAX = -2 ** 31, 2 ** 31 - 1
 
@@ -122,7 +122,8 @@ def timings(op):
             flop = 2 * s_q * h_q * d_qk * topk
             variants = [(f"{c or 'default'}", lambda c=c: run_dist(a, lse, c)) for c in ["triton"] + CONFIGS[op]
                         if c is None or not isinstance(c, dict) or c.get("GRID") != 3]  # GRID 3: a check, not a timing
-            variants.append(("gather-only", lambda: run_dist(a, lse, dict(GATHER_ONLY=True))))
+            variants += [(f"gather-only {c}", lambda c=c: run_dist(a, lse, dict(GATHER_ONLY=True, STAGES=c)))
+                         for c in (2, 3)]
         else:
             flop = 2 * s_q * topk * h_q * (d_qk + 512)
             variants = [(f"{c or 'default'}", lambda c=c: run_fwd(a, c)) for c in ["triton"] + CONFIGS[op]]
