@@ -273,12 +273,13 @@ def attn_dist_ws_launch(a, lse, out, config=None) -> None:
     entry, added atomically onto 0: exact in either order); above that the last bits may vary between runs."""
     q, kv, idx = a.q, a.kv, a.indices
     s_q, h_q, d_qk = q.shape
-    split = h_q > 64  # 2 x 64 heads on every tile; else both consumers take 64 heads on alternate tiles
+    cfg = dict(config or {})
+    # 2 x 64 heads on every tile; else both consumers take 64 heads on alternate tiles (SPLIT: a probe override)
+    split = bool(cfg.pop("SPLIT", h_q > 64))
     # measured on an H100 (benchmarks/notes/sparse_mla_fwd.md, versions 5 and 6): two ring slots of 64 rows (with the
     # persistent programs, also where the consumers take alternate tiles: 374 vs 362 TFLOP/s at h_q 64); consumers
     # get 232 registers (q alone is 144), the producer the rest
-    cfg = dict(STAGES=2, CONS_REGS=232, PROD_REGS=48)
-    cfg.update(config or {})
+    cfg = {**dict(STAGES=2, CONS_REGS=232, PROD_REGS=48), **cfg}
     n_hb = triton.cdiv(h_q, 128 if split else 64)
     n_work = s_q * n_hb
     # persistent: one CTA per SM (the ring fills shared memory); GRID overrides it (GRID=n_work: one item each)
