@@ -1,6 +1,6 @@
 """attn_dist (sm_90) at the record shape: why the gather-only probe is slower where the consumers take alternate
 tiles (h_q <= 64) than where both read every tile (h_q 128). Times the kernel and its GATHER_ONLY probe with the
-alternate-tile protocol and with SPLIT forced (consumer 1 then takes 64 padded heads: same bytes gathered).
+alternate-tile protocol, with ALL_WAIT (both consumers wait for every tile) and with SPLIT forced (consumer 1 then takes 64 padded heads: same bytes gathered).
 Usage (repo root, PYTHONPATH=.): python scripts/sparse_mla_dist_probe.py"""
 import torch
 import triton
@@ -29,7 +29,8 @@ for h_q in (64, 128):
     lse = o[2]
     ref = dist(a, lse, None)
     flop = 2 * S_Q * h_q * D_QK * TOPK
-    variants = [None, dict(STAGES=3), dict(GATHER_ONLY=True), dict(GATHER_ONLY=True, STAGES=3)]
+    variants = [None, dict(STAGES=3), dict(GATHER_ONLY=True), dict(GATHER_ONLY=True, STAGES=3), dict(ALL_WAIT=True),
+                dict(ALL_WAIT=True, STAGES=3), dict(ALL_WAIT=True, GATHER_ONLY=True)]
     if h_q <= 64:
         variants += [dict(SPLIT=True), dict(SPLIT=True, GATHER_ONLY=True), dict(SPLIT=True, GATHER_ONLY=True, STAGES=3)]
     for cfg in variants:
