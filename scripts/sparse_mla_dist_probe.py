@@ -1,7 +1,8 @@
 """attn_dist (sm_90) at the record shape: why the gather-only probe is slower where the consumers take alternate
 tiles (h_q <= 64) than where both read every tile (h_q 128). Times the kernel and its GATHER_ONLY probe with the
-alternate-tile protocol, with ALL_WAIT (both consumers wait for every tile) and with SPLIT forced (consumer 1 then takes 64 padded heads: same bytes gathered).
-Usage (repo root, PYTHONPATH=.): python scripts/sparse_mla_dist_probe.py"""
+alternate-tile protocol and with SPLIT forced (consumer 1 then takes 64 padded heads: same bytes gathered).
+Results (2026-11-23, H100): benchmarks/notes/sparse_mla_dist_probe_runs.txt (also ALL_WAIT, a variant where both
+consumers wait for every tile, since removed: commit 3c19537). Usage (repo root, PYTHONPATH=.): python scripts/sparse_mla_dist_probe.py"""
 import torch
 import triton
 
@@ -29,8 +30,7 @@ for h_q in (64, 128):
     lse = o[2]
     ref = dist(a, lse, None)
     flop = 2 * S_Q * h_q * D_QK * TOPK
-    variants = [None, dict(STAGES=3), dict(GATHER_ONLY=True), dict(GATHER_ONLY=True, STAGES=3), dict(ALL_WAIT=True),
-                dict(ALL_WAIT=True, STAGES=3), dict(ALL_WAIT=True, GATHER_ONLY=True)]
+    variants = [None, dict(STAGES=3), dict(GATHER_ONLY=True), dict(GATHER_ONLY=True, STAGES=3)]
     if h_q <= 64:
         variants += [dict(SPLIT=True), dict(SPLIT=True, GATHER_ONLY=True), dict(SPLIT=True, GATHER_ONLY=True, STAGES=3)]
     for cfg in variants:

@@ -161,12 +161,11 @@ if HAVE_GLUON:
                      s_kv, q_start, k_stride, qk_scale, s_im, s_lm, s_lh, s_om,
                      CID: gl.constexpr, SPLIT_HEADS: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
                      STAGES: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
-                     ATOMIC: gl.constexpr, GATHER_ONLY: gl.constexpr, ALL_WAIT: gl.constexpr):
+                     ATOMIC: gl.constexpr, GATHER_ONLY: gl.constexpr):
         """One warpgroup: 64 heads x (every tile if SPLIT_HEADS, else every other tile, from the CID-th of the
         item's span), for each work item of this program's span (_my_span).
         Ring items and their readers: SPLIT_HEADS: q of consumer 0, q of consumer 1 (one reader each), then tiles
-        (both read); else q (both read), then tiles (one reader; with ALL_WAIT the other consumer also waits for each
-        tile and releases it at once). `empty` counts 2: a sole reader arrives twice.
+        (both read); else q (both read), then tiles (one reader). `empty` counts 2: a sole reader arrives twice.
         Consecutive items a consumer waits for are at most 2 apart, so with STAGES >= 2 the slot's previous fill
         has always landed before this consumer tests the parity of the next one."""
         mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -175,7 +174,9 @@ if HAVE_GLUON:
         col_l: gl.constexpr = gl.SliceLayout(0, mma_l)
         NQ: gl.constexpr = 2 if SPLIT_HEADS else 1
         Q_ARRIVE: gl.constexpr = 2 if SPLIT_HEADS else 1
-        T_ARRIVE: gl.constexpr = 1 if SPLIT_HEADS or ALL_WAIT else 2
+        T_ARRIVE: gl.constexpr = 1 if SPLIT_HEADS else 2
+        j0: gl.constexpr = 0 if SPLIT_HEADS else CID
+        jstep: gl.constexpr = 1 if SPLIT_HEADS else 2
         zero = gl.zeros([64, 64], gl.float32, mma_l)
         cols = gl.arange(0, 64, layout=col_l)
         u0, u1, n_t, w_lo, w_hi = _my_span(n_work, topk)
@@ -196,34 +197,30 @@ if HAVE_GLUON:
             # padded heads get lse = +inf, so their probabilities are exactly 0
             lse2 = gl.load(lse_ptr + row * s_lm + offs_hm * s_lh, mask=offs_hm < h_q, other=float("inf"))
             lse2 = lse2 * LOG2E_C
-            for j in range(j_lo, j_lo + n_tiles):
+            for j in range(j_lo + j0, j_lo + n_tiles, jstep):
                 kk = k + j - j_lo
                 s = kk % STAGES
-                if SPLIT_HEADS or (j - j_lo) % 2 == CID:  # this consumer's tile
-                    t = _ws_idx(idx_ptr, row, j * 64, n_len, s_im, 64, col_l)  # tested after the wgmma
-                    mbarrier.wait(full.index(s), (kk // STAGES) & 1)
-                    fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-                    if GATHER_ONLY:  # probe: the producer's gather rate alone (scripts/sparse_mla_gluon_device.py)
-                        gl.thread_barrier()
-                        mbarrier.arrive(empty.index(s), count=T_ARRIVE)
+                t = _ws_idx(idx_ptr, row, j * 64, n_len, s_im, 64, col_l)  # tested after the wgmma
+                mbarrier.wait(full.index(s), (kk // STAGES) & 1)
+                fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+                if GATHER_ONLY:  # probe: the producer's gather rate alone (scripts/sparse_mla_gluon_device.py)
+                    gl.thread_barrier()
+                    mbarrier.arrive(empty.index(s), count=T_ARRIVE)
+                else:
+                    acc = warpgroup_mma(q_lo, klo_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+                    if D_T > 0:
+                        acc = warpgroup_mma(q_hi, khi_s.index(s).permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                    gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
+                    mbarrier.arrive(empty.index(s), count=T_ARRIVE)  # ... so this consumer releases it
+                    p = gl.exp2(acc * qk_scale - lse2[:, None])
+                    valid = _ws_check(t, s_kv, limit, CAUSAL)
+                    col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
+                    offs = j * 64 + cols
+                    if ATOMIC:  # two adds onto 0: 0 + a + b is exact in either order, so the sum is deterministic
+                        gl.atomic_add(out_ptr + row * s_om + offs, col, mask=offs < n_len, sem="relaxed")
                     else:
-                        acc = warpgroup_mma(q_lo, klo_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
-                        if D_T > 0:
-                            acc = warpgroup_mma(q_hi, khi_s.index(s).permute((1, 0)), acc, is_async=True)
-                        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                        gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
-                        mbarrier.arrive(empty.index(s), count=T_ARRIVE)  # ... so this consumer releases it
-                        p = gl.exp2(acc * qk_scale - lse2[:, None])
-                        valid = _ws_check(t, s_kv, limit, CAUSAL)
-                        col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
-                        offs = j * 64 + cols
-                        if ATOMIC:  # two adds onto 0: 0 + a + b is exact in either order: deterministic
-                            gl.atomic_add(out_ptr + row * s_om + offs, col, mask=offs < n_len, sem="relaxed")
-                        else:
-                            gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
-                elif ALL_WAIT:  # the other consumer's tile: wait for it and release it at once
-                    mbarrier.wait(full.index(s), (kk // STAGES) & 1)
-                    mbarrier.arrive(empty.index(s), count=1)
+                        gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
             k += n_tiles
 
     @gluon.jit
@@ -233,8 +230,7 @@ if HAVE_GLUON:
                         D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
                         HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
                         SPLIT_HEADS: gl.constexpr, ATOMIC: gl.constexpr, CONS_REGS: gl.constexpr,
-                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, GATHER_ONLY: gl.constexpr = False,
-                        ALL_WAIT: gl.constexpr = False):
+                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, GATHER_ONLY: gl.constexpr = False):
         """Warp-specialised and persistent (each program an equal run of (work item, tile) units): a 4-warp producer stages q and
         gathers kv rows, two consumer warpgroups run wgmma + column sums, so one consumer's exp2/reduction
         overlaps the other's tensor-core work, and one item's q load and first gathers overlap the previous
@@ -246,10 +242,10 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_ws_consumer, (idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, n_work, n_hb,
                             h_q, topk, s_kv, q_start, k_stride, qk_scale, s_im, s_lm, s_lh, s_om, 0, SPLIT_HEADS,
-                            D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, ATOMIC, GATHER_ONLY, ALL_WAIT)),
+                            D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, ATOMIC, GATHER_ONLY)),
             (_ws_consumer, (idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, n_work, n_hb,
                             h_q, topk, s_kv, q_start, k_stride, qk_scale, s_im, s_lm, s_lh, s_om, 1, SPLIT_HEADS,
-                            D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, ATOMIC, GATHER_ONLY, ALL_WAIT)),
+                            D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, ATOMIC, GATHER_ONLY)),
             (_ws_producer, (q_ptr, kv_ptr, idx_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, n_work, n_hb, h_q,
                             topk, s_kv, q_start, k_stride, s_qm, s_qh, s_kvn, s_im, D_V, D_T, STAGES,
                             2 if SPLIT_HEADS else 1, HAS_TLEN, CAUSAL, QS_TENSOR)),
