@@ -23,8 +23,7 @@ from llmkernels.ops.sparse_mla.spec import OUT_TOL, STAT_TOL, causal_indices, ma
 dev = torch.device("cuda")
 OUT = os.environ.get("OUT", "/tmp")
 SHAPES = [(128, 2048, 576), (64, 2048, 576), (16, 2048, 576), (128, 2048, 512), (128, 512, 576)]
-CONFIGS = {"dist": [None, dict(GRID=3), dict(GRID=1 << 30), dict(STAGES=3)], "fwd": [None]}  # None: the public ops'
-# (GRID 3: each program crosses many rows; 1 << 30: one program per row, the pre-persistent schedule)
+CONFIGS = {"dist": [None, dict(STAGES=2)], "fwd": [None]}  # None: what the public ops run
 I32_MIN, I32_MAX = -2 ** 31, 2 ** 31 - 1
 
 
@@ -120,10 +119,8 @@ def timings(op):
         if op == "dist":
             lse = run_fwd(a, None)[2]
             flop = 2 * s_q * h_q * d_qk * topk
-            variants = [(f"{c or 'default'}", lambda c=c: run_dist(a, lse, c)) for c in ["triton"] + CONFIGS[op]
-                        if c is None or not isinstance(c, dict) or c.get("GRID") != 3]  # GRID 3: a check, not a timing
-            variants += [(f"gather-only {c}", lambda c=c: run_dist(a, lse, dict(GATHER_ONLY=True, STAGES=c)))
-                         for c in (2, 3)]
+            variants = [(f"{c or 'default'}", lambda c=c: run_dist(a, lse, c)) for c in ["triton"] + CONFIGS[op]]
+            variants.append(("gather-only", lambda: run_dist(a, lse, dict(GATHER_ONLY=True))))
         else:
             flop = 2 * s_q * topk * h_q * (d_qk + 512)
             variants = [(f"{c or 'default'}", lambda c=c: run_fwd(a, c)) for c in ["triton"] + CONFIGS[op]]
@@ -150,7 +147,6 @@ def memcheck():
         a = prepare(q, kv, idx, 0.04, attn_sink=torch.randn(h, device=dev))
         run_fwd(a, None)
         run_dist(a, torch.randn(s_q, h, device=dev) + 30, None)
-        run_dist(a, torch.randn(s_q, h, device=dev) + 30, dict(GRID=3))
     torch.cuda.synchronize()
     print("memcheck case ran")
 

@@ -306,39 +306,6 @@ def test_gpu_gluon_kernels_match_triton(h_q):
 
 
 @gpu
-@pytest.mark.parametrize("h_q", [16, 64, 128, 200])  # alternate tiles / both consumers per tile / two head blocks
-def test_gpu_dist_persistent_grid(h_q):
-    """The sm_90 attn_dist is persistent (one program per SM walks an equal run of (row, tile) units): a grid of 3
-    programs, each crossing many rows of different lengths (topk_length 0 included) and starting or ending inside
-    a row, must give what one program per row gives (bitwise up to 128 heads), and match the reference."""
-    from llmkernels.ops.sparse_mla.attn_dist_wgmma import attn_dist_ws_launch, wgmma_usable
-    dev = torch.device("cuda")
-    s_q, s_kv, topk = 29, 700, 333
-    q = torch.randn(s_q, h_q, 576, device=dev, dtype=torch.bfloat16)
-    kv = torch.randn(s_kv, 1, 576, device=dev, dtype=torch.bfloat16)
-    idx = causal_indices(s_q, s_kv, topk, s_kv - s_q, dev)
-    idx[4] = -1
-    idx[5, :6] = torch.tensor([-1, s_kv, I32_MIN, I32_MAX, 3, 3], dtype=torch.int32, device=dev)
-    tl = torch.randint(0, topk + 5, (s_q,), dtype=torch.int32, device=dev)
-    tl[[0, 7, 8]] = 0
-    kw = dict(q_start=s_kv - s_q, topk_length=tl)
-    a = prepare(q, kv, idx, 0.04, **kw)
-    if not wgmma_usable(a):
-        pytest.skip("the Gluon attn_dist needs sm_90")
-    lse = sparse_mla(q, kv, idx, 0.04, **kw)[2]
-    outs = []
-    for grid in (3, 1 << 30):
-        d = torch.zeros(s_q, topk, device=dev)
-        attn_dist_ws_launch(a, lse, d, config=dict(GRID=grid))
-        outs.append(d)
-    if h_q <= 128:  # at most two partial sums per entry, added onto 0: exact in any order
-        assert torch.equal(outs[0], outs[1])
-    else:  # 4 atomic partial sums per entry: the order, hence the last bit, may differ
-        assert rel_err(outs[0], outs[1]) <= 1e-6
-    assert rel_err(outs[0], sparse_mla_attn_dist_ref(q, kv, idx, lse, 0.04, **kw)) <= STAT_TOL
-
-
-@gpu
 @pytest.mark.parametrize("h_q", [1, 8, 16, 64, 96, 128, 200])  # sm_90: 96 / 200 pad the Gluon kernels' head blocks
 @pytest.mark.parametrize("d_qk", [576, 512])
 def test_gpu_fwd_and_dist_causal(h_q, d_qk):
