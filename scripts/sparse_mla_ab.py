@@ -1,6 +1,7 @@
 """A/B of the Gluon sparse MLA kernels on the record shapes: a copy of the previous kernels against the working
 tree, same run, with a bitwise comparison of the outputs, fwd timelines (fwd_wgmma STAMP) and the public backward's
-time; config sweeps (dsweep: attn_dist, gsweep: the backward's second pass).
+time; attn_dist new / head interleaved with their gather-only probes; config sweeps (dsweep: attn_dist, gsweep: the
+backward's second pass).
 Usage (repo root, PYTHONPATH=.): python scripts/sparse_mla_ab.py [128] [64] [fwd] [dist] [bwd] [dsweep] [gsweep] [K=V ...]
 The previous kernels: mkdir llmkernels/ops/_sm_head; for f in __init__ common attn_dist_wgmma fwd_wgmma bwd_wgmma;
 do git show REV:llmkernels/ops/sparse_mla/$f.py > llmkernels/ops/_sm_head/$f.py; done (untracked, never committed;
@@ -99,13 +100,16 @@ def main():
                     timeline(a, cfg, ms)
             if HF:
                 timed("fwd", h_q, "head", lambda: fwd_out(HF, a, None), flop)
-        if "dist" in ops:
+        if "dist" in ops:  # interleaved new / head twice, so that drift hits both; gather-only = the producer alone
             flop = 2 * S_Q * h_q * D_QK * TOPK
             lse = fwd_out(WF, a, None)[2]
-            timed("dist", h_q, "new", lambda: dist_out(WD, a, lse, None), flop)
             if HD:
-                timed("dist", h_q, "head", lambda: dist_out(HD, a, lse, None), flop)
                 print(f"    bitwise equal to head: {torch.equal(dist_out(WD, a, lse, None), dist_out(HD, a, lse, None))}")
+            for _ in range(2):
+                for name, mod in [("new", WD)] + ([("head", HD)] if HD else []):
+                    timed("dist", h_q, name, lambda mod=mod: dist_out(mod, a, lse, None), flop)
+                    timed("dist", h_q, f"{name} gather-only",
+                          lambda mod=mod: dist_out(mod, a, lse, dict(GATHER_ONLY=True)), flop)
         if "dsweep" in sys.argv:  # attn_dist configs (the public op runs None)
             flop = 2 * S_Q * h_q * D_QK * TOPK
             lse = fwd_out(WF, a, None)[2]
