@@ -34,6 +34,8 @@ except ImportError:
     print("no _sm_head package: new kernels only")
 S_Q, S_KV, TOPK, D_QK = 4096, 8192, 2048, 576
 rows = []
+DIST_CFGS = [("pp", dict(PP=True)), ("pp qpf", dict(PP=True, QPF=True)),
+             ("pp n16", dict(PP=True, BLOCK_N=16, STAGES=6)), ("pp s2", dict(PP=True, STAGES=2))]
 
 
 def fwd_out(mod, a, cfg):
@@ -103,13 +105,21 @@ def main():
         if "dist" in ops:  # interleaved new / head twice, so that drift hits both; gather-only = the producer alone
             flop = 2 * S_Q * h_q * D_QK * TOPK
             lse = fwd_out(WF, a, None)[2]
+            base = dist_out(WD, a, lse, None)
             if HD:
-                print(f"    bitwise equal to head: {torch.equal(dist_out(WD, a, lse, None), dist_out(HD, a, lse, None))}")
+                print(f"    bitwise equal to head: {torch.equal(base, dist_out(HD, a, lse, None))}")
+            # DIST_CFGS: extra configs of the new kernel (e.g. the two-pipeline kernel, PP), timed beside the default
+            extra_d = [(n, c) for n, c in DIST_CFGS if h_q <= 64 or not c.get("PP")]
+            for n, c in extra_d:
+                d = dist_out(WD, a, lse, c)
+                print(f"    {n}: bitwise equal to the default: {torch.equal(d, base)}, max abs diff "
+                      f"{(d - base).abs().max().item():.2e}", flush=True)
             for _ in range(2):
-                for name, mod in [("new", WD)] + ([("head", HD)] if HD else []):
-                    timed("dist", h_q, name, lambda mod=mod: dist_out(mod, a, lse, None), flop)
+                for name, mod, c in [("new", WD, None)] + [(n, WD, c) for n, c in extra_d] + (
+                        [("head", HD, None)] if HD else []):
+                    timed("dist", h_q, name, lambda mod=mod, c=c: dist_out(mod, a, lse, c), flop)
                     timed("dist", h_q, f"{name} gather-only",
-                          lambda mod=mod: dist_out(mod, a, lse, dict(GATHER_ONLY=True)), flop)
+                          lambda mod=mod, c=c: dist_out(mod, a, lse, {**(c or {}), "GATHER_ONLY": True}), flop)
         if "dsweep" in sys.argv:  # attn_dist configs (the public op runs None)
             flop = 2 * S_Q * h_q * D_QK * TOPK
             lse = fwd_out(WF, a, None)[2]
