@@ -35,7 +35,7 @@ except ImportError:
 S_Q, S_KV, TOPK, D_QK = 4096, 8192, 2048, 576
 rows = []
 DIST_CFGS = [("pp", dict(PP=True)), ("pp qpf", dict(PP=True, QPF=True)),
-             ("pp n16", dict(PP=True, BLOCK_N=16, STAGES=6)), ("pp s2", dict(PP=True, STAGES=2))]
+             ("pp s2", dict(PP=True, STAGES=2))]
 
 
 def fwd_out(mod, a, cfg):

@@ -356,7 +356,7 @@ def test_gpu_dist_two_pipeline_kernel(h_q, d_qk, dtype, s_q):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 only")
     assert wgmma_usable(a)
-    for cfg in (dict(PP=True), dict(PP=True, QPF=True), dict(PP=True, BLOCK_N=16, STAGES=6)):
+    for cfg in (dict(PP=True), dict(PP=True, QPF=True), dict(PP=True, STAGES=2)):
         d = torch.zeros(s_q, topk, device=dev)
         attn_dist_ws_launch(a, lse, d, config=cfg)
         assert rel_err(d, ref) <= STAT_TOL, (cfg, rel_err(d, ref))

@@ -328,6 +328,8 @@ if HAVE_GLUON:
             if D_T > 0:
                 q_hi = gl.load(q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, a_l))[None, :], mask=hmask,
                                other=0.0)
+            else:
+                q_hi = q_lo  # unused (d_qk 512)
             # padded heads get lse = +inf, so their probabilities are exactly 0
             lse2 = gl.load(lse_ptr + rq * s_lm + offs_hm * s_lh, mask=offs_hm < h_q, other=float("inf")) * LOG2E_C
             if GATHER_ONLY:  # probe: the producers' gather rate alone
@@ -338,26 +340,44 @@ if HAVE_GLUON:
                     mbarrier.arrive(empty.index(s), count=1)
                     k += 1
             elif j_lo < j_hi:
-                # software-pipelined: tile j's wgmma runs while tile j - 1's exp2 / column sums are computed
-                s_p = k % STAGES
-                t_p = _ws_idx(idx_ptr, rq, j_lo * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after the wgmma
-                acc_p = _pp_issue(q_lo, q_hi, klo_s, khi_s, full, s_p, (k // STAGES) & 1, mma_l, BLOCK_N, D_T)
+                # software-pipelined: tile j's wgmma runs while tile j - 1's exp2 / column sums are computed. Two
+                # accumulators in fixed roles (A, B) and the loop unrolled by two: a loop-carried copy of an
+                # accumulator whose wgmma is in flight makes ptxas serialise every wgmma (C7514)
+                G: gl.constexpr = 2 if D_T > 0 else 1  # wgmma groups a tile
+                out_row = out_ptr + rq * s_om
+                s_a = k % STAGES
+                t_a = _ws_idx(idx_ptr, rq, j_lo * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after the wgmma
+                acc_a = _pp_issue(q_lo, q_hi, klo_s, khi_s, full, s_a, (k // STAGES) & 1, mma_l, BLOCK_N, D_T)
                 k += 1
-                for j in range(j_lo + 1, j_hi):
-                    s = k % STAGES
-                    t = _ws_idx(idx_ptr, rq, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)
-                    acc = _pp_issue(q_lo, q_hi, klo_s, khi_s, full, s, (k // STAGES) & 1, mma_l, BLOCK_N, D_T)
-                    # tile j - 1's group(s) done (tile j's one or two may still run): release its slot, then its sums
-                    acc_p = warpgroup_mma_wait(num_outstanding=2 if D_T > 0 else 1, deps=(acc_p,))
-                    _pp_finish(acc_p, empty, s_p, t_p, j - 1, lse2, qk_scale, s_kv, limit, n_len, out_ptr + rq * s_om,
-                               BLOCK_N, CAUSAL)
-                    acc_p = acc
-                    s_p = s
-                    t_p = t
+                for j in range(j_lo + 1, j_hi - 1, 2):  # tiles j (B) and j + 1 (A)
+                    s_b = k % STAGES
+                    t_b = _ws_idx(idx_ptr, rq, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)
+                    acc_b = _pp_issue(q_lo, q_hi, klo_s, khi_s, full, s_b, (k // STAGES) & 1, mma_l, BLOCK_N, D_T)
+                    done = warpgroup_mma_wait(num_outstanding=G, deps=(acc_a,))
+                    _pp_finish(done, empty, s_a, t_a, j - 1, lse2, qk_scale, s_kv, limit, n_len, out_row, BLOCK_N,
+                               CAUSAL)
+                    s_a = (k + 1) % STAGES
+                    t_a = _ws_idx(idx_ptr, rq, (j + 1) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)
+                    acc_a = _pp_issue(q_lo, q_hi, klo_s, khi_s, full, s_a, ((k + 1) // STAGES) & 1, mma_l, BLOCK_N,
+                                      D_T)
+                    done = warpgroup_mma_wait(num_outstanding=G, deps=(acc_b,))
+                    _pp_finish(done, empty, s_b, t_b, j, lse2, qk_scale, s_kv, limit, n_len, out_row, BLOCK_N, CAUSAL)
+                    k += 2
+                if (j_hi - j_lo) % 2 == 0:  # one tile left (j_hi - 1): into B
+                    s_b = k % STAGES
+                    t_b = _ws_idx(idx_ptr, rq, (j_hi - 1) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)
+                    acc_b = _pp_issue(q_lo, q_hi, klo_s, khi_s, full, s_b, (k // STAGES) & 1, mma_l, BLOCK_N, D_T)
+                    done = warpgroup_mma_wait(num_outstanding=G, deps=(acc_a,))
+                    _pp_finish(done, empty, s_a, t_a, j_hi - 2, lse2, qk_scale, s_kv, limit, n_len, out_row, BLOCK_N,
+                               CAUSAL)
+                    done = warpgroup_mma_wait(num_outstanding=0, deps=(acc_b,))
+                    _pp_finish(done, empty, s_b, t_b, j_hi - 1, lse2, qk_scale, s_kv, limit, n_len, out_row, BLOCK_N,
+                               CAUSAL)
                     k += 1
-                acc_p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_p,))
-                _pp_finish(acc_p, empty, s_p, t_p, j_hi - 1, lse2, qk_scale, s_kv, limit, n_len, out_ptr + rq * s_om,
-                           BLOCK_N, CAUSAL)
+                else:
+                    done = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a,))
+                    _pp_finish(done, empty, s_a, t_a, j_hi - 1, lse2, qk_scale, s_kv, limit, n_len, out_row, BLOCK_N,
+                               CAUSAL)
 
     @gluon.jit
     def _dist_pp_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
@@ -419,7 +439,7 @@ def attn_dist_ws_launch(a, lse, out, config=None) -> None:
     if not split and (config or {}).get("PP", False):
         _pp_launch(a, lse, out, config)
         return
-    cfg.update(config or {})
+    cfg.update({k: v for k, v in (config or {}).items() if k not in ("PP", "QPF")})  # PP: h_q <= 64 only
     n_hb = triton.cdiv(h_q, 128 if split else 64)
     _dist_ws_kernel[(s_q * n_hb,)](
         q, kv, idx, lse, out, *row_args(a, n_hb),
