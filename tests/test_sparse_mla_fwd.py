@@ -334,8 +334,8 @@ def test_gpu_fwd_and_dist_causal(h_q, d_qk):
 @pytest.mark.parametrize("h_q,d_qk,dtype", [(1, 576, torch.bfloat16), (16, 512, torch.bfloat16),
                                             (64, 576, torch.bfloat16), (64, 576, torch.float16)])
 @pytest.mark.parametrize("s_q", [3, 97])  # 3 rows: most of the persistent programs' two pipelines get no tiles
-def test_gpu_dist_two_pipeline_kernel(h_q, d_qk, dtype, s_q):
-    """The persistent two-pipeline attn_dist (h_q <= 64, config PP) against the reference: rows split between
+def test_gpu_dist_persistent_kernels(h_q, d_qk, dtype, s_q):
+    """The persistent attn_dist kernels (h_q <= 64, configs PP and P1) against the reference: rows split between
     pipelines anywhere, causal k_stride 4, topk_length (some 0, some past topk), garbage indices."""
     from llmkernels.ops.sparse_mla.attn_dist_wgmma import attn_dist_ws_launch, wgmma_usable
     dev = torch.device("cuda")
@@ -356,7 +356,7 @@ def test_gpu_dist_two_pipeline_kernel(h_q, d_qk, dtype, s_q):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 only")
     assert wgmma_usable(a)
-    for cfg in (dict(PP=True), dict(PP=True, QPF=True), dict(PP=True, STAGES=2)):
+    for cfg in (dict(PP=True), dict(PP=True, QPF=True), dict(P1=True), dict(P1=True, QPF=True)):
         d = torch.zeros(s_q, topk, device=dev)
         attn_dist_ws_launch(a, lse, d, config=cfg)
         assert rel_err(d, ref) <= STAT_TOL, (cfg, rel_err(d, ref))

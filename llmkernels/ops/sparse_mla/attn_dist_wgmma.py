@@ -380,6 +380,80 @@ if HAVE_GLUON:
                                CAUSAL)
 
     @gluon.jit
+    def _p1_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, CID: gl.constexpr,
+                     s_q, T, s_kv, h_q, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
+                     BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
+                     HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
+                     GATHER_ONLY: gl.constexpr):
+        """One of two warpgroups sharing one ring: the tiles k = CID mod 2 of the program's run (k counts the run's
+        tiles), all (<= 64) heads; q straight from global memory into the wgmma registers at each new row."""
+        mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_N, 16])
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
+        col_l: gl.constexpr = gl.SliceLayout(0, mma_l)
+        offs_h = gl.arange(0, 64, layout=gl.SliceLayout(1, a_l))
+        hmask = offs_h[:, None] < h_q
+        q_off = offs_h[:, None].to(gl.int64) * s_qh
+        offs_hm = gl.arange(0, 64, layout=gl.SliceLayout(1, mma_l))
+        u0, u1 = _pp_run(gl.program_id(0), gl.num_programs(0), s_q, T)
+        k0 = 0  # the run's tile count before this row
+        for row in range(u0 // T, gl.cdiv(u1, T)):
+            n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+            j_lo, j_hi = _pp_span(u0, u1, T, row, n_len, BLOCK_N)
+            j_first = j_lo + (CID + k0) % 2  # this consumer's first tile of the row: k = k0 + j - j_lo = CID mod 2
+            if j_first < j_hi:
+                rq = row.to(gl.int64)
+                q_rows = q_ptr + rq * s_qm + q_off
+                q_lo = gl.load(q_rows + gl.arange(0, D_V, layout=gl.SliceLayout(0, a_l))[None, :], mask=hmask,
+                               other=0.0)
+                if D_T > 0:
+                    q_hi = gl.load(q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, a_l))[None, :],
+                                   mask=hmask, other=0.0)
+                else:
+                    q_hi = q_lo  # unused (d_qk 512)
+                lse2 = gl.load(lse_ptr + rq * s_lm + offs_hm * s_lh, mask=offs_hm < h_q, other=float("inf")) * LOG2E_C
+                for j in range(j_first, j_hi, 2):
+                    k = k0 + j - j_lo
+                    s = k % STAGES
+                    if GATHER_ONLY:
+                        mbarrier.wait(full.index(s), (k // STAGES) & 1)
+                        gl.thread_barrier()
+                        mbarrier.arrive(empty.index(s), count=1)
+                    else:
+                        t = _ws_idx(idx_ptr, rq, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after the wgmma
+                        acc = _pp_issue(q_lo, q_hi, klo_s, khi_s, full, s, (k // STAGES) & 1, mma_l, BLOCK_N, D_T)
+                        done = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                        _pp_finish(done, empty, s, t, j, lse2, qk_scale, s_kv, limit, n_len, out_ptr + rq * s_om,
+                                   BLOCK_N, CAUSAL)
+            k0 += gl.maximum(j_hi - j_lo, 0)
+
+    @gluon.jit
+    def _dist_p1_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
+                        s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
+                        s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om, s_q, T,
+                        BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
+                        HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
+                        CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr, num_warps: gl.constexpr,
+                        GATHER_ONLY: gl.constexpr = False, QPF: gl.constexpr = False):
+        """Persistent (one CTA per SM), h_q <= 64: the shipped protocol (one ring, two consumers on alternate tiles)
+        over an equal run of (row, tile) units per program, q loaded by each consumer straight into its registers
+        so that the ring carries only kv and the producer runs into the next row without waiting (QPF: the producer
+        prefetches the next row's q into L2)."""
+        dtype: gl.constexpr = kv_ptr.dtype.element_ty
+        klo_s, khi_s, full, empty = _kv_ring(dtype, STAGES, BLOCK_N, D_V, D_T, 1)
+        gl.warp_specialize([
+            (_p1_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, 0, s_q, T,
+                            s_kv, h_q, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
+                            BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, GATHER_ONLY)),
+            (_p1_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, 1, s_q, T,
+                            s_kv, h_q, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
+                            BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, GATHER_ONLY)),
+            (_pp_producer, (kv_ptr, idx_ptr, tlen_ptr, qs_ptr, q_ptr, klo_s, khi_s, full, empty, 0, 1, s_q, T, s_kv,
+                            h_q, topk, q_start, k_stride, s_kvn, s_im, s_qm, s_qh, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN,
+                            CAUSAL, QS_TENSOR, 4, QPF)),
+        ], [4, 4], [CONS_REGS, PROD_REGS])
+
+    @gluon.jit
     def _dist_pp_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
                         s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
                         s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om, s_q, T,
@@ -439,7 +513,10 @@ def attn_dist_ws_launch(a, lse, out, config=None) -> None:
     if not split and (config or {}).get("PP", False):
         _pp_launch(a, lse, out, config)
         return
-    cfg.update({k: v for k, v in (config or {}).items() if k not in ("PP", "QPF")})  # PP: h_q <= 64 only
+    if not split and (config or {}).get("P1", False):
+        _p1_launch(a, lse, out, config)
+        return
+    cfg.update({k: v for k, v in (config or {}).items() if k not in ("PP", "P1", "QPF")})  # h_q <= 64 only
     n_hb = triton.cdiv(h_q, 128 if split else 64)
     _dist_ws_kernel[(s_q * n_hb,)](
         q, kv, idx, lse, out, *row_args(a, n_hb),
@@ -459,6 +536,22 @@ def _pp_launch(a, lse, out, config) -> None:
         raise ValueError(f"s_q * ceil(topk / {cfg['BLOCK_N']}) must be < 2**31 (got s_q={s_q}, topk={a.indices.shape[1]})")
     grid = min(num_sms(q.device), triton.cdiv(s_q * T, 2))
     _dist_pp_kernel[(grid,)](
+        q, a.kv, a.indices, lse, out, *row_args(a, 1),
+        q.stride(0), q.stride(1), a.kv.stride(0), a.indices.stride(0), lse.stride(0), lse.stride(1), out.stride(0),
+        s_q, T, D_V=a.d_v, D_T=d_qk - a.d_v, num_warps=4, **row_flags(a), **cfg)
+
+
+def _p1_launch(a, lse, out, config) -> None:
+    """h_q <= 64: _dist_p1_kernel, one program per SM; every entry written once (no atomics)."""
+    q = a.q
+    s_q, h_q, d_qk = q.shape
+    cfg = dict(BLOCK_N=64, STAGES=3, CONS_REGS=232, PROD_REGS=40)
+    cfg.update({k: v for k, v in config.items() if k != "P1"})
+    T = triton.cdiv(a.indices.shape[1], cfg["BLOCK_N"])
+    if s_q * T >= 2 ** 31:
+        raise ValueError(f"s_q * ceil(topk / {cfg['BLOCK_N']}) must be < 2**31 (got s_q={s_q}, topk={a.indices.shape[1]})")
+    grid = min(num_sms(q.device), s_q * T)
+    _dist_p1_kernel[(grid,)](
         q, a.kv, a.indices, lse, out, *row_args(a, 1),
         q.stride(0), q.stride(1), a.kv.stride(0), a.indices.stride(0), lse.stride(0), lse.stride(1), out.stride(0),
         s_q, T, D_V=a.d_v, D_T=d_qk - a.d_v, num_warps=4, **row_flags(a), **cfg)
