@@ -34,7 +34,7 @@ except ImportError:
     print("no _sm_head package: new kernels only")
 S_Q, S_KV, TOPK, D_QK = 4096, 8192, 2048, 576
 rows = []
-DIST_CFGS = [("pp", dict(PP=True)), ("p1", dict(P1=True)), ("p1 qpf", dict(P1=True, QPF=True))]
+DIST_CFGS = [("p1", dict(P1=True)), ("p1 qonce (probe)", dict(P1=True, QONCE=True))]
 
 
 def fwd_out(mod, a, cfg):
