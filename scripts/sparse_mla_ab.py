@@ -34,7 +34,7 @@ except ImportError:
     print("no _sm_head package: new kernels only")
 S_Q, S_KV, TOPK, D_QK = 4096, 8192, 2048, 576
 rows = []
-DIST_CFGS = [("p1", dict(P1=True)), ("p1 qonce (probe)", dict(P1=True, QONCE=True))]
+DIST_CFGS = [("p1", dict(P1=True)), ("p1 qpf", dict(P1=True, QPF=True))]
 
 
 def fwd_out(mod, a, cfg):
@@ -107,7 +107,7 @@ def main():
             base = dist_out(WD, a, lse, None)
             if HD:
                 print(f"    bitwise equal to head: {torch.equal(base, dist_out(HD, a, lse, None))}")
-            # DIST_CFGS: extra configs of the new kernel (e.g. the two-pipeline kernel, PP), timed beside the default
+            # DIST_CFGS: extra configs of the new kernel (e.g. the persistent kernel, P1), timed beside the default
             extra_d = [(n, c) for n, c in DIST_CFGS if h_q <= 64]
             for n, c in extra_d:
                 d = dist_out(WD, a, lse, c)
