@@ -34,7 +34,7 @@ except ImportError:
     print("no _sm_head package: new kernels only")
 S_Q, S_KV, TOPK, D_QK = 4096, 8192, 2048, 576
 rows = []
-DIST_CFGS = [("p1", dict(P1=True)), ("p1 qpf", dict(P1=True, QPF=True))]
+DIST_CFGS = []  # (name, config) of attn_dist variants to time beside the default (tenth session: P1 / PP, notes v7)
 
 
 def fwd_out(mod, a, cfg):
@@ -107,14 +107,12 @@ def main():
             base = dist_out(WD, a, lse, None)
             if HD:
                 print(f"    bitwise equal to head: {torch.equal(base, dist_out(HD, a, lse, None))}")
-            # DIST_CFGS: extra configs of the new kernel (e.g. the persistent kernel, P1), timed beside the default
-            extra_d = [(n, c) for n, c in DIST_CFGS if h_q <= 64]
-            for n, c in extra_d:
+            for n, c in DIST_CFGS:
                 d = dist_out(WD, a, lse, c)
                 print(f"    {n}: bitwise equal to the default: {torch.equal(d, base)}, max abs diff "
                       f"{(d - base).abs().max().item():.2e}", flush=True)
             for _ in range(2):
-                for name, mod, c in [("new", WD, None)] + [(n, WD, c) for n, c in extra_d] + (
+                for name, mod, c in [("new", WD, None)] + [(n, WD, c) for n, c in DIST_CFGS] + (
                         [("head", HD, None)] if HD else []):
                     timed("dist", h_q, name, lambda mod=mod, c=c: dist_out(mod, a, lse, c), flop)
                     timed("dist", h_q, f"{name} gather-only",

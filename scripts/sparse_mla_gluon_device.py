@@ -23,7 +23,7 @@ from llmkernels.ops.sparse_mla.spec import OUT_TOL, STAT_TOL, causal_indices, ma
 dev = torch.device("cuda")
 OUT = os.environ.get("OUT", "/tmp")
 SHAPES = [(128, 2048, 576), (64, 2048, 576), (16, 2048, 576), (128, 2048, 512), (128, 512, 576)]
-CONFIGS = {"dist": [None, dict(STAGES=2), dict(P1=True), dict(P1=True, QPF=True)], "fwd": [None]}  # None: what the public ops run
+CONFIGS = {"dist": [None, dict(STAGES=2)], "fwd": [None]}  # None: what the public ops run
 I32_MIN, I32_MAX = -2 ** 31, 2 ** 31 - 1
 
 
@@ -147,7 +147,6 @@ def memcheck():
         a = prepare(q, kv, idx, 0.04, attn_sink=torch.randn(h, device=dev))
         run_fwd(a, None)
         run_dist(a, torch.randn(s_q, h, device=dev) + 30, None)
-        run_dist(a, torch.randn(s_q, h, device=dev) + 30, dict(P1=True, QPF=True))  # h <= 64 only, else the default
     torch.cuda.synchronize()
     print("memcheck case ran")
 

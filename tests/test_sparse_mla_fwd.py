@@ -331,39 +331,6 @@ def test_gpu_fwd_and_dist_causal(h_q, d_qk):
 
 
 @gpu
-@pytest.mark.parametrize("h_q,d_qk,dtype", [(1, 576, torch.bfloat16), (16, 512, torch.bfloat16),
-                                            (64, 576, torch.bfloat16), (64, 576, torch.float16)])
-@pytest.mark.parametrize("s_q", [3, 97])  # 3 rows: most persistent programs get one tile or none
-def test_gpu_dist_persistent_kernels(h_q, d_qk, dtype, s_q):
-    """The persistent attn_dist kernel (h_q <= 64, config P1) against the reference: rows split between
-    programs anywhere, causal k_stride 4, topk_length (some 0, some past topk), garbage indices."""
-    from llmkernels.ops.sparse_mla.attn_dist_wgmma import attn_dist_ws_launch, wgmma_usable
-    dev = torch.device("cuda")
-    s_kv, topk = 1500, 700
-    q = torch.randn(s_q, h_q, d_qk, device=dev, dtype=dtype)
-    kv = torch.randn(s_kv, 1, d_qk, device=dev, dtype=dtype)
-    q_start = s_kv * 4 - s_q - 50
-    idx = causal_indices(s_q, s_kv, topk, q_start, dev, k_stride=4)
-    idx[:, ::5] = torch.randint(I32_MIN, I32_MAX, idx[:, ::5].shape, device=dev, dtype=torch.int64).to(torch.int32)
-    idx[1, :4] = torch.tensor([-1, s_kv, I32_MIN, I32_MAX], dtype=torch.int32, device=dev)
-    idx[0] = -1
-    tl = torch.randint(0, topk + 10, (s_q,), dtype=torch.int32, device=dev)
-    tl[-1] = 0
-    kw = dict(q_start=q_start, k_stride=4, topk_length=tl)
-    lse = sparse_mla(q, kv, idx, d_qk ** -0.5, **kw)[2]
-    ref = sparse_mla_attn_dist_ref(q, kv, idx, lse, d_qk ** -0.5, **kw)
-    a = prepare(q, kv, idx, d_qk ** -0.5, **kw)
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon kernels run on sm_90 only")
-    assert wgmma_usable(a)
-    for cfg in (dict(P1=True), dict(P1=True, QPF=True)):
-        d = torch.zeros(s_q, topk, device=dev)
-        attn_dist_ws_launch(a, lse, d, config=cfg)
-        assert rel_err(d, ref) <= STAT_TOL, (cfg, rel_err(d, ref))
-        assert torch.all(d[~valid_mask(idx, s_kv, **kw)] == 0), cfg  # invalid, masked and past-length entries
-
-
-@gpu
 @pytest.mark.parametrize("h_q", [16, 128])
 def test_gpu_fwd_and_dist_fp16(h_q):
     """fp16 inputs through the sm_90 kernels (their P conversion has an fp16 branch), with sinks and garbage."""

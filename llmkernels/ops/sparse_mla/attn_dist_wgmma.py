@@ -11,7 +11,7 @@ import triton
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
 
-from ..._runtime import interpreting, num_sms
+from ..._runtime import interpreting
 from .common import LOG2E_C, row_args, row_flags
 
 if HAVE_GLUON:
@@ -69,9 +69,9 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _kv_ring(dtype: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
-                 D_T: gl.constexpr, READERS: gl.constexpr, WRITERS: gl.constexpr = 128):
-        """The ring a producer fills: kv[:, :D_V] and kv[:, D_V:] slots, and per slot a `full` barrier (one
-        arrival per producer thread, WRITERS) and an `empty` barrier (one per consumer warpgroup reading the slot)."""
+                 D_T: gl.constexpr, READERS: gl.constexpr):
+        """The ring _ws_producer fills: kv[:, :D_V] and kv[:, D_V:] slots, and per slot a `full` barrier (one
+        arrival per producer thread, 128) and an `empty` barrier (one per consumer warpgroup reading the slot)."""
         sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         klo_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_V], sl)
         if D_T > 0:
@@ -81,7 +81,7 @@ if HAVE_GLUON:
         full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
-            mbarrier.init(full.index(i), count=WRITERS)
+            mbarrier.init(full.index(i), count=128)
             mbarrier.init(empty.index(i), count=READERS)
         return klo_s, khi_s, full, empty
 
@@ -217,202 +217,6 @@ if HAVE_GLUON:
                             BLOCK_N, D_V, D_T, STAGES, CAUSAL)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
 
-    # ---- h_q <= 64: persistent programs over equal runs of (row, tile) units ----
-
-    @gluon.jit
-    def _prefetch_l2(base, h_q, s_qh, ok, D: gl.constexpr, NW: gl.constexpr):
-        """Bulk prefetch into L2 of the rows base + h * s_qh (h < min(h_q, 64), D 16-bit elements each, 16-byte
-        aligned: wgmma_usable), one row a thread."""
-        h = gl.arange(0, 32 * NW, layout=gl.BlockedLayout([1], [32], [NW], [0]))
-        m = ok & (h < h_q) & (h < 64)
-        gl.inline_asm_elementwise(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, $2, 0;\n@p cp.async.bulk.prefetch.L2.global [$1], $3;\nmov.u32 $0, 0;\n}",
-            "=r,l,r,r", [base + h.to(gl.int64) * s_qh, m.to(gl.int32), gl.full(h.shape, 2 * D, gl.int32, h.type.layout)],
-            dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
-    def _pp_span(u0, u1, T, row, n_len, BLOCK_N: gl.constexpr):
-        """Tiles [j_lo, j_hi) of `row` inside the unit run [u0, u1) (unit = row * T + tile), none past n_len."""
-        j_lo = gl.maximum(u0 - row * T, 0)
-        j_hi = gl.minimum(gl.minimum(u1 - row * T, T), gl.cdiv(n_len, BLOCK_N))
-        return j_lo, j_hi
-
-    @gluon.jit
-    def _pp_run(pid, P, s_q, T):
-        """This program's run of (row, tile) units: an equal share of all s_q * T, rows split anywhere (a tile's
-        column sums depend on that tile alone)."""
-        U = s_q.to(gl.int64) * T  # the launcher checks U < 2**31; the products need 64 bits
-        return ((U * pid) // P).to(gl.int32), ((U * (pid + 1)) // P).to(gl.int32)
-
-    @gluon.jit
-    def _pp_producer(kv_ptr, idx_ptr, tlen_ptr, qs_ptr, q_ptr, klo_s, khi_s, full, empty, q_ready, s_q, T, s_kv, h_q,
-                     topk, q_start, k_stride, s_kvn, s_im, s_qm, s_qh,
-                     BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
-                     HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr, NW: gl.constexpr,
-                     QPF: gl.constexpr):
-        """NW warps: cp.async the kv rows of every tile of the program's run into the ring, in order (with QPF, at
-        each row first a prefetch of the next row's q into L2, so that the consumers' row change waits on L2)."""
-        g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
-        i_l: gl.constexpr = gl.SliceLayout(1, g_l)
-        d_lo = gl.arange(0, D_V, layout=gl.SliceLayout(0, g_l))
-        u0, u1 = _pp_run(gl.program_id(0), gl.num_programs(0), s_q, T)
-        k = 0
-        for row in range(u0 // T, gl.cdiv(u1, T)):
-            n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
-            j_lo, j_hi = _pp_span(u0, u1, T, row, n_len, BLOCK_N)
-            if QPF:
-                _prefetch_l2(q_ptr + (row + 1).to(gl.int64) * s_qm, h_q, s_qh, row + 1 < s_q, D_V + D_T, NW)
-            for j in range(j_lo, j_hi):
-                s = k % STAGES
-                idx = _ws_idx(idx_ptr, row.to(gl.int64), j * BLOCK_N, n_len, s_im, BLOCK_N, i_l)  # tested after the wait
-                mbarrier.wait(empty.index(s), ((k // STAGES) & 1) ^ 1, pred=k >= STAGES)
-                mbarrier.wait(q_ready, 0, pred=k == STAGES - 2)  # the consumers stage their first q in the last 2 slots
-                valid = _ws_check(idx, s_kv, limit, CAUSAL)
-                base = kv_ptr + gl.where(valid, idx, 0).to(gl.int64)[:, None] * s_kvn
-                async_copy.async_copy_global_to_shared(klo_s.index(s), base + d_lo[None, :], mask=valid[:, None])
-                if D_T > 0:
-                    d_hi = gl.arange(0, D_T, layout=gl.SliceLayout(0, g_l))
-                    async_copy.async_copy_global_to_shared(khi_s.index(s), base + D_V + d_hi[None, :],
-                                                           mask=valid[:, None])
-                async_copy.mbarrier_arrive(full.index(s), increment_count=False)
-                k += 1
-
-    @gluon.jit
-    def _pp_issue(q_lo, q_hi, klo_s, khi_s, full, s, phase, mma_l: gl.constexpr, BLOCK_N: gl.constexpr,
-                  D_T: gl.constexpr):
-        """Wait for slot s to land, then start S = q . kv^T of its tile (async: one or two wgmma groups)."""
-        mbarrier.wait(full.index(s), phase)
-        fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-        zero = gl.zeros([64, BLOCK_N], gl.float32, mma_l)  # made here, not kept live across the loop (registers)
-        acc = warpgroup_mma(q_lo, klo_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
-        if D_T > 0:
-            acc = warpgroup_mma(q_hi, khi_s.index(s).permute((1, 0)), acc, is_async=True)
-        return acc
-
-    @gluon.jit
-    def _pp_finish(acc, empty, s, t, j, lse2, qk_scale, s_kv, limit, n_len, out_row, BLOCK_N: gl.constexpr,
-                   CAUSAL: gl.constexpr, release=True):
-        """S of tile j is in registers: release slot s (unless kept), then store the tile's column sums of
-        exp2(S - lse)."""
-        gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
-        mbarrier.arrive(empty.index(s), count=1, pred=release)  # ... so one arrival releases it
-        p = gl.exp2(acc * qk_scale - lse2[:, None])
-        valid = _ws_check(t, s_kv, limit, CAUSAL)
-        col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
-        offs = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=t.type.layout)
-        gl.store(out_row + offs, col, mask=offs < n_len)
-
-    @gluon.jit
-    def _stage_q(q_row, klo_s, khi_s, slot, h_q, s_qh, D_V: gl.constexpr, D_T: gl.constexpr, a_l: gl.constexpr):
-        """q [64 heads, d_qk] of one row into the wgmma A-operand registers through ring slot `slot` (64 rows: q's
-        shape), which the calling warpgroup holds: 16-byte cp.async, then shared-memory loads."""
-        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        offs_h = gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
-        rows = q_row + offs_h[:, None].to(gl.int64) * s_qh
-        hmask = offs_h[:, None] < h_q
-        q_lo_s = klo_s.index(slot)._reinterpret(klo_s.dtype, [64, D_V], klo_s.layout)
-        async_copy.async_copy_global_to_shared(q_lo_s, rows + gl.arange(0, D_V, layout=gl.SliceLayout(0, ld_l))[None, :],
-                                               mask=hmask)
-        if D_T > 0:
-            q_hi_s = khi_s.index(slot)._reinterpret(khi_s.dtype, [64, D_T], khi_s.layout)
-            async_copy.async_copy_global_to_shared(
-                q_hi_s, rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
-        async_copy.commit_group()
-        async_copy.wait_group(0)
-        gl.thread_barrier()
-        q_lo = q_lo_s.load(a_l)
-        if D_T > 0:
-            q_hi = q_hi_s.load(a_l)
-        else:
-            q_hi = q_lo  # unused (d_qk 512)
-        gl.thread_barrier()  # every thread has read q before the slot is given back
-        return q_lo, q_hi
-
-    @gluon.jit
-    def _p1_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready,
-                     CID: gl.constexpr,
-                     s_q, T, s_kv, h_q, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
-                     BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
-                     HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
-                     GATHER_ONLY: gl.constexpr):
-        """One of two warpgroups sharing one ring: the tiles k = CID mod 2 of the program's run (k counts the run's
-        tiles), all (<= 64) heads. 4-byte loads of q straight into the registers cost 12 % at h_q 64 (notes,
-        version 7), hence the staging through a held slot."""
-        gl.static_assert(BLOCK_N == 64, "q is staged through one 64-row slot")
-        mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, BLOCK_N, 16])
-        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
-        col_l: gl.constexpr = gl.SliceLayout(0, mma_l)
-        offs_hm = gl.arange(0, 64, layout=gl.SliceLayout(1, mma_l))
-        u0, u1 = _pp_run(gl.program_id(0), gl.num_programs(0), s_q, T)
-        row_end = gl.cdiv(u1, T)
-        # q goes into the wgmma registers through a held 64-row slot: for the first row with tiles here, slot
-        # STAGES - 1 - CID, which the producer fills only after q_ready (as the shipped kernel); after that, the slot
-        # of this consumer's last tile of the previous row, kept back from the producer until q is read
-        held = STAGES - 1 - CID
-        first = True
-        k0 = 0  # the run's tile count before this row
-        for row in range(u0 // T, row_end):
-            n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
-            j_lo, j_hi = _pp_span(u0, u1, T, row, n_len, BLOCK_N)
-            j_first = j_lo + (CID + k0) % 2  # this consumer's first tile of the row: k = k0 + j - j_lo = CID mod 2
-            if j_first < j_hi:
-                rq = row.to(gl.int64)
-                q_lo, q_hi = _stage_q(q_ptr + rq * s_qm, klo_s, khi_s, held, h_q, s_qh, D_V, D_T, a_l)
-                mbarrier.arrive(q_ready, count=1, pred=first)
-                mbarrier.arrive(empty.index(held), count=1, pred=not first)
-                first = False
-                held = -1
-                lse2 = gl.load(lse_ptr + rq * s_lm + offs_hm * s_lh, mask=offs_hm < h_q, other=float("inf")) * LOG2E_C
-                for j in range(j_first, j_hi, 2):
-                    k = k0 + j - j_lo
-                    s = k % STAGES
-                    keep = (j + 2 >= j_hi) & (row + 1 < row_end)  # this row's last tile here: keep its slot
-                    if GATHER_ONLY:
-                        mbarrier.wait(full.index(s), (k // STAGES) & 1)
-                        gl.thread_barrier()
-                        mbarrier.arrive(empty.index(s), count=1, pred=not keep)
-                    else:
-                        t = _ws_idx(idx_ptr, rq, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after the wgmma
-                        acc = _pp_issue(q_lo, q_hi, klo_s, khi_s, full, s, (k // STAGES) & 1, mma_l, BLOCK_N, D_T)
-                        done = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                        _pp_finish(done, empty, s, t, j, lse2, qk_scale, s_kv, limit, n_len, out_ptr + rq * s_om,
-                                   BLOCK_N, CAUSAL, not keep)
-                    held = gl.where(keep, s, held)
-            elif not first and held >= 0:  # no tile of this row here: give the kept slot back
-                mbarrier.arrive(empty.index(held), count=1)
-                held = -1
-            k0 += gl.maximum(j_hi - j_lo, 0)
-        mbarrier.arrive(empty.index(gl.maximum(held, 0)), count=1, pred=(held >= 0) & (not first))
-
-    @gluon.jit
-    def _dist_p1_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
-                        s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
-                        s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om, s_q, T,
-                        BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
-                        HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
-                        CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr, num_warps: gl.constexpr,
-                        GATHER_ONLY: gl.constexpr = False, QPF: gl.constexpr = False):
-        """Persistent (one CTA per SM), h_q <= 64: the shipped protocol (one ring, two consumers on alternate tiles)
-        over an equal run of (row, tile) units per program. At a row change each consumer stages the new q through
-        the slot of its own last tile of the old row, so the producer runs on into the new row (QPF: it also
-        prefetches the next row's q into L2)."""
-        dtype: gl.constexpr = kv_ptr.dtype.element_ty
-        klo_s, khi_s, full, empty = _kv_ring(dtype, STAGES, BLOCK_N, D_V, D_T, 1)
-        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_ready, count=2)
-        gl.warp_specialize([
-            (_p1_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, 0, s_q, T,
-                            s_kv, h_q, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
-                            BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, GATHER_ONLY)),
-            (_p1_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, 1, s_q, T,
-                            s_kv, h_q, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
-                            BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, GATHER_ONLY)),
-            (_pp_producer, (kv_ptr, idx_ptr, tlen_ptr, qs_ptr, q_ptr, klo_s, khi_s, full, empty, q_ready, s_q, T, s_kv,
-                            h_q, topk, q_start, k_stride, s_kvn, s_im, s_qm, s_qh, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN,
-                            CAUSAL, QS_TENSOR, 4, QPF)),
-        ], [4, 4], [CONS_REGS, PROD_REGS])
-
 
 def rows_16b(t: torch.Tensor, dims) -> bool:
     """Rows of t along dims provably 16-byte aligned for cp.async (16 B a thread): Triton marks an int argument
@@ -441,29 +245,10 @@ def attn_dist_ws_launch(a, lse, out, config=None) -> None:
     # registers (q alone is 144)
     cfg = dict(BLOCK_N=64, STAGES=2, CONS_REGS=232, PROD_REGS=48) if split else \
         dict(BLOCK_N=64, STAGES=3, CONS_REGS=232, PROD_REGS=40)
-    if not split and (config or {}).get("P1", False):
-        _p1_launch(a, lse, out, config)
-        return
-    cfg.update({k: v for k, v in (config or {}).items() if k not in ("P1", "QPF")})  # h_q <= 64 only
+    cfg.update(config or {})
     n_hb = triton.cdiv(h_q, 128 if split else 64)
     _dist_ws_kernel[(s_q * n_hb,)](
         q, kv, idx, lse, out, *row_args(a, n_hb),
         q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0),
         D_V=a.d_v, D_T=d_qk - a.d_v, SPLIT_HEADS=split, ATOMIC=split or n_hb > 1, num_warps=4, **row_flags(a),
         **cfg)
-
-
-def _p1_launch(a, lse, out, config) -> None:
-    """h_q <= 64: _dist_p1_kernel, one program per SM; every entry written once (no atomics)."""
-    q = a.q
-    s_q, h_q, d_qk = q.shape
-    cfg = dict(BLOCK_N=64, STAGES=3, CONS_REGS=232, PROD_REGS=40)
-    cfg.update({k: v for k, v in config.items() if k != "P1"})
-    T = triton.cdiv(a.indices.shape[1], cfg["BLOCK_N"])
-    if s_q * T >= 2 ** 31:
-        raise ValueError(f"s_q * ceil(topk / {cfg['BLOCK_N']}) must be < 2**31 (got s_q={s_q}, topk={a.indices.shape[1]})")
-    grid = min(num_sms(q.device), s_q * T)
-    _dist_p1_kernel[(grid,)](
-        q, a.kv, a.indices, lse, out, *row_args(a, 1),
-        q.stride(0), q.stride(1), a.kv.stride(0), a.indices.stride(0), lse.stride(0), lse.stride(1), out.stride(0),
-        s_q, T, D_V=a.d_v, D_T=d_qk - a.d_v, num_warps=4, **row_flags(a), **cfg)
