@@ -34,7 +34,6 @@ except ImportError:
     print("no _sm_head package: new kernels only")
 S_Q, S_KV, TOPK, D_QK = 4096, 8192, 2048, 576
 rows = []
-DIST_CFGS = []  # (name, config) of attn_dist variants to time beside the default (tenth session: P1 / PP, notes v7)
 
 
 def fwd_out(mod, a, cfg):
@@ -104,15 +103,16 @@ def main():
         if "dist" in ops:  # interleaved new / head twice, so that drift hits both; gather-only = the producer alone
             flop = 2 * S_Q * h_q * D_QK * TOPK
             lse = fwd_out(WF, a, None)[2]
-            base = dist_out(WD, a, lse, None)
+            variants = [("new +cfg", extra)] if extra else []  # K=V arguments: a config timed beside the default
+            base = dist_out(WD, a, lse, None) if HD or variants else None
             if HD:
                 print(f"    bitwise equal to head: {torch.equal(base, dist_out(HD, a, lse, None))}")
-            for n, c in DIST_CFGS:
+            for n, c in variants:
                 d = dist_out(WD, a, lse, c)
                 print(f"    {n}: bitwise equal to the default: {torch.equal(d, base)}, max abs diff "
                       f"{(d - base).abs().max().item():.2e}", flush=True)
             for _ in range(2):
-                for name, mod, c in [("new", WD, None)] + [(n, WD, c) for n, c in DIST_CFGS] + (
+                for name, mod, c in [("new", WD, None)] + [(n, WD, c) for n, c in variants] + (
                         [("head", HD, None)] if HD else []):
                     timed("dist", h_q, name, lambda mod=mod, c=c: dist_out(mod, a, lse, c), flop)
                     timed("dist", h_q, f"{name} gather-only",
