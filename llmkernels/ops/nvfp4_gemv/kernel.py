@@ -218,6 +218,29 @@ def _load_act(b_row, sb_row, k0, k_hi, s_sbk, BB: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_l2(ptrs, ok):
+    """Fire-and-forget prefetch of the lines at ptrs into L2: no registers held, nothing waits on it. Safe before
+    griddepcontrol.wait: L2 is the point of coherence, so a later write by the preceding kernel updates the line
+    and the loads after the wait see it (they were never cached in L1). GPU only (inline PTX)."""
+    tl.inline_asm_elementwise("{\n.reg .pred p;\nsetp.ne.b32 p, $2, 0;\n@p prefetch.global.L2 [$1];\nmov.u32 $0, 0;\n}",
+                              "=r,l,r", [ptrs, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0, k_hi, s_sak, s_sbk, BB: tl.constexpr,
+                   WEIGHTS: tl.constexpr):
+    """L2 prefetch of one tile's b and sfb (and, with WEIGHTS, a and sfa): one address per 16 blocks (128 bytes
+    of b or a; scales are one byte per block, so at most one line per tile when they are unit-stride)."""
+    kk = k0 + tl.arange(0, BB // 16) * 16
+    ok = kk < k_hi
+    _prefetch_l2(b_row + kk, ok)
+    _prefetch_l2(sb_row + kk * s_sbk, ok)
+    if WEIGHTS:
+        _prefetch_l2(a_rows + kk[None, :], row_ok[:, None] & ok[None, :])
+        _prefetch_l2(sa_rows + kk[None, :] * s_sak, row_ok[:, None] & ok[None, :])
+
+
+@triton.jit
 def _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0, k_hi, s_sak, s_sbk, BB: tl.constexpr):
     a, sa = _load_weights(a_rows, sa_rows, row_ok, k0, k_hi, s_sak, BB)
     b, sb = _load_act(b_row, sb_row, k0, k_hi, s_sbk, BB)
@@ -237,8 +260,11 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
               s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
               BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
               USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr,
-              TRIGGER: tl.constexpr, EMIT: tl.constexpr):
-    """Output rows pid_m*BM.. of batch l over the K range of `split`."""
+              TRIGGER: tl.constexpr, EMIT: tl.constexpr, L2: tl.constexpr):
+    """Output rows pid_m*BM.. of batch l over the K range of `split`.
+
+    L2 (with USE_GDC, GPU only): before griddepcontrol.wait, prefetch the first tile into L2: 1 = b and sfb (the
+    activations: the loads right after the wait then hit L2 instead of DRAM), 2 = a and sfa as well."""
     rows = pid_m * BM + tl.arange(0, BM)
     row_ok = rows < M
     k_lo = split * per_split
@@ -257,6 +283,8 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
             a0, sa0 = _load_weights(a_rows, sa_rows, row_ok, k_lo, k_hi, s_sak, BB)
         if PRE >= 2:
             a1, sa1 = _load_weights(a_rows, sa_rows, row_ok, k_lo + BB, k_hi, s_sak, BB)
+        if L2 >= 1:
+            _prefetch_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k_lo, k_hi, s_sak, s_sbk, BB, L2 >= 2)
         _gdc_wait(EMIT)
         if TRIGGER == 1:  # once the preceding kernel is done: the next one may start
             _gdc_trigger(EMIT)
@@ -301,7 +329,7 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
                  s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
                  BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
                  USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr,
-                 TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr, EMIT: tl.constexpr):
+                 TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr, EMIT: tl.constexpr, L2: tl.constexpr = 0):
     """USE_GDC (launched with programmatic dependent launch): TRIGGER 0 = no explicit trigger (the next
     kernel may start when this grid's programs have exited), 1 = right after griddepcontrol.wait, 2 = after
     the program's last load is issued, 3 = at entry. PERSISTENT: grid (P, 1, 1), program p handles the row
@@ -315,12 +343,12 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
                       # split 0 as a runtime value: with a constant 0 the K offsets look fully contiguous and
                       # the weight loads get a wider layout than the math (shared-memory shuffles)
                       tl.program_id(2), M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
-                      BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT)
+                      BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, L2)
     else:
         _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, tl.program_id(0),
                   tl.program_id(1).to(tl.int64), tl.program_id(2),
                   M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
-                  BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT)
+                  BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, L2)
 
 
 @triton.jit
@@ -642,6 +670,7 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
         BM=BM, BB=BB, PARTIAL=split > 1, PREFETCH=cfg.get("prefetch", False), USE_ASM=use_asm,
         FIX_NAN=interpreting(), USE_GDC=order, PRE=int(cfg.get("pre", 1)) if order else 0,
         TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0, PERSISTENT=bool(persistent), EMIT=pdl,
+        L2=int(cfg.get("l2", 0)) if pdl else 0,
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1), **({"launch_pdl": True} if pdl else {}))
     if split > 1:
         blk = 256
