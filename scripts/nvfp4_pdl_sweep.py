@@ -165,12 +165,13 @@ def l2_variants(plan, KB, M, L):
     pdl0 = {**plan, "pdl": True, "pre": 0, "trigger": "entry"}
     return [("plan", dict(plan)), ("static", static),
             ("static l2b", {**static, "l2": 1}),
-            ("static l2b pf", {**static, "l2": 1, "prefetch": True}),
+            ("static l2a", {**static, "l2": 2}),
             ("static", static),  # repeated: the spread within one run
             ("static l2b", {**static, "l2": 1}),
+            ("static l2b pf", {**static, "l2": 1, "prefetch": True}),
             ("plan pdl pre0", pdl0),
-            ("plan pdl pre0 l2ab", {**pdl0, "l2": 2}),
-            ("static-layout pdl pre0 l2ab", {**static, "pre": 0, "l2": 2})]
+            ("plan pdl pre0 l2b", {**pdl0, "l2": 1}),
+            ("plan pdl pre0 l2ab", {**pdl0, "l2": 3})]
 
 
 def variants(plan, KB):

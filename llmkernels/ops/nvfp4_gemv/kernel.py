@@ -227,17 +227,21 @@ def _prefetch_l2(ptrs, ok):
 
 
 @triton.jit
-def _prefetch_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0, k_hi, s_sak, s_sbk, BB: tl.constexpr,
-                   WEIGHTS: tl.constexpr):
-    """L2 prefetch of one tile's b and sfb (and, with WEIGHTS, a and sfa): one address per 16 blocks (128 bytes
-    of b or a; scales are one byte per block, so at most one line per tile when they are unit-stride)."""
+def _prefetch_act(b_row, sb_row, k_lo, k_hi, s_sbk, BB: tl.constexpr):
+    """L2 prefetch of b and sfb over [k_lo, k_hi): one address per 16 blocks (128 bytes of b)."""
+    for k0 in range(k_lo, k_hi, BB):
+        kk = k0 + tl.arange(0, BB // 16) * 16
+        _prefetch_l2(b_row + kk, kk < k_hi)
+        _prefetch_l2(sb_row + kk * s_sbk, kk < k_hi)
+
+
+@triton.jit
+def _prefetch_weights(a_rows, sa_rows, row_ok, k0, k_hi, s_sak, BB: tl.constexpr):
+    """L2 prefetch of one tile of a and sfa (one address per 16 blocks)."""
     kk = k0 + tl.arange(0, BB // 16) * 16
-    ok = kk < k_hi
-    _prefetch_l2(b_row + kk, ok)
-    _prefetch_l2(sb_row + kk * s_sbk, ok)
-    if WEIGHTS:
-        _prefetch_l2(a_rows + kk[None, :], row_ok[:, None] & ok[None, :])
-        _prefetch_l2(sa_rows + kk[None, :] * s_sak, row_ok[:, None] & ok[None, :])
+    ok = row_ok[:, None] & (kk < k_hi)[None, :]
+    _prefetch_l2(a_rows + kk[None, :], ok)
+    _prefetch_l2(sa_rows + kk[None, :] * s_sak, ok)
 
 
 @triton.jit
@@ -263,8 +267,9 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
               TRIGGER: tl.constexpr, EMIT: tl.constexpr, L2: tl.constexpr):
     """Output rows pid_m*BM.. of batch l over the K range of `split`.
 
-    L2 (with USE_GDC, GPU only): before griddepcontrol.wait, prefetch the first tile into L2: 1 = b and sfb (the
-    activations: the loads right after the wait then hit L2 instead of DRAM), 2 = a and sfa as well."""
+    L2 (with USE_GDC, GPU only; bit flags): before griddepcontrol.wait, prefetch into L2: 1 = b and sfb of the
+    program's K range, by the first row tile of each batch only (every program prefetching the same lines
+    serialises on their L2 slice); 2 = the first tile of a and sfa."""
     rows = pid_m * BM + tl.arange(0, BM)
     row_ok = rows < M
     k_lo = split * per_split
@@ -283,8 +288,11 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
             a0, sa0 = _load_weights(a_rows, sa_rows, row_ok, k_lo, k_hi, s_sak, BB)
         if PRE >= 2:
             a1, sa1 = _load_weights(a_rows, sa_rows, row_ok, k_lo + BB, k_hi, s_sak, BB)
-        if L2 >= 1:
-            _prefetch_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k_lo, k_hi, s_sak, s_sbk, BB, L2 >= 2)
+        if L2 % 2 == 1:
+            if pid_m == 0:
+                _prefetch_act(b_row, sb_row, k_lo, k_hi, s_sbk, BB)
+        if L2 >= 2:
+            _prefetch_weights(a_rows, sa_rows, row_ok, k_lo, k_hi, s_sak, BB)
         _gdc_wait(EMIT)
         if TRIGGER == 1:  # once the preceding kernel is done: the next one may start
             _gdc_trigger(EMIT)
