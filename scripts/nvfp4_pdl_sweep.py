@@ -27,6 +27,17 @@ from llmkernels.ops.nvfp4_gemv.kernel import gemv_launch, gemv_plan, gemv_tile
 from llmkernels.ops.nvfp4_gemv.reference import nvfp4_gemv_ref
 from llmkernels.ops.nvfp4_gemv.spec import GEMV_SHAPES, GEMV_TOL, gemv_bytes, make_inputs
 
+PROBE = os.environ.get("NVFP4_PROBE")  # timing-only probes (wrong results): how much does the ALU work cost?
+if PROBE:
+    from llmkernels.ops.nvfp4_gemv import kernel as _K
+    if PROBE in ("half", "both"):  # a decode without the negative lanes: 3 of 5 instructions per 4 weights gone
+        _a = "{\n.reg .b32 qlo, qhi, ql16, qh16, qk0, qk1, qt, qacc;\n" + _K._SPLIT % "$1" + _K._LUT + "mov.b32 qacc, 0;\n"
+        for _g, _q in enumerate(_K._SEL):
+            _a += f"prmt.b32 qt, qk0, qk1, {_q};\ndp4a.s32.s32 qacc, qt, ${2 + _g}, qacc;\n"
+        _K.ASM_A = tl.constexpr(_a + "mov.b32 $0, qacc;\n}")
+    if PROBE in ("nob", "both"):  # b used as it is (no decode)
+        _K.ASM_B = tl.constexpr("{\nmov.b64 {$0, $1}, $8;\nmov.b64 {$2, $3}, $8;\nmov.b64 {$4, $5}, $8;\n"
+                                "mov.b64 {$6, $7}, $8;\n}")
 T0 = time.monotonic()
 BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 else 140.0
 OUT = os.environ.get("OUT")
@@ -210,6 +221,8 @@ def main():
     rows = []
     choice = os.environ.get("VARIANTS")  # unset: the v3 candidates; "tiles" / "tiles2": round 8's layouts
     shapes = GEMV_SHAPES[:{"tiles": 3, "tiles2": 5}.get(choice, len(GEMV_SHAPES))]
+    if choice == "probe":
+        shapes = [GEMV_SHAPES[2], GEMV_SHAPES[0], GEMV_SHAPES[1]]
     if choice == "l2":  # the (7168, 2048, 4) shape first: the one short of the goal
         shapes = [GEMV_SHAPES[2], GEMV_SHAPES[0], GEMV_SHAPES[1]] + list(GEMV_SHAPES[3:])
     for M, K, L in shapes:
@@ -223,6 +236,7 @@ def main():
         log(f"-- M={M} K={K} L={L}: floor {floor_us:.2f} us, {sets} input sets, plan {plan}")
         pick = (tile_variants(plan, K // 16, M, L) if choice == "tiles" else
                 l2_variants(plan, K // 16, M, L) if choice == "l2" else
+                [("static", gemv_plan(M, K // 16, L, dev, True)), ("plan", dict(plan))] if choice == "probe" else
                 tile2_variants(plan, K // 16, M, L) if choice == "tiles2" else variants(plan, K // 16))
         todo = pick + [("read-only", "read"), ("read-only pdl", "read-pdl")]
         for name, cfg in todo:
@@ -249,7 +263,7 @@ def main():
                     if base_out is None:
                         base_out = out
                     same = bool(torch.equal(out, base_out))
-                    if not err <= GEMV_TOL:
+                    if not err <= GEMV_TOL and not PROBE:
                         raise RuntimeError(f"rel err {err:.2e} > {GEMV_TOL}")
                 ms = _graph_time_ms(fns, calls=32, reps=15)
                 us = ms * 1e3
