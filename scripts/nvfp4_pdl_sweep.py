@@ -174,6 +174,13 @@ def l2_variants(plan, KB, M, L):
     """VARIANTS=l2: the first tile's b / sfb (and a / sfa) prefetched into L2 before griddepcontrol.wait (cfg l2)."""
     static = gemv_plan(M, KB, L, torch.device("cuda"), True)
     pdl0 = {**plan, "pdl": True, "pre": 0, "trigger": "entry"}
+    if os.environ.get("L2SET") == "2":  # round 10b: weights in L2 instead of (or besides) registers
+        return [("static", static), ("static l2b", {**static, "l2": 1}),
+                ("static pre0 l2ab", {**static, "pre": 0, "l2": 3}),
+                ("static l2b+a2", {**static, "l2": 5}),
+                ("static", static), ("static l2b", {**static, "l2": 1}),
+                ("static pre0 l2ab", {**static, "pre": 0, "l2": 3}),
+                ("static l2b+a2", {**static, "l2": 5})]
     return [("plan", dict(plan)), ("static", static),
             ("static l2b", {**static, "l2": 1}),
             ("static l2a", {**static, "l2": 2}),
@@ -225,6 +232,8 @@ def main():
         shapes = [GEMV_SHAPES[2], GEMV_SHAPES[0], GEMV_SHAPES[1]]
     if choice == "l2":  # the (7168, 2048, 4) shape first: the one short of the goal
         shapes = [GEMV_SHAPES[2], GEMV_SHAPES[0], GEMV_SHAPES[1]] + list(GEMV_SHAPES[3:])
+        if os.environ.get("L2SET") == "2":
+            shapes = shapes[:2] + shapes[3:5]
     for M, K, L in shapes:
         nbytes = gemv_bytes(M, K, L)
         floor_us = nbytes / bw * 1e6
