@@ -189,6 +189,147 @@ if HAVE_GLUON:
                     gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
 
     @gluon.jit
+    def _pair_limits(pid, s_q, topk, tlen_ptr, qs_ptr, q_start, k_stride,
+                     HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr):
+        """PAIR mode: row limits of rows 2 pid and 2 pid + 1 (the second may not exist: no entries)."""
+        row_a = 2 * pid
+        n_a, lim_a = _row_limits(row_a, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+        row_b = gl.minimum(row_a + 1, s_q - 1)  # clamped for the loads; n_b = 0 when it is past the end
+        n_b, lim_b = _row_limits(row_b, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+        n_b = gl.where(row_a + 1 < s_q, n_b, 0)
+        return n_a, lim_a, n_b, lim_b
+
+    @gluon.jit
+    def _pair_producer(kv_ptr, idx_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, s_q, s_kv, topk, q_start,
+                       k_stride, s_kvn, s_im,
+                       BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
+                       HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr):
+        """4 warps: the tiles of the two rows alternately (ring item k = tile k // 2 of row 2 pid + k % 2), as many
+        for each row as the longer one has (past a row's end the copies are masked off)."""
+        g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        i_l: gl.constexpr = gl.SliceLayout(1, g_l)
+        pid = gl.program_id(0)
+        n_a, lim_a, n_b, lim_b = _pair_limits(pid, s_q, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL,
+                                              QS_TENSOR)
+        n_pair = gl.cdiv(gl.maximum(n_a, n_b), BLOCK_N)
+        d_lo = gl.arange(0, D_V, layout=gl.SliceLayout(0, g_l))
+        for k in range(2 * n_pair):
+            c = k % 2
+            row = (2 * pid + c).to(gl.int64)
+            n_len = gl.where(c == 0, n_a, n_b)
+            limit = gl.where(c == 0, lim_a, lim_b)
+            s = k % STAGES
+            idx = _ws_idx(idx_ptr, row, (k // 2) * BLOCK_N, n_len, s_im, BLOCK_N, i_l)  # tested after the wait
+            mbarrier.wait(empty.index(s), ((k // STAGES) & 1) ^ 1, pred=k >= STAGES)
+            mbarrier.wait(q_ready, 0, pred=k == STAGES - 2 * (64 // BLOCK_N))  # q staged through the last slots
+            valid = _ws_check(idx, s_kv, limit, CAUSAL)
+            base = kv_ptr + gl.where(valid, idx, 0).to(gl.int64)[:, None] * s_kvn
+            async_copy.async_copy_global_to_shared(klo_s.index(s), base + d_lo[None, :], mask=valid[:, None])
+            if D_T > 0:
+                d_hi = gl.arange(0, D_T, layout=gl.SliceLayout(0, g_l))
+                async_copy.async_copy_global_to_shared(khi_s.index(s), base + D_V + d_hi[None, :], mask=valid[:, None])
+            async_copy.mbarrier_arrive(full.index(s), increment_count=False)
+
+    @gluon.jit
+    def _pair_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, s_q, h_q,
+                       s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
+                       CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
+                       STAGES: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
+                       GATHER_ONLY: gl.constexpr):
+        """One warpgroup, all (<= 64) heads of row 2 pid + CID, every tile of it (ring items k = CID mod 2)."""
+        mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_N, 16])
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
+        col_l: gl.constexpr = gl.SliceLayout(0, mma_l)
+        pid = gl.program_id(0)
+        n_a, lim_a, n_b, lim_b = _pair_limits(pid, s_q, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL,
+                                              QS_TENSOR)
+        n_pair = gl.cdiv(gl.maximum(n_a, n_b), BLOCK_N)
+        if CID == 0:
+            n_len = n_a
+            limit = lim_a
+        else:
+            n_len = n_b
+            limit = lim_b
+        has_row = 2 * pid + CID < s_q
+        row = gl.minimum(2 * pid + CID, s_q - 1).to(gl.int64)  # clamped: a missing row loads nothing (masks)
+        # q of this consumer's row into the A-operand registers through ring slot STAGES - 1 - CID (as _ws_consumer)
+        gl.static_assert(BLOCK_N == 64, "q is staged through one 64-row slot per consumer")
+        slot0: gl.constexpr = STAGES - 1 - CID
+        q_lo_s = klo_s.index(slot0)._reinterpret(klo_s.dtype, [64, D_V], klo_s.layout)
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        offs_h = gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
+        q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
+        hmask = (offs_h[:, None] < h_q) & has_row
+        async_copy.async_copy_global_to_shared(
+            q_lo_s, q_rows + gl.arange(0, D_V, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
+        if D_T > 0:
+            q_hi_s = khi_s.index(slot0)._reinterpret(khi_s.dtype, [64, D_T], khi_s.layout)
+            async_copy.async_copy_global_to_shared(
+                q_hi_s, q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        gl.thread_barrier()
+        q_lo = q_lo_s.load(a_l)
+        if D_T > 0:
+            q_hi = q_hi_s.load(a_l)
+        gl.thread_barrier()
+        mbarrier.arrive(q_ready, count=1)
+        offs_hm = gl.arange(0, 64, layout=gl.SliceLayout(1, mma_l))
+        lse2 = gl.load(lse_ptr + row * s_lm + offs_hm * s_lh, mask=(offs_hm < h_q) & has_row, other=float("inf"))
+        lse2 = lse2 * LOG2E_C
+        zero = gl.zeros([64, BLOCK_N], gl.float32, mma_l)
+        cols = gl.arange(0, BLOCK_N, layout=col_l)
+        for j in range(n_pair):
+            k = 2 * j + CID
+            s = k % STAGES
+            t = _ws_idx(idx_ptr, row, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after the wgmma
+            mbarrier.wait(full.index(s), (k // STAGES) & 1)
+            fence_async_shared()
+            if GATHER_ONLY:
+                gl.thread_barrier()
+                mbarrier.arrive(empty.index(s), count=1)
+            else:  # a tile past this row's end (the other row is longer) is all masked: computed, never stored
+                acc = warpgroup_mma(q_lo, klo_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+                if D_T > 0:
+                    acc = warpgroup_mma(q_hi, khi_s.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                gl.thread_barrier()
+                mbarrier.arrive(empty.index(s), count=1)
+                p = gl.exp2(acc * qk_scale - lse2[:, None])
+                valid = _ws_check(t, s_kv, limit, CAUSAL)
+                col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)
+                offs = j * BLOCK_N + cols
+                gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
+
+    @gluon.jit
+    def _dist_pair_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
+                          s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
+                          s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om, s_q,
+                          BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
+                          HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
+                          CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr, num_warps: gl.constexpr,
+                          GATHER_ONLY: gl.constexpr = False):
+        """h_q <= 64: one program per pair of rows, a consumer warpgroup per row, one producer alternating their
+        tiles through one ring. Each consumer sees a tile every other ring item, as in _dist_ws_kernel, but a
+        program's start (q loads, the first gathers) and its end (the last tiles' products after the last gather)
+        are paid once per two rows."""
+        dtype: gl.constexpr = kv_ptr.dtype.element_ty
+        klo_s, khi_s, full, empty = _kv_ring(dtype, STAGES, BLOCK_N, D_V, D_T, 1)
+        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_ready, count=2)
+        gl.warp_specialize([
+            (_pair_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready,
+                              s_q, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
+                              0, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, GATHER_ONLY)),
+            (_pair_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready,
+                              s_q, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
+                              1, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, GATHER_ONLY)),
+            (_pair_producer, (kv_ptr, idx_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, s_q, s_kv, topk,
+                              q_start, k_stride, s_kvn, s_im, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR)),
+        ], [4, 4], [CONS_REGS, PROD_REGS])
+
+    @gluon.jit
     def _dist_ws_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
                         s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
                         s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om,
@@ -246,6 +387,13 @@ def attn_dist_ws_launch(a, lse, out, config=None) -> None:
     cfg = dict(BLOCK_N=64, STAGES=2, CONS_REGS=232, PROD_REGS=48) if split else \
         dict(BLOCK_N=64, STAGES=3, CONS_REGS=232, PROD_REGS=40)
     cfg.update(config or {})
+    if not split and cfg.pop("PAIR", False):
+        _dist_pair_kernel[(triton.cdiv(s_q, 2),)](
+            q, kv, idx, lse, out, *row_args(a, 1),
+            q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0), s_q,
+            D_V=a.d_v, D_T=d_qk - a.d_v, num_warps=4, **row_flags(a), **cfg)
+        return
+    cfg.pop("PAIR", None)
     n_hb = triton.cdiv(h_q, 128 if split else 64)
     _dist_ws_kernel[(s_q * n_hb,)](
         q, kv, idx, lse, out, *row_args(a, n_hb),
