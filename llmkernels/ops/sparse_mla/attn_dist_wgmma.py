@@ -11,7 +11,7 @@ import triton
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
 
-from ..._runtime import interpreting
+from ..._runtime import interpreting, num_sms
 from .common import LOG2E_C, row_args, row_flags
 
 if HAVE_GLUON:
@@ -189,37 +189,41 @@ if HAVE_GLUON:
                     gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
 
     @gluon.jit
-    def _pair_limits(pid, s_q, topk, tlen_ptr, qs_ptr, q_start, k_stride,
-                     HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr):
-        """PAIR mode: row limits of rows 2 pid and 2 pid + 1 (the second may not exist: no entries)."""
-        row_a = 2 * pid
+    def _pair_rows(s_q, n_pairs, topk, tlen_ptr, qs_ptr, q_start, k_stride, BLOCK_N: gl.constexpr,
+                   HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr):
+        """This program's rows: programs < n_pairs take rows 2 pid and 2 pid + 1 (ring item k = tile k // 2 of row
+        k % 2), the rest one row each (item k = tile k, as _dist_ws_kernel). Returns (pair, row a, row b, n_len a,
+        limit a, n_len b, limit b, ring items); row b is row a for a single row, and has no entries past s_q."""
+        pid = gl.program_id(0)
+        pair = pid < n_pairs
+        row_a = gl.where(pair, 2 * pid, n_pairs + pid)
         n_a, lim_a = _row_limits(row_a, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
-        row_b = gl.minimum(row_a + 1, s_q - 1)  # clamped for the loads; n_b = 0 when it is past the end
+        row_b = gl.where(pair, gl.minimum(row_a + 1, s_q - 1), row_a)  # clamped for the loads
         n_b, lim_b = _row_limits(row_b, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
-        n_b = gl.where(row_a + 1 < s_q, n_b, 0)
-        return n_a, lim_a, n_b, lim_b
+        n_b = gl.where(pair & (row_a + 1 >= s_q), 0, n_b)
+        items = gl.where(pair, 2 * gl.cdiv(gl.maximum(n_a, n_b), BLOCK_N), gl.cdiv(n_a, BLOCK_N))
+        return pair, row_a, row_b, n_a, lim_a, n_b, lim_b, items
 
     @gluon.jit
-    def _pair_producer(kv_ptr, idx_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, s_q, s_kv, topk, q_start,
-                       k_stride, s_kvn, s_im,
+    def _pair_producer(kv_ptr, idx_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, s_q, n_pairs, s_kv, topk,
+                       q_start, k_stride, s_kvn, s_im,
                        BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
                        HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr):
-        """4 warps: the tiles of the two rows alternately (ring item k = tile k // 2 of row 2 pid + k % 2), as many
-        for each row as the longer one has (past a row's end the copies are masked off)."""
+        """4 warps: cp.async the ring items in order (a pair's rows alternately, as many tiles for each as the longer
+        row has: past a row's end the copies are masked off)."""
         g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         i_l: gl.constexpr = gl.SliceLayout(1, g_l)
-        pid = gl.program_id(0)
-        n_a, lim_a, n_b, lim_b = _pair_limits(pid, s_q, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL,
-                                              QS_TENSOR)
-        n_pair = gl.cdiv(gl.maximum(n_a, n_b), BLOCK_N)
+        pair, row_a, row_b, n_a, lim_a, n_b, lim_b, items = _pair_rows(
+            s_q, n_pairs, topk, tlen_ptr, qs_ptr, q_start, k_stride, BLOCK_N, HAS_TLEN, CAUSAL, QS_TENSOR)
         d_lo = gl.arange(0, D_V, layout=gl.SliceLayout(0, g_l))
-        for k in range(2 * n_pair):
-            c = k % 2
-            row = (2 * pid + c).to(gl.int64)
-            n_len = gl.where(c == 0, n_a, n_b)
-            limit = gl.where(c == 0, lim_a, lim_b)
+        for k in range(items):
+            second = pair & (k % 2 == 1)
+            row = gl.where(second, row_b, row_a).to(gl.int64)
+            n_len = gl.where(second, n_b, n_a)
+            limit = gl.where(second, lim_b, lim_a)
+            tile = gl.where(pair, k // 2, k)
             s = k % STAGES
-            idx = _ws_idx(idx_ptr, row, (k // 2) * BLOCK_N, n_len, s_im, BLOCK_N, i_l)  # tested after the wait
+            idx = _ws_idx(idx_ptr, row, tile * BLOCK_N, n_len, s_im, BLOCK_N, i_l)  # tested after the wait
             mbarrier.wait(empty.index(s), ((k // STAGES) & 1) ^ 1, pred=k >= STAGES)
             mbarrier.wait(q_ready, 0, pred=k == STAGES - 2 * (64 // BLOCK_N))  # q staged through the last slots
             valid = _ws_check(idx, s_kv, limit, CAUSAL)
@@ -231,28 +235,29 @@ if HAVE_GLUON:
             async_copy.mbarrier_arrive(full.index(s), increment_count=False)
 
     @gluon.jit
-    def _pair_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, s_q, h_q,
-                       s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
+    def _pair_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, s_q,
+                       n_pairs, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                        CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
                        STAGES: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
                        GATHER_ONLY: gl.constexpr):
-        """One warpgroup, all (<= 64) heads of row 2 pid + CID, every tile of it (ring items k = CID mod 2)."""
+        """One warpgroup, all (<= 64) heads, the ring items k = CID mod 2: every tile of row b (CID 1) or row a (CID 0)
+        of a pair, or every other tile of a single row."""
         mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_N, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
         col_l: gl.constexpr = gl.SliceLayout(0, mma_l)
-        pid = gl.program_id(0)
-        n_a, lim_a, n_b, lim_b = _pair_limits(pid, s_q, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL,
-                                              QS_TENSOR)
-        n_pair = gl.cdiv(gl.maximum(n_a, n_b), BLOCK_N)
+        pair, row_a, row_b, n_a, lim_a, n_b, lim_b, items = _pair_rows(
+            s_q, n_pairs, topk, tlen_ptr, qs_ptr, q_start, k_stride, BLOCK_N, HAS_TLEN, CAUSAL, QS_TENSOR)
         if CID == 0:
+            row = row_a.to(gl.int64)
             n_len = n_a
             limit = lim_a
+            has_row = True
         else:
+            row = row_b.to(gl.int64)
             n_len = n_b
             limit = lim_b
-        has_row = 2 * pid + CID < s_q
-        row = gl.minimum(2 * pid + CID, s_q - 1).to(gl.int64)  # clamped: a missing row loads nothing (masks)
+            has_row = ~pair | (row_a + 1 < s_q)
         # q of this consumer's row into the A-operand registers through ring slot STAGES - 1 - CID (as _ws_consumer)
         gl.static_assert(BLOCK_N == 64, "q is staged through one 64-row slot per consumer")
         slot0: gl.constexpr = STAGES - 1 - CID
@@ -280,8 +285,8 @@ if HAVE_GLUON:
         lse2 = lse2 * LOG2E_C
         zero = gl.zeros([64, BLOCK_N], gl.float32, mma_l)
         cols = gl.arange(0, BLOCK_N, layout=col_l)
-        for j in range(n_pair):
-            k = 2 * j + CID
+        for k in range(CID, items, 2):
+            j = gl.where(pair, k // 2, k)  # the tile of the row
             s = k % STAGES
             t = _ws_idx(idx_ptr, row, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after the wgmma
             mbarrier.wait(full.index(s), (k // STAGES) & 1)
@@ -305,28 +310,29 @@ if HAVE_GLUON:
     @gluon.jit
     def _dist_pair_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
                           s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
-                          s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om, s_q,
+                          s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om, s_q, n_pairs,
                           BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
                           HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
                           CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr, num_warps: gl.constexpr,
                           GATHER_ONLY: gl.constexpr = False):
-        """h_q <= 64: one program per pair of rows, a consumer warpgroup per row, one producer alternating their
-        tiles through one ring. Each consumer sees a tile every other ring item, as in _dist_ws_kernel, but a
-        program's start (q loads, the first gathers) and its end (the last tiles' products after the last gather)
-        are paid once per two rows."""
+        """h_q <= 64: programs < n_pairs take a pair of rows, a consumer warpgroup per row and one producer alternating
+        their tiles through one ring; the rest one row each, the consumers on alternate tiles (as _dist_ws_kernel).
+        Each consumer sees a tile every other ring item either way, but a pair pays a program's start (q loads, the
+        first gathers) and end (the last tiles' products after the last gather) once for two rows; the single rows
+        come last and fill the last wave."""
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
         klo_s, khi_s, full, empty = _kv_ring(dtype, STAGES, BLOCK_N, D_V, D_T, 1)
         q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(q_ready, count=2)
         gl.warp_specialize([
             (_pair_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready,
-                              s_q, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
+                              s_q, n_pairs, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                               0, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, GATHER_ONLY)),
             (_pair_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready,
-                              s_q, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
+                              s_q, n_pairs, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                               1, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, GATHER_ONLY)),
-            (_pair_producer, (kv_ptr, idx_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, s_q, s_kv, topk,
-                              q_start, k_stride, s_kvn, s_im, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR)),
+            (_pair_producer, (kv_ptr, idx_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, s_q, n_pairs, s_kv,
+                              topk, q_start, k_stride, s_kvn, s_im, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
 
     @gluon.jit
@@ -387,13 +393,17 @@ def attn_dist_ws_launch(a, lse, out, config=None) -> None:
     cfg = dict(BLOCK_N=64, STAGES=2, CONS_REGS=232, PROD_REGS=48) if split else \
         dict(BLOCK_N=64, STAGES=3, CONS_REGS=232, PROD_REGS=40)
     cfg.update(config or {})
-    if not split and cfg.pop("PAIR", False):
-        _dist_pair_kernel[(triton.cdiv(s_q, 2),)](
+    pair = cfg.pop("PAIR", False)
+    if not split and pair:
+        # PAIR = 1: pairs of rows, then SINGLES single-row programs (default: one per SM) to even out the last wave
+        singles = min(s_q, cfg.pop("SINGLES", num_sms(q.device)))
+        n_pairs = (s_q - singles) // 2
+        _dist_pair_kernel[(s_q - n_pairs,)](
             q, kv, idx, lse, out, *row_args(a, 1),
             q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0), s_q,
-            D_V=a.d_v, D_T=d_qk - a.d_v, num_warps=4, **row_flags(a), **cfg)
+            n_pairs, D_V=a.d_v, D_T=d_qk - a.d_v, num_warps=4, **row_flags(a), **cfg)
         return
-    cfg.pop("PAIR", None)
+    cfg.pop("SINGLES", None)
     n_hb = triton.cdiv(h_q, 128 if split else 64)
     _dist_ws_kernel[(s_q * n_hb,)](
         q, kv, idx, lse, out, *row_args(a, n_hb),
