@@ -23,7 +23,7 @@ from llmkernels.ops.sparse_mla.spec import OUT_TOL, STAT_TOL, causal_indices, ma
 dev = torch.device("cuda")
 OUT = os.environ.get("OUT", "/tmp")
 SHAPES = [(128, 2048, 576), (64, 2048, 576), (16, 2048, 576), (128, 2048, 512), (128, 512, 576)]
-CONFIGS = {"dist": [None, dict(STAGES=2), dict(PAIR=1), dict(PAIR=1, SINGLES=0), dict(PAIR=1, SINGLES=3)], "fwd": [None]}  # None: what the public ops run
+CONFIGS = {"dist": [None, dict(PAIR=0), dict(PAIR=0, STAGES=2), dict(SINGLES=0), dict(SINGLES=3)], "fwd": [None]}  # None: what the public ops run
 I32_MIN, I32_MAX = -2 ** 31, 2 ** 31 - 1
 
 
@@ -147,6 +147,10 @@ def memcheck():
         a = prepare(q, kv, idx, 0.04, attn_sink=torch.randn(h, device=dev))
         run_fwd(a, None)
         run_dist(a, torch.randn(s_q, h, device=dev) + 30, None)
+        if h <= 64:  # programs over pairs of rows (an odd s_q: the last row alone)
+            for n in (s_q, s_q - 1):
+                b = prepare(q[:n], kv, idx[:n], 0.04)
+                run_dist(b, torch.randn(n, h, device=dev) + 30, dict(SINGLES=0))
     torch.cuda.synchronize()
     print("memcheck case ran")
 

@@ -331,6 +331,40 @@ def test_gpu_fwd_and_dist_causal(h_q, d_qk):
 
 
 @gpu
+@pytest.mark.parametrize("h_q", [1, 16, 64])
+@pytest.mark.parametrize("d_qk", [576, 512])
+def test_gpu_attn_dist_row_pairs(h_q, d_qk):
+    """sm_90, h_q <= 64: programs over pairs of rows (the public op uses them only past one row per SM, so force
+    them): rows of a pair with different topk_length (different tile counts), an odd s_q, garbage and future
+    indices, k_stride 4. Equal to the reference, and bit for bit to one row per program."""
+    from llmkernels.ops.sparse_mla.attn_dist_wgmma import attn_dist_ws_launch, wgmma_usable
+    dev = torch.device("cuda")
+    s_q, s_kv, topk = 97, 1500, 700
+    q = torch.randn(s_q, h_q, d_qk, device=dev, dtype=torch.bfloat16)
+    kv = torch.randn(s_kv, 1, d_qk, device=dev, dtype=torch.bfloat16)
+    q_start = s_kv * 4 - s_q - 50
+    idx = causal_indices(s_q, s_kv, topk, q_start, dev, k_stride=4)
+    idx[:, ::7] = torch.randint(s_kv // 2, s_kv, idx[:, ::7].shape, device=dev, dtype=torch.int32)
+    idx[5, 3:9] = torch.tensor([-1, s_kv, I32_MIN, I32_MAX, 7, 7], dtype=torch.int32, device=dev)
+    idx[6] = -1
+    tl = torch.randint(0, topk + 10, (s_q,), dtype=torch.int32, device=dev)
+    kw = dict(q_start=q_start, k_stride=4, topk_length=tl)
+    a = prepare(q, kv, idx, d_qk ** -0.5, **kw)
+    if torch.cuda.get_device_capability() != (9, 0) or not wgmma_usable(a):
+        pytest.skip("the Gluon attn_dist runs on sm_90 only")
+    lse = sparse_mla(q, kv, idx, d_qk ** -0.5, **kw)[2]
+    ref = sparse_mla_attn_dist_ref(q, kv, idx, lse, d_qk ** -0.5, **kw)
+    outs = []
+    for cfg in (dict(PAIR=0), dict(SINGLES=0), dict(SINGLES=4)):  # 48 pairs + 1 single; 46 pairs + 5 singles
+        d = torch.zeros(s_q, topk, device=dev)
+        attn_dist_ws_launch(a, lse, d, config=cfg)
+        assert rel_err(d, ref) <= STAT_TOL
+        assert torch.all(d[~valid_mask(idx, s_kv, **kw)] == 0)
+        outs.append(d)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@gpu
 @pytest.mark.parametrize("h_q", [16, 128])
 def test_gpu_fwd_and_dist_fp16(h_q):
     """fp16 inputs through the sm_90 kernels (their P conversion has an fp16 branch), with sinks and garbage."""

@@ -1,6 +1,7 @@
 """attn_dist for Hopper in Gluon (warp-specialised): q held in the wgmma A-operand registers, kv rows
 gathered by a cp.async producer into a STAGES-deep shared-memory ring, so the smem budget goes to gathers in
-flight, not to q. One program per (query row, block of 128 heads).
+flight, not to q. Above 64 heads one program per (query row, block of 128 heads); up to 64 heads one program per pair
+of rows (then one per row for the last ones).
 
 Gluon has no interpreter: the plain-Triton kernel in attn_dist.py is the portable path (and what CPU tests
 cover); this one runs on sm_90 and is tested on the GPU (tests marked gpu, scripts/sparse_mla_gluon_device.py).
@@ -389,9 +390,10 @@ def attn_dist_ws_launch(a, lse, out, config=None) -> None:
     split = h_q > 64  # 2 x 64 heads on every tile; else both consumers take 64 heads on alternate tiles
     # measured on an H100 (benchmarks/notes/sparse_mla_fwd.md, version 5): slots of 64 rows, 3 where the consumers
     # take alternate tiles, 2 where both read every tile (507-514 vs 490 TFLOP/s at h_q 128); consumers get 232
-    # registers (q alone is 144)
+    # registers (q alone is 144). h_q <= 64: pairs of rows per program (PAIR, notes version 9: 431-438 -> 451-453
+    # TFLOP/s at h_q 64 on one H100, 448 -> 453 on another); PAIR=0 gives one row per program
     cfg = dict(BLOCK_N=64, STAGES=2, CONS_REGS=232, PROD_REGS=48) if split else \
-        dict(BLOCK_N=64, STAGES=3, CONS_REGS=232, PROD_REGS=40)
+        dict(BLOCK_N=64, STAGES=3, CONS_REGS=232, PROD_REGS=40, PAIR=1)
     cfg.update(config or {})
     pair = cfg.pop("PAIR", False)
     if not split and pair:
