@@ -55,12 +55,11 @@ if HAVE_GLUON:
             gl.store(stamp_ptr + off + tid * 0, t, mask=(tid == 0) & (i < 16))
 
     @gluon.jit
-    def _see_consumer(q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, pbuf, qlo_s,
-                      qhi_s, xm, xl, bars, full, empty, r_lo, r_hi, hb, h_q, topk, q_start, k_stride, s_kv, qk_scale,
-                      s_qm, s_qh, s_im, s_om, s_oh, s_lm, zero, stamp_ptr, CID: gl.constexpr, BLOCK_N: gl.constexpr,
-                      D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
-                      SINK_IN_LSE: gl.constexpr, STAMP: gl.constexpr, STAGGER: gl.constexpr, HAS_TLEN: gl.constexpr,
-                      QS_TENSOR: gl.constexpr):
+    def _see_consumer(q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s, xm, xl,
+                      bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om, s_oh,
+                      s_lm, zero, stamp_ptr, CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
+                      D_T: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr,
+                      STAMP: gl.constexpr, STAGGER: gl.constexpr):
         """Consumer CID of the seesaw (module docstring). Ring barriers [early 0, early 1, late 0, late 1].
         Per pair, consumer 0: S a (then STAGGER lets consumer 1 issue S b, which queues behind it, so this
         softmax overlaps S b), P a at m0 to consumer 1, P a V a (frees slot 0's early half), O to m1, then P b V b
@@ -77,171 +76,164 @@ if HAVE_GLUON:
         c0: gl.constexpr = CID * DH
         oc: gl.constexpr = (1 - CID) * DH
 
-        g0 = 0
-        for rr in range(r_hi - r_lo):  # the program's rows, one after the other (ROWS)
-            n_len, limit = _row_limits(r_lo + rr, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL,
-                                       QS_TENSOR)
-            row = (r_lo + rr).to(gl.int64)
-            # q into shared memory, half of its columns by each consumer; both read all of it
-            ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-            offs_h = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
-            q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
-            hmask = offs_h[:, None] < h_q
+        # q into shared memory, half of its columns by each consumer; both read all of it
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        offs_h = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
+        q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
+        hmask = offs_h[:, None] < h_q
+        async_copy.async_copy_global_to_shared(
+            qlo_s.slice(c0, DH, dim=1), q_rows + c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, ld_l))[None, :],
+            mask=hmask)
+        if CID == 1 and D_T > 0:
             async_copy.async_copy_global_to_shared(
-                qlo_s.slice(c0, DH, dim=1), q_rows + c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, ld_l))[None, :],
-                mask=hmask)
-            if CID == 1 and D_T > 0:
-                async_copy.async_copy_global_to_shared(
-                    qhi_s, q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
-            async_copy.commit_group()
-            async_copy.wait_group(0)
+                qhi_s, q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(bars.index(0), count=1)
+        mbarrier.wait(bars.index(0), 0)
+
+        q3_s = qlo_s._reinterpret(qlo_s.dtype, [1, 64, D_V], qlo_s.layout)
+        m_i = gl.full([64], float("-inf"), gl.float32, row_l)  # running max of the log2-scaled logits
+        l_i = gl.zeros([64], gl.float32, row_l)  # this consumer's tiles' share of the denominator, at m_i
+        acc = gl.zeros([64, DH], gl.float32, o_l)
+        zero_s = gl.zeros([64, BLOCK_N], gl.float32, s_l)
+        n_pairs = gl.cdiv(n_len, 2 * BLOCK_N)
+        for i in range(n_pairs):
+            ph = i & 1
+            # zero * i (zero is a runtime 0): shared-memory addresses the compiler cannot hoist, else it keeps the
+            # 2 x 36 wgmma descriptors of q and the tile live across the loop and spills them
+            z = zero * i
+            qz_s = q3_s.index(z)
+            sa_s = klo_s.index(CID + z)
+            _stamp(stamp_ptr, i, 0, CID, STAMP)
+            t = _ws_idx(idx_ptr, row, (2 * i + CID) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after S
+            if STAGGER:
+                if CID == 1:  # S b queues behind S a on the tensor cores: consumer 0's softmax overlaps S b
+                    mbarrier.wait(bars.index(6), ph)
+            # the early half of the slot (this consumer's own 256 columns) lands first
+            mbarrier.wait(full.index(CID), ph)
+            _stamp(stamp_ptr, i, 1, CID, STAMP)
+            fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+            sa = warpgroup_mma(qz_s.slice(c0, DH, dim=1), sa_s.slice(c0, DH, dim=1).permute((1, 0)), zero_s,
+                               use_acc=False, is_async=True)
+            mbarrier.wait(full.index(2 + CID), ph)
             fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(bars.index(0), count=1)
-            mbarrier.wait(bars.index(0), rr & 1)
-
-            q3_s = qlo_s._reinterpret(qlo_s.dtype, [1, 64, D_V], qlo_s.layout)
-            m_i = gl.full([64], float("-inf"), gl.float32, row_l)  # running max of the log2-scaled logits
-            l_i = gl.zeros([64], gl.float32, row_l)  # this consumer's tiles' share of the denominator, at m_i
-            acc = gl.zeros([64, DH], gl.float32, o_l)
-            zero_s = gl.zeros([64, BLOCK_N], gl.float32, s_l)
-            n_pairs = gl.cdiv(n_len, 2 * BLOCK_N)
-            for i in range(n_pairs):
-                g = g0 + i  # pairs of tiles handled so far by this program: barrier phases
-                ph = g & 1
-                # zero * g (zero is a runtime 0): shared-memory addresses the compiler cannot hoist, else it keeps the
-                # 2 x 36 wgmma descriptors of q and the tile live across the loop and spills them
-                z = zero * g
-                qz_s = q3_s.index(z)
-                sa_s = klo_s.index(CID + z)
-                _stamp(stamp_ptr, g, 0, CID, STAMP)
-                t = _ws_idx(idx_ptr, row, (2 * i + CID) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after S
-                if STAGGER:
-                    if CID == 1:  # S b queues behind S a on the tensor cores: consumer 0's softmax overlaps S b
-                        mbarrier.wait(bars.index(6), ph)
-                # the early half of the slot (this consumer's own 256 columns) lands first
-                mbarrier.wait(full.index(CID), ph)
-                _stamp(stamp_ptr, g, 1, CID, STAMP)
-                fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-                sa = warpgroup_mma(qz_s.slice(c0, DH, dim=1), sa_s.slice(c0, DH, dim=1).permute((1, 0)), zero_s,
-                                   use_acc=False, is_async=True)
-                mbarrier.wait(full.index(2 + CID), ph)
-                fence_async_shared()
-                sa = warpgroup_mma(qz_s.slice(oc, DH, dim=1), sa_s.slice(oc, DH, dim=1).permute((1, 0)), sa,
-                                   is_async=True)
-                if D_T > 0:
-                    sa = warpgroup_mma(qhi_s, khi_s.index(CID).permute((1, 0)), sa, is_async=True)
-                if STAGGER:
-                    if CID == 0:
-                        gl.thread_barrier()
-                        mbarrier.arrive(bars.index(6), count=1)
+            sa = warpgroup_mma(qz_s.slice(oc, DH, dim=1), sa_s.slice(oc, DH, dim=1).permute((1, 0)), sa,
+                               is_async=True)
+            if D_T > 0:
+                sa = warpgroup_mma(qhi_s, khi_s.index(CID).permute((1, 0)), sa, is_async=True)
+            if STAGGER:
                 if CID == 0:
-                    sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
-                    _stamp(stamp_ptr, g, 2, CID, STAMP)
-                    sc = gl.where(_ws_check(t, s_kv, limit, CAUSAL)[None, :], sa * qk_scale, float("-inf"))
-                    m0 = gl.maximum(m_i, gl.max(sc, axis=1))
-                    _xchg(xm.index(0), bars, 1, m0)
-                    m_safe = gl.where(m0 == float("-inf"), 0.0, m0)  # nothing valid yet: avoid inf - inf
-                    p = gl.exp2(sc - m_safe[:, None])
-                    alpha = gl.exp2(m_i - m_safe)
-                    l_i = l_i * alpha + gl.sum(p, axis=1)
-                    acc = acc * gl.convert_layout(alpha, orow_l)[:, None]
-                    p16 = _cvt2(p, klo_s.dtype)
-                    pb = gl.convert_layout(p16, p_l)
-                    acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)  # V = kv[:, :D_V]
-                    # P of tile a at m0 for consumer 1, which scales its O to m0 before and to m1 after adding it
-                    pbuf.index(0).store(p16)
-                    fence_async_shared()
                     gl.thread_barrier()
-                    mbarrier.arrive(bars.index(3), count=1)
-                    _stamp(stamp_ptr, g, 3, CID, STAMP)
-                    mbarrier.wait(bars.index(2), ph)
-                    _stamp(stamp_ptr, g, 4, CID, STAMP)
-                    m1 = xm.index(1).load(row_l)
-                    # m1 >= m0; with nothing valid so far, P and O are 0 and any finite factor does
-                    beta = gl.where(m0 == float("-inf"), 1.0, gl.exp2(m0 - m1))
-                    acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
-                    _stamp(stamp_ptr, g, 5, CID, STAMP)
-                    gl.thread_barrier()  # done with slot 0: its early half and (with consumer 1) its late half
-                    mbarrier.arrive(empty.index(0), count=1)
-                    mbarrier.arrive(empty.index(2), count=1)
-                    acc = acc * gl.convert_layout(beta, orow_l)[:, None]
-                    l_i = l_i * beta
-                    mbarrier.wait(bars.index(4), ph)
-                    _stamp(stamp_ptr, g, 6, CID, STAMP)
-                    acc = warpgroup_mma(pbuf.index(1 + z), klo_s.index(1 + z).slice(c0, DH, dim=1), acc, is_async=True)
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                    _stamp(stamp_ptr, g, 7, CID, STAMP)
-                    gl.thread_barrier()
-                    mbarrier.arrive(empty.index(3), count=1)
-                else:
-                    mbarrier.wait(bars.index(1), ph)
-                    m0 = xm.index(0).load(row_l)
-                    m0_safe = gl.where(m0 == float("-inf"), 0.0, m0)
-                    alpha = gl.exp2(m_i - m0_safe)
-                    acc = acc * gl.convert_layout(alpha, orow_l)[:, None]
-                    l_i = l_i * alpha
-                    _stamp(stamp_ptr, g, 2, CID, STAMP)
-                    mbarrier.wait(bars.index(3), ph)
-                    _stamp(stamp_ptr, g, 3, CID, STAMP)
-                    # P a V a (at m0) under S b: slot 0 frees without waiting for this consumer's softmax
-                    acc = warpgroup_mma(pbuf.index(z), klo_s.index(z).slice(c0, DH, dim=1), acc, is_async=True)
-                    sa = warpgroup_mma_wait(num_outstanding=1, deps=(sa,))
-                    _stamp(stamp_ptr, g, 4, CID, STAMP)
-                    sc = gl.where(_ws_check(t, s_kv, limit, CAUSAL)[None, :], sa * qk_scale, float("-inf"))
-                    m1 = gl.maximum(m0, gl.max(sc, axis=1))
-                    _xchg(xm.index(1), bars, 2, m1)
-                    m_safe = gl.where(m1 == float("-inf"), 0.0, m1)
-                    p = gl.exp2(sc - m_safe[:, None])
-                    p16 = _cvt2(p, klo_s.dtype)
-                    pbuf.index(1).store(p16)  # P of tile b, for consumer 0
-                    fence_async_shared()
-                    gl.thread_barrier()
-                    mbarrier.arrive(bars.index(4), count=1)
-                    _stamp(stamp_ptr, g, 5, CID, STAMP)
-                    gamma = gl.where(m0 == float("-inf"), 1.0, gl.exp2(m0 - m1))
-                    l_i = l_i * gamma + gl.sum(p, axis=1)
-                    pb = gl.convert_layout(p16, p_l)
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                    _stamp(stamp_ptr, g, 6, CID, STAMP)
-                    gl.thread_barrier()
-                    mbarrier.arrive(empty.index(2), count=1)
-                    acc = acc * gl.convert_layout(gamma, orow_l)[:, None]
-                    acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)
-                    acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
-                    _stamp(stamp_ptr, g, 7, CID, STAMP)
-                    gl.thread_barrier()
-                    mbarrier.arrive(empty.index(1), count=1)
-                    mbarrier.arrive(empty.index(3), count=1)
-                m_i = m1
-
-            _xchg(xl.index(CID), bars, 5, l_i)  # the denominator is the sum of both consumers' shares
-            mbarrier.wait(bars.index(5), rr & 1)
-            l_i = l_i + xl.index(1 - CID).load(row_l)
-            empty_row = m_i == float("-inf")
-            l_safe = gl.where(empty_row, 1.0, l_i)
-            lse2 = m_i + gl.log2(l_safe)  # log2-sum-exp2 of the logits alone
-            denom = l_safe
-            offs_hm = hb * 64 + gl.arange(0, 64, layout=row_l)
-            hm = offs_hm < h_q
-            if HAS_SINK:
-                sink2 = gl.load(sink_ptr + offs_hm, mask=hm, other=0.0) * LOG2E_C
-                d = sink2 - lse2
-                sp2 = gl.maximum(d, 0.0) + gl.log2(1.0 + gl.exp2(-gl.abs(d)))  # log2(1 + 2^d) without overflow
-                denom = l_safe * gl.exp2(sp2)
-                if SINK_IN_LSE:
-                    lse2 = lse2 + sp2
-            o = acc / gl.convert_layout(denom, orow_l)[:, None]
-            o = gl.where(gl.convert_layout(empty_row, orow_l)[:, None], 0.0, o)
-            offs_ho = hb * 64 + gl.arange(0, 64, layout=orow_l)
-            offs_d = c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, o_l))
-            gl.store(out_ptr + row * s_om + offs_ho[:, None].to(gl.int64) * s_oh + offs_d[None, :],
-                     o.to(out_ptr.dtype.element_ty), mask=(offs_ho < h_q)[:, None])
+                    mbarrier.arrive(bars.index(6), count=1)
             if CID == 0:
-                gl.store(maxl_ptr + row * s_lm + offs_hm, m_i * LN2_C, mask=hm)
-                gl.store(lse_ptr + row * s_lm + offs_hm, gl.where(empty_row, float("inf"), lse2 * LN2_C),
-                         mask=hm)
-            g0 += gl.cdiv(n_len, 2 * BLOCK_N)
+                sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
+                _stamp(stamp_ptr, i, 2, CID, STAMP)
+                sc = gl.where(_ws_check(t, s_kv, limit, CAUSAL)[None, :], sa * qk_scale, float("-inf"))
+                m0 = gl.maximum(m_i, gl.max(sc, axis=1))
+                _xchg(xm.index(0), bars, 1, m0)
+                m_safe = gl.where(m0 == float("-inf"), 0.0, m0)  # nothing valid yet: avoid inf - inf
+                p = gl.exp2(sc - m_safe[:, None])
+                alpha = gl.exp2(m_i - m_safe)
+                l_i = l_i * alpha + gl.sum(p, axis=1)
+                acc = acc * gl.convert_layout(alpha, orow_l)[:, None]
+                p16 = _cvt2(p, klo_s.dtype)
+                pb = gl.convert_layout(p16, p_l)
+                acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)  # V = kv[:, :D_V]
+                # P of tile a at m0 for consumer 1, which scales its O to m0 before and to m1 after adding it
+                pbuf.index(0).store(p16)
+                fence_async_shared()
+                gl.thread_barrier()
+                mbarrier.arrive(bars.index(3), count=1)
+                _stamp(stamp_ptr, i, 3, CID, STAMP)
+                mbarrier.wait(bars.index(2), ph)
+                _stamp(stamp_ptr, i, 4, CID, STAMP)
+                m1 = xm.index(1).load(row_l)
+                # m1 >= m0; with nothing valid so far, P and O are 0 and any finite factor does
+                beta = gl.where(m0 == float("-inf"), 1.0, gl.exp2(m0 - m1))
+                acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
+                _stamp(stamp_ptr, i, 5, CID, STAMP)
+                gl.thread_barrier()  # done with slot 0: its early half and (with consumer 1) its late half
+                mbarrier.arrive(empty.index(0), count=1)
+                mbarrier.arrive(empty.index(2), count=1)
+                acc = acc * gl.convert_layout(beta, orow_l)[:, None]
+                l_i = l_i * beta
+                mbarrier.wait(bars.index(4), ph)
+                _stamp(stamp_ptr, i, 6, CID, STAMP)
+                acc = warpgroup_mma(pbuf.index(1 + z), klo_s.index(1 + z).slice(c0, DH, dim=1), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                _stamp(stamp_ptr, i, 7, CID, STAMP)
+                gl.thread_barrier()
+                mbarrier.arrive(empty.index(3), count=1)
+            else:
+                mbarrier.wait(bars.index(1), ph)
+                m0 = xm.index(0).load(row_l)
+                m0_safe = gl.where(m0 == float("-inf"), 0.0, m0)
+                alpha = gl.exp2(m_i - m0_safe)
+                acc = acc * gl.convert_layout(alpha, orow_l)[:, None]
+                l_i = l_i * alpha
+                _stamp(stamp_ptr, i, 2, CID, STAMP)
+                mbarrier.wait(bars.index(3), ph)
+                _stamp(stamp_ptr, i, 3, CID, STAMP)
+                # P a V a (at m0) under S b: slot 0 frees without waiting for this consumer's softmax
+                acc = warpgroup_mma(pbuf.index(z), klo_s.index(z).slice(c0, DH, dim=1), acc, is_async=True)
+                sa = warpgroup_mma_wait(num_outstanding=1, deps=(sa,))
+                _stamp(stamp_ptr, i, 4, CID, STAMP)
+                sc = gl.where(_ws_check(t, s_kv, limit, CAUSAL)[None, :], sa * qk_scale, float("-inf"))
+                m1 = gl.maximum(m0, gl.max(sc, axis=1))
+                _xchg(xm.index(1), bars, 2, m1)
+                m_safe = gl.where(m1 == float("-inf"), 0.0, m1)
+                p = gl.exp2(sc - m_safe[:, None])
+                p16 = _cvt2(p, klo_s.dtype)
+                pbuf.index(1).store(p16)  # P of tile b, for consumer 0
+                fence_async_shared()
+                gl.thread_barrier()
+                mbarrier.arrive(bars.index(4), count=1)
+                _stamp(stamp_ptr, i, 5, CID, STAMP)
+                gamma = gl.where(m0 == float("-inf"), 1.0, gl.exp2(m0 - m1))
+                l_i = l_i * gamma + gl.sum(p, axis=1)
+                pb = gl.convert_layout(p16, p_l)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                _stamp(stamp_ptr, i, 6, CID, STAMP)
+                gl.thread_barrier()
+                mbarrier.arrive(empty.index(2), count=1)
+                acc = acc * gl.convert_layout(gamma, orow_l)[:, None]
+                acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)
+                acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
+                _stamp(stamp_ptr, i, 7, CID, STAMP)
+                gl.thread_barrier()
+                mbarrier.arrive(empty.index(1), count=1)
+                mbarrier.arrive(empty.index(3), count=1)
+            m_i = m1
+
+        _xchg(xl.index(CID), bars, 5, l_i)  # the denominator is the sum of both consumers' shares
+        mbarrier.wait(bars.index(5), 0)
+        l_i = l_i + xl.index(1 - CID).load(row_l)
+        empty_row = m_i == float("-inf")
+        l_safe = gl.where(empty_row, 1.0, l_i)
+        lse2 = m_i + gl.log2(l_safe)  # log2-sum-exp2 of the logits alone
+        denom = l_safe
+        offs_hm = hb * 64 + gl.arange(0, 64, layout=row_l)
+        hm = offs_hm < h_q
+        if HAS_SINK:
+            sink2 = gl.load(sink_ptr + offs_hm, mask=hm, other=0.0) * LOG2E_C
+            d = sink2 - lse2
+            sp2 = gl.maximum(d, 0.0) + gl.log2(1.0 + gl.exp2(-gl.abs(d)))  # log2(1 + 2^d) without overflow
+            denom = l_safe * gl.exp2(sp2)
+            if SINK_IN_LSE:
+                lse2 = lse2 + sp2
+        o = acc / gl.convert_layout(denom, orow_l)[:, None]
+        o = gl.where(gl.convert_layout(empty_row, orow_l)[:, None], 0.0, o)
+        offs_ho = hb * 64 + gl.arange(0, 64, layout=orow_l)
+        offs_d = c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, o_l))
+        gl.store(out_ptr + row * s_om + offs_ho[:, None].to(gl.int64) * s_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=(offs_ho < h_q)[:, None])
+        if CID == 0:
+            gl.store(maxl_ptr + row * s_lm + offs_hm, m_i * LN2_C, mask=hm)
+            gl.store(lse_ptr + row * s_lm + offs_hm, gl.where(empty_row, float("inf"), lse2 * LN2_C),
+                     mask=hm)
 
     @gluon.jit
     def _see_copy(klo_s, khi_s, full, empty, base, valid, ph, wait, S: gl.constexpr, LATE: gl.constexpr,
@@ -261,90 +253,57 @@ if HAVE_GLUON:
         async_copy.mbarrier_arrive(full.index(k), increment_count=False)
 
     @gluon.jit
-    def _see_producer(kv_ptr, idx_ptr, tlen_ptr, qs_ptr, q_ptr, klo_s, khi_s, full, empty, r_lo, r_hi, hb, h_q, topk,
-                      q_start, k_stride, s_kv, s_kvn, s_im, s_qm, s_qh,
+    def _see_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
                       BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr,
-                      PROBE: gl.constexpr, HAS_TLEN: gl.constexpr, QS_TENSOR: gl.constexpr, QPF: gl.constexpr):
+                      PROBE: gl.constexpr):
         """4 warps: per pair of tiles (a -> slot 0, b -> slot 1) the four halves in the order the consumers free
-        them: slot 0 (early, late), then slot 1; the program's rows one after the other, so the next row's first
-        pair is gathered while the consumers finish a row. Tiles past n_len are all-invalid rows (zero-filled).
-        QPF: at each row, the next row's q (64 heads) is prefetched into L2 for the consumers."""
+        them: slot 0 (early, late), then slot 1. Tiles past n_len are all-invalid rows (zero-filled)."""
         g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         rl: gl.constexpr = gl.SliceLayout(1, g_l)
         cl: gl.constexpr = gl.SliceLayout(0, g_l)
-        g0 = 0
-        for rr in range(r_hi - r_lo):
-            n_len, limit = _row_limits(r_lo + rr, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL,
-                                       QS_TENSOR)
-            row = (r_lo + rr).to(gl.int64)
-            if QPF:
-                _q_prefetch(q_ptr + (row + 1) * s_qm, hb, h_q, s_qh, r_lo + rr + 1 < r_hi, D_V + D_T)
-            n_pairs = gl.cdiv(n_len, 2 * BLOCK_N)
-            va, ia = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
-            vb, ib = _ws_valid(idx_ptr, row, BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
-            for i in range(n_pairs):
-                g = g0 + i
-                ph = (g & 1) ^ 1
-                base_a = kv_ptr + gl.where(va, ia, 0).to(gl.int64)[:, None] * s_kvn
-                base_b = kv_ptr + gl.where(vb, ib, 0).to(gl.int64)[:, None] * s_kvn
-                # the next pair's indices now, tested only after copies were issued (a load tested at once stalls the
-                # producer for its L2 round trip), so its addresses are ready when its slots free
-                ia = _ws_idx(idx_ptr, row, (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
-                ib_n = _ws_idx(idx_ptr, row, (2 * i + 3) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
-                _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, g > 0, 0, False, D_V, D_T, cl, PROBE)
-                _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, g > 0, 0, True, D_V, D_T, cl, PROBE)
-                _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, g > 0, 1, False, D_V, D_T, cl, PROBE)
-                va = _ws_check(ia, s_kv, limit, CAUSAL)
-                _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, g > 0, 1, True, D_V, D_T, cl, PROBE)
-                vb = _ws_check(ib_n, s_kv, limit, CAUSAL)
-                ib = ib_n
-            g0 += n_pairs
+        n_pairs = gl.cdiv(n_len, 2 * BLOCK_N)
+        va, ia = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+        vb, ib = _ws_valid(idx_ptr, row, BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+        for i in range(n_pairs):
+            ph = (i & 1) ^ 1
+            base_a = kv_ptr + gl.where(va, ia, 0).to(gl.int64)[:, None] * s_kvn
+            base_b = kv_ptr + gl.where(vb, ib, 0).to(gl.int64)[:, None] * s_kvn
+            # the next pair's indices now, tested only after copies were issued (a load tested at once stalls the
+            # producer for its L2 round trip), so its addresses are ready when its slots free
+            ia = _ws_idx(idx_ptr, row, (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
+            ib_n = _ws_idx(idx_ptr, row, (2 * i + 3) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
+            _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, False, D_V, D_T, cl, PROBE)
+            _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, True, D_V, D_T, cl, PROBE)
+            _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, False, D_V, D_T, cl, PROBE)
+            va = _ws_check(ia, s_kv, limit, CAUSAL)
+            _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, True, D_V, D_T, cl, PROBE)
+            vb = _ws_check(ib_n, s_kv, limit, CAUSAL)
+            ib = ib_n
 
     @gluon.jit
-    def _q_prefetch(q_row, hb, h_q, s_qh, ok, D: gl.constexpr):
-        """Bulk prefetch into L2 of q's rows of head block hb (D 16-bit elements each, 16-byte aligned), one a thread."""
-        h = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
-        hh = hb * 64 + h
-        m = ok & (h < 64) & (hh < h_q)
-        gl.inline_asm_elementwise(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, $2, 0;\n@p cp.async.bulk.prefetch.L2.global [$1], $3;\nmov.u32 $0, 0;\n}",
-            "=r,l,r,r", [q_row + hh.to(gl.int64) * s_qh, m.to(gl.int32), gl.full(h.shape, 2 * D, gl.int32, h.type.layout)],
-            dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
-    def _see_probe_consumer(full, empty, r_lo, r_hi, topk, tlen_ptr, qs_ptr, q_start, k_stride, CID: gl.constexpr,
-                            BLOCK_N: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
-                            QS_TENSOR: gl.constexpr):
+    def _see_probe_consumer(full, empty, n_len, CID: gl.constexpr, BLOCK_N: gl.constexpr):
         """Probe 2 (the producer alone): take each half as it lands and hand it straight back."""
-        g = 0
-        for rr in range(r_hi - r_lo):
-            n_len, limit = _row_limits(r_lo + rr, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL,
-                                       QS_TENSOR)
-            for i in range(gl.cdiv(n_len, 2 * BLOCK_N)):
-                mbarrier.wait(full.index(CID), g & 1)
-                mbarrier.wait(full.index(2 + CID), g & 1)
-                mbarrier.arrive(empty.index(CID), count=1)
-                mbarrier.arrive(empty.index(2), count=1)
-                mbarrier.arrive(empty.index(3), count=1)
-                g += 1
+        for i in range(gl.cdiv(n_len, 2 * BLOCK_N)):
+            mbarrier.wait(full.index(CID), i & 1)
+            mbarrier.wait(full.index(2 + CID), i & 1)
+            mbarrier.arrive(empty.index(CID), count=1)
+            mbarrier.arrive(empty.index(2), count=1)
+            mbarrier.arrive(empty.index(3), count=1)
 
     @gluon.jit(do_not_specialize=["zero"])
     def _fwd_see_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tlen_ptr, qs_ptr,
                         s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
-                        s_qm, s_qh, s_kvn, s_im, s_om, s_oh, s_lm, zero, stamp_ptr, s_q,
+                        s_qm, s_qh, s_kvn, s_im, s_om, s_oh, s_lm, zero, stamp_ptr,
                         BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
                         HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
                         QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
                         PROD_REGS: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0,
-                        STAMP: gl.constexpr = 0, STAGGER: gl.constexpr = 1, ROWS: gl.constexpr = 1,
-                        QPF: gl.constexpr = 0):
-        """Program pid: head block pid % n_hb of rows [ROWS * (pid // n_hb), + ROWS) (the last block may be short),
-        one row after the other."""
+                        STAMP: gl.constexpr = 0, STAGGER: gl.constexpr = 1):
         pid = gl.program_id(0)
+        row = (pid // n_hb).to(gl.int64)
         hb = pid % n_hb
-        r_lo = (pid // n_hb) * ROWS
-        r_hi = gl.minimum(r_lo + ROWS, s_q)
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
+        n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
         klo_s, khi_s, qlo_s, qhi_s = _q_and_slots(dtype, BLOCK_N, D_V, D_T)
         full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
@@ -361,27 +320,23 @@ if HAVE_GLUON:
             mbarrier.init(bars.index(i), count=2 if i == 0 or i == 5 else 1)
         if PROBE == 2:
             gl.warp_specialize([
-                (_see_probe_consumer, (full, empty, r_lo, r_hi, topk, tlen_ptr, qs_ptr, q_start, k_stride, 0, BLOCK_N,
-                                       HAS_TLEN, CAUSAL, QS_TENSOR)),
-                (_see_probe_consumer, (full, empty, r_lo, r_hi, topk, tlen_ptr, qs_ptr, q_start, k_stride, 1, BLOCK_N,
-                                       HAS_TLEN, CAUSAL, QS_TENSOR)),
-                (_see_producer, (kv_ptr, idx_ptr, tlen_ptr, qs_ptr, q_ptr, klo_s, khi_s, full, empty, r_lo, r_hi, hb, h_q,
-                             topk, q_start, k_stride, s_kv, s_kvn, s_im, s_qm, s_qh, BLOCK_N, D_V, D_T, CAUSAL, PROBE,
-                             HAS_TLEN, QS_TENSOR, QPF)),
+                (_see_probe_consumer, (full, empty, n_len, 0, BLOCK_N)),
+                (_see_probe_consumer, (full, empty, n_len, 1, BLOCK_N)),
+                (_see_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
+                                 BLOCK_N, D_V, D_T, CAUSAL, PROBE)),
             ], [4, 4], [CONS_REGS, PROD_REGS])
             return
         gl.warp_specialize([
-            (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, khi_s,
-                             qlo_s, qhi_s, xm, xl, bars, full, empty, r_lo, r_hi, hb, h_q, topk, q_start, k_stride,
-                             s_kv, qk_scale, s_qm, s_qh, s_im, s_om, s_oh, s_lm, zero, stamp_ptr, 0, BLOCK_N, D_V, D_T,
-                             CAUSAL, HAS_SINK, SINK_IN_LSE, STAMP, STAGGER, HAS_TLEN, QS_TENSOR)),
-            (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, khi_s,
-                             qlo_s, qhi_s, xm, xl, bars, full, empty, r_lo, r_hi, hb, h_q, topk, q_start, k_stride,
-                             s_kv, qk_scale, s_qm, s_qh, s_im, s_om, s_oh, s_lm, zero, stamp_ptr, 1, BLOCK_N, D_V, D_T,
-                             CAUSAL, HAS_SINK, SINK_IN_LSE, STAMP, STAGGER, HAS_TLEN, QS_TENSOR)),
-            (_see_producer, (kv_ptr, idx_ptr, tlen_ptr, qs_ptr, q_ptr, klo_s, khi_s, full, empty, r_lo, r_hi, hb, h_q,
-                             topk, q_start, k_stride, s_kv, s_kvn, s_im, s_qm, s_qh, BLOCK_N, D_V, D_T, CAUSAL, PROBE,
-                             HAS_TLEN, QS_TENSOR, QPF)),
+            (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
+                             xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
+                             s_om, s_oh, s_lm, zero, stamp_ptr, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE,
+                             STAMP, STAGGER)),
+            (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
+                             xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
+                             s_om, s_oh, s_lm, zero, stamp_ptr, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE,
+                             STAMP, STAGGER)),
+            (_see_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
+                             BLOCK_N, D_V, D_T, CAUSAL, PROBE)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
 
 
@@ -395,10 +350,8 @@ def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, 
     cfg.update(config or {})
     stamp = cfg.pop("stamp", lse)  # timeline probe buffer (STAMP=1): int64 [programs, 2, 16, 8]
     n_hb = triton.cdiv(h_q, 64)
-    rows = int(cfg.get("ROWS", 1))
-    _fwd_see_kernel[(triton.cdiv(s_q, rows) * n_hb,)](
+    _fwd_see_kernel[(s_q * n_hb,)](
         q, kv, idx, out, max_logits, lse, sink_arg(a), *row_args(a, n_hb),
         q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0), 0, stamp,
-        s_q,
         D_V=a.d_v, D_T=d_qk - a.d_v, HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse, num_warps=4,
         **row_flags(a), **cfg)
