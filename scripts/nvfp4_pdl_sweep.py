@@ -38,10 +38,6 @@ if PROBE:
     if PROBE in ("nob", "both"):  # b used as it is (no decode)
         _K.ASM_B = tl.constexpr("{\nmov.b64 {$0, $1}, $8;\nmov.b64 {$2, $3}, $8;\nmov.b64 {$4, $5}, $8;\n"
                                 "mov.b64 {$6, $7}, $8;\n}")
-if os.environ.get("NVFP4_WCACHE") or os.environ.get("NVFP4_WEVICT"):  # weight-load cache policy probes
-    from llmkernels.ops.nvfp4_gemv import kernel as _K2
-    _K2.W_CACHE = tl.constexpr(os.environ.get("NVFP4_WCACHE", ""))
-    _K2.W_EVICT = tl.constexpr(os.environ.get("NVFP4_WEVICT", ""))
 T0 = time.monotonic()
 BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 else 140.0
 OUT = os.environ.get("OUT")

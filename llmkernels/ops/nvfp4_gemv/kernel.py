@@ -128,8 +128,6 @@ ASM_MMA2_F16 = tl.constexpr(_asm_mma(False, 2))
 ASM_W16_BF16 = tl.constexpr(_asm_w16(True))
 ASM_W16_F16 = tl.constexpr(_asm_w16(False))
 ASM_B = tl.constexpr(_asm_b())
-W_CACHE = tl.constexpr("")  # cache modifier / eviction policy of the weight loads (sweep probes patch these)
-W_EVICT = tl.constexpr("")
 ASM_A = tl.constexpr(_asm_a())
 
 
@@ -202,10 +200,9 @@ def _load_weights(a_rows, sa_rows, row_ok, k0, k_hi, s_sak, BB: tl.constexpr):
     """a and sfa of one tile (weights: with static_weights, read before griddepcontrol.wait)."""
     kk = k0 + tl.arange(0, BB)
     m2 = row_ok[:, None] & (kk < k_hi)[None, :]
-    a = tl.load(a_rows + kk[None, :], mask=m2, other=0, cache_modifier=W_CACHE, eviction_policy=W_EVICT)
+    a = tl.load(a_rows + kk[None, :], mask=m2, other=0)
     # scales: claim only 2-wide contiguity so they take the layout of a (2 blocks = 16 bytes per thread)
-    sa = tl.load(sa_rows + tl.max_contiguous(kk, 2)[None, :] * s_sak, mask=m2, other=0, cache_modifier=W_CACHE,
-                 eviction_policy=W_EVICT)
+    sa = tl.load(sa_rows + tl.max_contiguous(kk, 2)[None, :] * s_sak, mask=m2, other=0)
     return a, sa
 
 
