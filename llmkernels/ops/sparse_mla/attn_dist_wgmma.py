@@ -117,6 +117,34 @@ if HAVE_GLUON:
             valid_n = _ws_check(idx_n, s_kv, limit, CAUSAL)
 
     @gluon.jit
+    def _q_to_regs(q_ptr, row, h0, h_q, has_row, s_qm, s_qh, klo_s, khi_s, q_ready, slot0: gl.constexpr,
+                   D_V: gl.constexpr, D_T: gl.constexpr, a_l: gl.constexpr):
+        """q [64 heads from h0, d_qk] of one row into the wgmma A-operand registers through ring slot slot0 (64 rows:
+        exactly q's shape), which the producer fills only after q_ready: one 16-byte cp.async trip, shared-memory
+        loads, then one arrival on q_ready. Returns (q_lo, q_hi); q_hi is q_lo (unused) at d_qk 512."""
+        q_lo_s = klo_s.index(slot0)._reinterpret(klo_s.dtype, [64, D_V], klo_s.layout)
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        offs_h = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
+        q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
+        hmask = (offs_h[:, None] < h_q) & has_row
+        async_copy.async_copy_global_to_shared(
+            q_lo_s, q_rows + gl.arange(0, D_V, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
+        if D_T > 0:
+            q_hi_s = khi_s.index(slot0)._reinterpret(khi_s.dtype, [64, D_T], khi_s.layout)
+            async_copy.async_copy_global_to_shared(
+                q_hi_s, q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        gl.thread_barrier()
+        q_lo = q_lo_s.load(a_l)
+        q_hi = q_lo
+        if D_T > 0:
+            q_hi = q_hi_s.load(a_l)
+        gl.thread_barrier()
+        mbarrier.arrive(q_ready, count=1)
+        return q_lo, q_hi
+
+    @gluon.jit
     def _ws_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q, n_len, s_kv,
                      limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                      CID: gl.constexpr, SPLIT_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
@@ -139,25 +167,7 @@ if HAVE_GLUON:
         # producer fills those slots only after q_ready, so staging costs no shared memory; one cp.async trip
         gl.static_assert(STAGES * BLOCK_N >= 128, "q is staged through 2 x 64 ring rows")
         slot0: gl.constexpr = STAGES - (64 // BLOCK_N) * (CID + 1)  # slots are adjacent rows of one buffer
-        q_lo_s = klo_s.index(slot0)._reinterpret(klo_s.dtype, [64, D_V], klo_s.layout)
-        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        offs_h = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
-        q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
-        hmask = offs_h[:, None] < h_q
-        async_copy.async_copy_global_to_shared(
-            q_lo_s, q_rows + gl.arange(0, D_V, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
-        if D_T > 0:
-            q_hi_s = khi_s.index(slot0)._reinterpret(khi_s.dtype, [64, D_T], khi_s.layout)
-            async_copy.async_copy_global_to_shared(
-                q_hi_s, q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
-        async_copy.commit_group()
-        async_copy.wait_group(0)
-        gl.thread_barrier()
-        q_lo = q_lo_s.load(a_l)
-        if D_T > 0:
-            q_hi = q_hi_s.load(a_l)
-        gl.thread_barrier()
-        mbarrier.arrive(q_ready, count=1)
+        q_lo, q_hi = _q_to_regs(q_ptr, row, h0, h_q, True, s_qm, s_qh, klo_s, khi_s, q_ready, slot0, D_V, D_T, a_l)
         offs_hm = h0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma_l))
         # padded heads get lse = +inf, so their probabilities are exactly 0
         lse2 = gl.load(lse_ptr + row * s_lm + offs_hm * s_lh, mask=offs_hm < h_q, other=float("inf"))
@@ -261,26 +271,8 @@ if HAVE_GLUON:
             has_row = ~pair | (row_a + 1 < s_q)
         # q of this consumer's row into the A-operand registers through ring slot STAGES - 1 - CID (as _ws_consumer)
         gl.static_assert(BLOCK_N == 64, "q is staged through one 64-row slot per consumer")
-        slot0: gl.constexpr = STAGES - 1 - CID
-        q_lo_s = klo_s.index(slot0)._reinterpret(klo_s.dtype, [64, D_V], klo_s.layout)
-        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        offs_h = gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
-        q_rows = q_ptr + row * s_qm + offs_h[:, None].to(gl.int64) * s_qh
-        hmask = (offs_h[:, None] < h_q) & has_row
-        async_copy.async_copy_global_to_shared(
-            q_lo_s, q_rows + gl.arange(0, D_V, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
-        if D_T > 0:
-            q_hi_s = khi_s.index(slot0)._reinterpret(khi_s.dtype, [64, D_T], khi_s.layout)
-            async_copy.async_copy_global_to_shared(
-                q_hi_s, q_rows + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, ld_l))[None, :], mask=hmask)
-        async_copy.commit_group()
-        async_copy.wait_group(0)
-        gl.thread_barrier()
-        q_lo = q_lo_s.load(a_l)
-        if D_T > 0:
-            q_hi = q_hi_s.load(a_l)
-        gl.thread_barrier()
-        mbarrier.arrive(q_ready, count=1)
+        q_lo, q_hi = _q_to_regs(q_ptr, row, 0, h_q, has_row, s_qm, s_qh, klo_s, khi_s, q_ready, STAGES - 1 - CID, D_V,
+                                D_T, a_l)
         offs_hm = gl.arange(0, 64, layout=gl.SliceLayout(1, mma_l))
         lse2 = gl.load(lse_ptr + row * s_lm + offs_hm * s_lh, mask=(offs_hm < h_q) & has_row, other=float("inf"))
         lse2 = lse2 * LOG2E_C
