@@ -480,8 +480,8 @@ def test_gpu_static_weights_graph():
                                    dict(pdl=True, pre=0, trigger="none"), dict(persistent=16),
                                    dict(persistent=16, pdl=True, pre=1, trigger="entry"),
                                    dict(pdl=True, pre=1, trigger="wait", split=3),
-                                   dict(pdl=True, pre=1, trigger="entry", l2=1),    # the static-weights plan
-                                   dict(pdl=True, pre=0, trigger="entry", l2=7)])   # every L2 prefetch
+                                   dict(pdl=True, pre=1, trigger="entry", l2=True),  # the static-weights plan
+                                   dict(pdl=True, pre=0, trigger="entry", l2=True)])
 def test_gpu_pdl_variants_graph(extra):
     # back-to-back PDL launches captured in a graph, each call on its own inputs, one of them split K:
     # every output equals the default kernel's bit for bit

@@ -236,15 +236,6 @@ def _prefetch_act(b_row, sb_row, k_lo, k_hi, s_sbk, BB: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_weights(a_rows, sa_rows, row_ok, k0, k_hi, s_sak, BB: tl.constexpr):
-    """L2 prefetch of one tile of a and sfa (one address per 16 blocks)."""
-    kk = k0 + tl.arange(0, BB // 16) * 16
-    ok = row_ok[:, None] & (kk < k_hi)[None, :]
-    _prefetch_l2(a_rows + kk[None, :], ok)
-    _prefetch_l2(sa_rows + kk[None, :] * s_sak, ok)
-
-
-@triton.jit
 def _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0, k_hi, s_sak, s_sbk, BB: tl.constexpr):
     a, sa = _load_weights(a_rows, sa_rows, row_ok, k0, k_hi, s_sak, BB)
     b, sb = _load_act(b_row, sb_row, k0, k_hi, s_sbk, BB)
@@ -267,9 +258,9 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
               TRIGGER: tl.constexpr, EMIT: tl.constexpr, L2: tl.constexpr):
     """Output rows pid_m*BM.. of batch l over the K range of `split`.
 
-    L2 (with USE_GDC, GPU only; bit flags): before griddepcontrol.wait, prefetch into L2: 1 = b and sfb of the
-    program's K range, by the first row tile of each batch only (every program prefetching the same lines
-    serialises on their L2 slice); 2 = the first tile of a and sfa; 4 = the second tile of a and sfa."""
+    L2 (with USE_GDC, GPU only): before griddepcontrol.wait, the first row tile of each batch prefetches b and sfb
+    of the program's K range into L2 (every program prefetching the same lines serialises on their L2 slice;
+    prefetching the weights into L2 instead of registers lost 7-13 points: notes, round 10)."""
     rows = pid_m * BM + tl.arange(0, BM)
     row_ok = rows < M
     k_lo = split * per_split
@@ -288,13 +279,9 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
             a0, sa0 = _load_weights(a_rows, sa_rows, row_ok, k_lo, k_hi, s_sak, BB)
         if PRE >= 2:
             a1, sa1 = _load_weights(a_rows, sa_rows, row_ok, k_lo + BB, k_hi, s_sak, BB)
-        if L2 % 2 == 1:
+        if L2:
             if pid_m == 0:
                 _prefetch_act(b_row, sb_row, k_lo, k_hi, s_sbk, BB)
-        if (L2 // 2) % 2 == 1:
-            _prefetch_weights(a_rows, sa_rows, row_ok, k_lo, k_hi, s_sak, BB)
-        if L2 >= 4:
-            _prefetch_weights(a_rows, sa_rows, row_ok, k_lo + BB, k_hi, s_sak, BB)
         _gdc_wait(EMIT)
         if TRIGGER == 1:  # once the preceding kernel is done: the next one may start
             _gdc_trigger(EMIT)
@@ -339,7 +326,7 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
                  s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
                  BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
                  USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr,
-                 TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr, EMIT: tl.constexpr, L2: tl.constexpr = 0):
+                 TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr, EMIT: tl.constexpr, L2: tl.constexpr = False):
     """USE_GDC (launched with programmatic dependent launch): TRIGGER 0 = no explicit trigger (the next
     kernel may start when this grid's programs have exited), 1 = right after griddepcontrol.wait, 2 = after
     the program's last load is issued, 3 = at entry. PERSISTENT: grid (P, 1, 1), program p handles the row
@@ -610,8 +597,8 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: boo
     Optional keys read by gemv_launch (defaults = the measured v2 kernel): prefetch (bool); pdl (bool:
     programmatic dependent launch, Hopper+ only, ignored elsewhere), pre (0/1/2: weight tiles loaded
     before griddepcontrol.wait), trigger ("none" | "wait" | "last_load" | "entry": where the next kernel is
-    allowed to launch); persistent (int, 0 = off: programs per SM of a grid-stride loop over row tiles); l2 (bit
-    flags, with pdl: L2 prefetches issued before griddepcontrol.wait, see _row_tile).
+    allowed to launch); persistent (int, 0 = off: programs per SM of a grid-stride loop over row tiles); l2 (bool,
+    with pdl: b and sfb prefetched into L2 before griddepcontrol.wait, see _row_tile).
     """
     sms = num_sms(device)
     R = 4
@@ -633,7 +620,7 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: boo
     if static_weights:  # read the first weight tile before waiting on the previous kernel (PDL), release the next at once;
         # b and sfb prefetched into L2 before the wait by the first row tile of each batch (notes round 10: +6 points
         # at (4096, 4096, 1), within +-1 elsewhere)
-        plan.update(pdl=True, pre=1, trigger="entry", l2=1)
+        plan.update(pdl=True, pre=1, trigger="entry", l2=True)
     return plan
 
 
@@ -683,7 +670,7 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
         BM=BM, BB=BB, PARTIAL=split > 1, PREFETCH=cfg.get("prefetch", False), USE_ASM=use_asm,
         FIX_NAN=interpreting(), USE_GDC=order, PRE=int(cfg.get("pre", 1)) if order else 0,
         TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0, PERSISTENT=bool(persistent), EMIT=pdl,
-        L2=int(cfg.get("l2", 0)) if pdl else 0,
+        L2=bool(cfg.get("l2", False)) and pdl,
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1), **({"launch_pdl": True} if pdl else {}))
     if split > 1:
         blk = 256
