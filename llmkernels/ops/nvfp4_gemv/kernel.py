@@ -617,8 +617,8 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: boo
     tiles = -(-M // BM) * L
     split = 1 if tiles >= sms else min(-(-2 * sms // tiles), -(-KB // BB))
     plan = dict(BM=BM, BB=BB, num_warps=nw, split=split, num_stages=1)
-    if static_weights:  # read the first weight tile before waiting on the previous kernel (PDL), release the next at once;
-        # b and sfb prefetched into L2 before the wait by the first row tile of each batch (notes round 10: +6 points
+    if static_weights:  # read the first weight tile before waiting on the previous kernel (PDL), release the next at
+        # once; b and sfb prefetched into L2 before the wait by the first row tile of each batch (notes round 10: +6 points
         # at (4096, 4096, 1), within +-1 elsewhere)
         plan.update(pdl=True, pre=1, trigger="entry", l2=True)
     return plan

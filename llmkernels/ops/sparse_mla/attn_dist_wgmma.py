@@ -87,6 +87,18 @@ if HAVE_GLUON:
         return klo_s, khi_s, full, empty
 
     @gluon.jit
+    def _gather_tile(klo_s, khi_s, full, s, base, valid, D_V: gl.constexpr, D_T: gl.constexpr, g_l: gl.constexpr):
+        """cp.async the rows base (kv row pointers, [BLOCK_N, 1]) where valid into ring slot s (columns [0, D_V) and
+        the rope), then one arrival per producer thread on full[s] once its own copies have landed (count = 128)."""
+        async_copy.async_copy_global_to_shared(
+            klo_s.index(s), base + gl.arange(0, D_V, layout=gl.SliceLayout(0, g_l))[None, :], mask=valid[:, None])
+        if D_T > 0:
+            async_copy.async_copy_global_to_shared(
+                khi_s.index(s), base + D_V + gl.arange(0, D_T, layout=gl.SliceLayout(0, g_l))[None, :],
+                mask=valid[:, None])
+        async_copy.mbarrier_arrive(full.index(s), increment_count=False)
+
+    @gluon.jit
     def _ws_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, q_ready, row, n_len, s_kv, limit, s_kvn, s_im,
                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr, WAIT_Q: gl.constexpr = True):
@@ -94,7 +106,6 @@ if HAVE_GLUON:
         WAIT_Q, the slots the consumers stage q through only once they are done with it)."""
         g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         n_tiles = gl.cdiv(n_len, BLOCK_N)
-        d_lo = gl.arange(0, D_V, layout=gl.SliceLayout(0, g_l))
         valid_n, idx_n = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, gl.SliceLayout(1, g_l))
         for j in range(n_tiles):
             s = j % STAGES
@@ -107,13 +118,7 @@ if HAVE_GLUON:
             # next tile's indices now (tested after this tile's copies are issued), so its addresses are ready
             # when its slot frees
             idx_n = _ws_idx(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, BLOCK_N, gl.SliceLayout(1, g_l))
-            async_copy.async_copy_global_to_shared(klo_s.index(s), base + d_lo[None, :], mask=valid[:, None])
-            if D_T > 0:
-                d_hi = gl.arange(0, D_T, layout=gl.SliceLayout(0, g_l))
-                async_copy.async_copy_global_to_shared(khi_s.index(s), base + D_V + d_hi[None, :],
-                                                       mask=valid[:, None])
-            # each producer thread arrives once its own copies have landed (count = 128)
-            async_copy.mbarrier_arrive(full.index(s), increment_count=False)
+            _gather_tile(klo_s, khi_s, full, s, base, valid, D_V, D_T, g_l)
             valid_n = _ws_check(idx_n, s_kv, limit, CAUSAL)
 
     @gluon.jit
@@ -226,7 +231,6 @@ if HAVE_GLUON:
         i_l: gl.constexpr = gl.SliceLayout(1, g_l)
         pair, row_a, row_b, n_a, lim_a, n_b, lim_b, items = _pair_rows(
             s_q, n_pairs, topk, tlen_ptr, qs_ptr, q_start, k_stride, BLOCK_N, HAS_TLEN, CAUSAL, QS_TENSOR)
-        d_lo = gl.arange(0, D_V, layout=gl.SliceLayout(0, g_l))
         for k in range(items):
             second = pair & (k % 2 == 1)
             row = gl.where(second, row_b, row_a).to(gl.int64)
@@ -239,11 +243,7 @@ if HAVE_GLUON:
             mbarrier.wait(q_ready, 0, pred=k == STAGES - 2 * (64 // BLOCK_N))  # q staged through the last slots
             valid = _ws_check(idx, s_kv, limit, CAUSAL)
             base = kv_ptr + gl.where(valid, idx, 0).to(gl.int64)[:, None] * s_kvn
-            async_copy.async_copy_global_to_shared(klo_s.index(s), base + d_lo[None, :], mask=valid[:, None])
-            if D_T > 0:
-                d_hi = gl.arange(0, D_T, layout=gl.SliceLayout(0, g_l))
-                async_copy.async_copy_global_to_shared(khi_s.index(s), base + D_V + d_hi[None, :], mask=valid[:, None])
-            async_copy.mbarrier_arrive(full.index(s), increment_count=False)
+            _gather_tile(klo_s, khi_s, full, s, base, valid, D_V, D_T, g_l)
 
     @gluon.jit
     def _pair_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, s_q,
@@ -319,13 +319,14 @@ if HAVE_GLUON:
         mbarrier.init(q_ready, count=2)
         gl.warp_specialize([
             (_pair_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready,
-                              s_q, n_pairs, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
-                              0, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, GATHER_ONLY)),
+                              s_q, n_pairs, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm,
+                              s_lh, s_om, 0, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, GATHER_ONLY)),
             (_pair_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready,
-                              s_q, n_pairs, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
-                              1, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, GATHER_ONLY)),
+                              s_q, n_pairs, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm,
+                              s_lh, s_om, 1, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, GATHER_ONLY)),
             (_pair_producer, (kv_ptr, idx_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, s_q, n_pairs, s_kv,
-                              topk, q_start, k_stride, s_kvn, s_im, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR)),
+                              topk, q_start, k_stride, s_kvn, s_im, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL,
+                              QS_TENSOR)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
 
     @gluon.jit
