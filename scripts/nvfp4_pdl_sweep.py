@@ -38,6 +38,10 @@ if PROBE:
     if PROBE in ("nob", "both"):  # b used as it is (no decode)
         _K.ASM_B = tl.constexpr("{\nmov.b64 {$0, $1}, $8;\nmov.b64 {$2, $3}, $8;\nmov.b64 {$4, $5}, $8;\n"
                                 "mov.b64 {$6, $7}, $8;\n}")
+if os.environ.get("NVFP4_LUT") == "imm":  # A/B control: the table word as an immediate (ptxas copies it per prmt)
+    from llmkernels.ops.nvfp4_gemv import kernel as _K
+    _K._LUT = "mov.b32 qk0, 0x03020100;\nmov.b32 qk1, 0x0C080604;\n"
+    _K.ASM_A, _K.ASM_B = tl.constexpr(_K._asm_a()), tl.constexpr(_K._asm_b())
 T0 = time.monotonic()
 BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 else 140.0
 OUT = os.environ.get("OUT")

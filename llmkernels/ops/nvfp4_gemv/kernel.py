@@ -12,8 +12,12 @@ import triton.language as tl
 from ..._runtime import interpreting, num_sms
 from ..combine.kernel import pdl_enabled, pdl_enter
 
-# byte lookup tables for prmt: 2*|e2m1| of codes 0..3 and 4..7 (0, 1, 2, 3 | 4, 6, 8, 12)
-_LUT = "mov.b32 qk0, 0x03020100;\nmov.b32 qk1, 0x0C080604;\n"
+# byte lookup tables for prmt: 2*|e2m1| of codes 0..3 and 4..7 (0, 1, 2, 3 | 4, 6, 8, 12). prmt takes its second table
+# word as an immediate but needs the first in a register; given a constant, ptxas keeps it in a uniform register and
+# copies it before every prmt (12 % of the GEMV's instructions). (dynamic smem size + lane id) >> 30 is 0, but ptxas
+# cannot prove it and the lane id makes it per-thread, so the word is computed once and stays in a register.
+_LUT = ("mov.u32 qk0, %dynamic_smem_size;\nmov.u32 qk1, %laneid;\nadd.u32 qk0, qk0, qk1;\nshr.u32 qk0, qk0, 30;\n"
+        "or.b32 qk0, qk0, 0x03020100;\nmov.b32 qk1, 0x0C080604;\n")
 _SEL = ("qlo", "ql16", "qhi", "qh16")  # selectors of values 0-3, 4-7, 8-11, 12-15 (prmt reads the low 16 bits)
 _SPLIT = "mov.b64 {qlo, qhi}, %s;\nshr.b32 ql16, qlo, 16;\nshr.b32 qh16, qhi, 16;\n"
 
