@@ -42,6 +42,18 @@ if os.environ.get("NVFP4_LUT") == "imm":  # A/B control: the table word as an im
     from llmkernels.ops.nvfp4_gemv import kernel as _K
     _K._LUT = "mov.b32 qk0, 0x03020100;\nmov.b32 qk1, 0x0C080604;\n"
     _K.ASM_A, _K.ASM_B = tl.constexpr(_K._asm_a()), tl.constexpr(_K._asm_b())
+if os.environ.get("NVFP4_DEC") == "two":  # candidate: +2b only, the negative lanes summed apart and subtracted
+    from llmkernels.ops.nvfp4_gemv import kernel as _K
+    _b = "{\n.reg .b32 qlo, qhi, ql16, qh16, qk0, qk1, qm, qp, qn, qs, qu;\n" + _K._SPLIT % "$8" + _K._LUT
+    _b += "mov.b32 qm, 0x80808080;\n"
+    _a = ("{\n.reg .b32 qlo, qhi, ql16, qh16, qk0, qk1, qs, qt, qacc, qneg;\n" + _K._SPLIT % "$1" + _K._LUT +
+          "mov.b32 qacc, 0;\nmov.b32 qneg, 0;\n")
+    for _g, _q in enumerate(_K._SEL):
+        _b += (f"prmt.b32 qp, qk0, qk1, {_q};\nxor.b32 qs, {_q}, 0x8888;\nprmt.b32 qn, qk0, qk1, qs;\n"
+               f"sub.u32 qu, qm, qn;\nxor.b32 qu, qu, qm;\nor.b32 ${_g}, qp, qu;\nmov.b32 ${_g + 4}, 0;\n")
+        _a += (f"prmt.b32 qt, qk0, qk1, {_q};\ndp4a.s32.s32 qacc, qt, ${2 + _g}, qacc;\n"
+               f"xor.b32 qs, {_q}, 0x8888;\nprmt.b32 qt, qk0, qk1, qs;\ndp4a.s32.s32 qneg, qt, ${2 + _g}, qneg;\n")
+    _K.ASM_A, _K.ASM_B = tl.constexpr(_a + "sub.s32 $0, qacc, qneg;\n}"), tl.constexpr(_b + "}")
 T0 = time.monotonic()
 BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 else 140.0
 OUT = os.environ.get("OUT")
@@ -222,7 +234,7 @@ def main():
     rows = []
     choice = os.environ.get("VARIANTS")  # unset: the v3 candidates; "tiles" / "tiles2": round 8's layouts
     shapes = GEMV_SHAPES[:{"tiles": 3, "tiles2": 5}.get(choice, len(GEMV_SHAPES))]
-    if choice == "probe":
+    if choice in ("probe", "mr"):
         shapes = [GEMV_SHAPES[2], GEMV_SHAPES[0], GEMV_SHAPES[1]]
     if choice == "l2":  # the (7168, 2048, 4) shape first: the one short of the goal
         shapes = [GEMV_SHAPES[2], GEMV_SHAPES[0], GEMV_SHAPES[1]] + list(GEMV_SHAPES[3:])
@@ -238,6 +250,8 @@ def main():
         pick = (tile_variants(plan, K // 16, M, L) if choice == "tiles" else
                 l2_variants(plan, K // 16, M, L) if choice == "l2" else
                 [("static", gemv_plan(M, K // 16, L, dev, True)), ("plan", dict(plan))] if choice == "probe" else
+                [("static", gemv_plan(M, K // 16, L, dev, True)), ("plan", dict(plan)),
+                 ("static mr48", {**gemv_plan(M, K // 16, L, dev, True), "maxnreg": 48})] if choice == "mr" else
                 tile2_variants(plan, K // 16, M, L) if choice == "tiles2" else variants(plan, K // 16))
         todo = pick + [("read-only", "read"), ("read-only pdl", "read-pdl")]
         for name, cfg in todo:

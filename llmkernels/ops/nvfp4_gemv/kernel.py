@@ -602,7 +602,8 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: boo
     programmatic dependent launch, Hopper+ only, ignored elsewhere), pre (0/1/2: weight tiles loaded
     before griddepcontrol.wait), trigger ("none" | "wait" | "last_load" | "entry": where the next kernel is
     allowed to launch); persistent (int, 0 = off: programs per SM of a grid-stride loop over row tiles); l2 (bool,
-    with pdl: b and sfb prefetched into L2 before griddepcontrol.wait, see _row_tile).
+    with pdl: b and sfb prefetched into L2 before griddepcontrol.wait, see _row_tile); maxnreg (int: register cap
+    per thread, so that more programs fit an SM).
     """
     sms = num_sms(device)
     R = 4
@@ -674,7 +675,7 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
         BM=BM, BB=BB, PARTIAL=split > 1, PREFETCH=cfg.get("prefetch", False), USE_ASM=use_asm,
         FIX_NAN=interpreting(), USE_GDC=order, PRE=int(cfg.get("pre", 1)) if order else 0,
         TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0, PERSISTENT=bool(persistent), EMIT=pdl,
-        L2=bool(cfg.get("l2", False)) and pdl,
+        L2=bool(cfg.get("l2", False)) and pdl, **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1), **({"launch_pdl": True} if pdl else {}))
     if split > 1:
         blk = 256
