@@ -57,29 +57,16 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def _graph_time_ms(fns: List[Callable[[], object]], calls: Optional[int] = None, reps: int = 20) -> float:
-    """Median time per call of `calls` back-to-back launches replayed from one CUDA graph.
-
-    calls defaults to enough launches for ~2 ms a replay (at most 64), so slow peers stay affordable.
-    """
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up (compile, autotune) outside the capture
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    if calls is None:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fns[0]()
-        end.record()
-        end.synchronize()
-        calls = max(len(fns), min(64, int(2.0 / max(start.elapsed_time(end), 1e-3))))
+def _capture(fns: List[Callable[[], object]], calls: int) -> "torch.cuda.CUDAGraph":
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for j in range(calls):
             fns[j % len(fns)]()
+    return graph
+
+
+def _replay_ms(graph, reps: int) -> float:
+    """Median time of one replay (after 3 unmeasured ones)."""
     for _ in range(3):
         graph.replay()
     times = []
@@ -89,9 +76,33 @@ def _graph_time_ms(fns: List[Callable[[], object]], calls: Optional[int] = None,
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
+        times.append(start.elapsed_time(end))
     times.sort()
     return times[len(times) // 2]
+
+
+def _graph_time_ms(fns: List[Callable[[], object]], calls: Optional[int] = None, reps: int = 20,
+                   target_ms: float = 5.0, max_calls: int = 1024) -> float:
+    """Median time per call of `calls` back-to-back launches replayed from one CUDA graph.
+
+    A replay costs a fixed ~20-40 us beyond its calls (graph launch, the first call's start, the last one's tail), so
+    calls defaults to enough launches for ~target_ms a replay (at most max_calls, a multiple of len(fns)), sized from a
+    short graph of the same calls. (Sizing it from one eager call, whose time includes the host's launch overhead,
+    gave replays of 5-40 calls for 10-25 us kernels and read nvfp4_gemv 5-45 points low: notes/nvfp4_gemv.md, round 11.)
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up (compile, autotune) outside the capture
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    if calls is None:
+        n0 = len(fns) * max(1, -(-16 // len(fns)))
+        per_call = _replay_ms(_capture(fns, n0), 5) / n0
+        calls = min(max_calls, max(1, math.ceil(target_ms / max(per_call, 1e-4))))
+        calls = len(fns) * max(1, -(-calls // len(fns)))
+    return _replay_ms(_capture(fns, calls), reps) / calls
 
 
 def time_impl(impl: Impl, case: Case) -> tuple:
