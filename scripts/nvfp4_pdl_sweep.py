@@ -234,7 +234,7 @@ def main():
     rows = []
     choice = os.environ.get("VARIANTS")  # unset: the v3 candidates; "tiles" / "tiles2": round 8's layouts
     shapes = GEMV_SHAPES[:{"tiles": 3, "tiles2": 5}.get(choice, len(GEMV_SHAPES))]
-    if choice in ("probe", "mr"):
+    if choice in ("probe", "mr", "even"):
         shapes = [GEMV_SHAPES[2], GEMV_SHAPES[0], GEMV_SHAPES[1]]
     if choice == "l2":  # the (7168, 2048, 4) shape first: the one short of the goal
         shapes = [GEMV_SHAPES[2], GEMV_SHAPES[0], GEMV_SHAPES[1]] + list(GEMV_SHAPES[3:])
@@ -252,6 +252,10 @@ def main():
                 [("static", gemv_plan(M, K // 16, L, dev, True)), ("plan", dict(plan))] if choice == "probe" else
                 [("static", gemv_plan(M, K // 16, L, dev, True)), ("plan", dict(plan)),
                  ("static mr48", {**gemv_plan(M, K // 16, L, dev, True), "maxnreg": 48})] if choice == "mr" else
+                [(n, {**gemv_plan(M, K // 16, L, dev, st), "even": ev}) for n, st, ev in (
+                    ("static", True, True), ("static masked", True, False), ("plan", False, True),
+                    ("plan masked", False, False), ("static #2", True, True), ("static masked #2", True, False))]
+                if choice == "even" else
                 tile2_variants(plan, K // 16, M, L) if choice == "tiles2" else variants(plan, K // 16))
         todo = pick + [("read-only", "read"), ("read-only pdl", "read-pdl")]
         for name, cfg in todo:

@@ -200,24 +200,33 @@ def _gdc_trigger(EMIT: tl.constexpr):
 
 
 @triton.jit
-def _load_weights(a_rows, sa_rows, row_ok, k0, k_hi, s_sak, BB: tl.constexpr):
-    """a and sfa of one tile (weights: with static_weights, read before griddepcontrol.wait)."""
+def _load_weights(a_rows, sa_rows, row_ok, k0, k_hi, s_sak, BB: tl.constexpr, EVEN: tl.constexpr):
+    """a and sfa of one tile (weights: with static_weights, read before griddepcontrol.wait). EVEN: every row and
+    block of the tile exists (no masks: no predicates, no zero-fill of the destination registers)."""
     kk = k0 + tl.arange(0, BB)
-    m2 = row_ok[:, None] & (kk < k_hi)[None, :]
-    a = tl.load(a_rows + kk[None, :], mask=m2, other=0)
     # scales: claim only 2-wide contiguity so they take the layout of a (2 blocks = 16 bytes per thread)
-    sa = tl.load(sa_rows + tl.max_contiguous(kk, 2)[None, :] * s_sak, mask=m2, other=0)
+    if EVEN:
+        a = tl.load(a_rows + kk[None, :])
+        sa = tl.load(sa_rows + tl.max_contiguous(kk, 2)[None, :] * s_sak)
+    else:
+        m2 = row_ok[:, None] & (kk < k_hi)[None, :]
+        a = tl.load(a_rows + kk[None, :], mask=m2, other=0)
+        sa = tl.load(sa_rows + tl.max_contiguous(kk, 2)[None, :] * s_sak, mask=m2, other=0)
     return a, sa
 
 
 @triton.jit
-def _load_act(b_row, sb_row, k0, k_hi, s_sbk, BB: tl.constexpr):
+def _load_act(b_row, sb_row, k0, k_hi, s_sbk, BB: tl.constexpr, EVEN: tl.constexpr):
     """b and sfb of one tile (activations: possibly written by the preceding kernel). The b row is loaded as
     [1, BB] in the layout of a (1-D loads get their own layout: shared-memory shuffles)."""
     kk = k0 + tl.arange(0, BB)
-    k_ok = kk < k_hi
-    b = tl.load(b_row + kk[None, :], mask=k_ok[None, :], other=0)
-    sb = tl.load(sb_row + tl.max_contiguous(kk, 2)[None, :] * s_sbk, mask=k_ok[None, :], other=0)
+    if EVEN:
+        b = tl.load(b_row + kk[None, :])
+        sb = tl.load(sb_row + tl.max_contiguous(kk, 2)[None, :] * s_sbk)
+    else:
+        k_ok = kk < k_hi
+        b = tl.load(b_row + kk[None, :], mask=k_ok[None, :], other=0)
+        sb = tl.load(sb_row + tl.max_contiguous(kk, 2)[None, :] * s_sbk, mask=k_ok[None, :], other=0)
     return b, sb
 
 
@@ -240,9 +249,9 @@ def _prefetch_act(b_row, sb_row, k_lo, k_hi, s_sbk, BB: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0, k_hi, s_sak, s_sbk, BB: tl.constexpr):
-    a, sa = _load_weights(a_rows, sa_rows, row_ok, k0, k_hi, s_sak, BB)
-    b, sb = _load_act(b_row, sb_row, k0, k_hi, s_sbk, BB)
+def _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0, k_hi, s_sak, s_sbk, BB: tl.constexpr, EVEN: tl.constexpr):
+    a, sa = _load_weights(a_rows, sa_rows, row_ok, k0, k_hi, s_sak, BB, EVEN)
+    b, sb = _load_act(b_row, sb_row, k0, k_hi, s_sbk, BB, EVEN)
     return a, sa, b, sb
 
 
@@ -259,7 +268,7 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
               s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
               BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
               USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr,
-              TRIGGER: tl.constexpr, EMIT: tl.constexpr, L2: tl.constexpr):
+              TRIGGER: tl.constexpr, EMIT: tl.constexpr, L2: tl.constexpr, EVEN: tl.constexpr):
     """Output rows pid_m*BM.. of batch l over the K range of `split`.
 
     L2 (with USE_GDC, GPU only): before griddepcontrol.wait, the first row tile of each batch prefetches b and sfb
@@ -280,9 +289,9 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
         # weights (a, sfa) are loaded before the wait; b, sfb, the stores (and partials) only after it.
         # The tiles are summed in the same order as below (bit-identical results).
         if PRE >= 1:
-            a0, sa0 = _load_weights(a_rows, sa_rows, row_ok, k_lo, k_hi, s_sak, BB)
+            a0, sa0 = _load_weights(a_rows, sa_rows, row_ok, k_lo, k_hi, s_sak, BB, EVEN)
         if PRE >= 2:
-            a1, sa1 = _load_weights(a_rows, sa_rows, row_ok, k_lo + BB, k_hi, s_sak, BB)
+            a1, sa1 = _load_weights(a_rows, sa_rows, row_ok, k_lo + BB, k_hi, s_sak, BB, EVEN)
         if L2:
             if pid_m == 0:
                 _prefetch_act(b_row, sb_row, k_lo, k_hi, s_sbk, BB)
@@ -290,30 +299,30 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
         if TRIGGER == 1:  # once the preceding kernel is done: the next one may start
             _gdc_trigger(EMIT)
         if PRE >= 1:
-            b0, sb0 = _load_act(b_row, sb_row, k_lo, k_hi, s_sbk, BB)
+            b0, sb0 = _load_act(b_row, sb_row, k_lo, k_hi, s_sbk, BB, EVEN)
             if PRE >= 2:
-                b1, sb1 = _load_act(b_row, sb_row, k_lo + BB, k_hi, s_sbk, BB)
+                b1, sb1 = _load_act(b_row, sb_row, k_lo + BB, k_hi, s_sbk, BB, EVEN)
                 _trigger_if_last(k_lo + BB, k_hi, BB, TRIGGER, EMIT)
             else:
                 _trigger_if_last(k_lo, k_hi, BB, TRIGGER, EMIT)
             k_start = k_lo + PRE * BB
             if PREFETCH:  # the next tile's loads in flight while the preloaded tiles decode
-                a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k_start, k_hi, s_sak, s_sbk, BB)
+                a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k_start, k_hi, s_sak, s_sbk, BB, EVEN)
             acc += _tile_term(a0, sa0, b0, sb0, USE_ASM, FIX_NAN)
             if PRE >= 2:
                 acc += _tile_term(a1, sa1, b1, sb1, USE_ASM, FIX_NAN)
     if PREFETCH:  # issue tile i+1's loads before decoding tile i (masked past the end: no traffic)
         if not (USE_GDC and PRE >= 1):
-            a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k_start, k_hi, s_sak, s_sbk, BB)
+            a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k_start, k_hi, s_sak, s_sbk, BB, EVEN)
         for k0 in range(k_start, k_hi, BB):
-            a2, sa2, b2, sb2 = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0 + BB, k_hi, s_sak, s_sbk, BB)
+            a2, sa2, b2, sb2 = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0 + BB, k_hi, s_sak, s_sbk, BB, EVEN)
             if USE_GDC:
                 _trigger_if_last(k0 + BB, k_hi, BB, TRIGGER, EMIT)
             acc += _tile_term(a, sa, b, sb, USE_ASM, FIX_NAN)
             a, sa, b, sb = a2, sa2, b2, sb2
     else:
         for k0 in range(k_start, k_hi, BB):
-            a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0, k_hi, s_sak, s_sbk, BB)
+            a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0, k_hi, s_sak, s_sbk, BB, EVEN)
             if USE_GDC:
                 _trigger_if_last(k0, k_hi, BB, TRIGGER, EMIT)
             acc += _tile_term(a, sa, b, sb, USE_ASM, FIX_NAN)
@@ -330,7 +339,8 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
                  s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
                  BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
                  USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr,
-                 TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr, EMIT: tl.constexpr, L2: tl.constexpr = False):
+                 TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr, EMIT: tl.constexpr, L2: tl.constexpr = False,
+                 EVEN: tl.constexpr = False):
     """USE_GDC (launched with programmatic dependent launch): TRIGGER 0 = no explicit trigger (the next
     kernel may start when this grid's programs have exited), 1 = right after griddepcontrol.wait, 2 = after
     the program's last load is issued, 3 = at entry. PERSISTENT: grid (P, 1, 1), program p handles the row
@@ -344,12 +354,12 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
                       # split 0 as a runtime value: with a constant 0 the K offsets look fully contiguous and
                       # the weight loads get a wider layout than the math (shared-memory shuffles)
                       tl.program_id(2), M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
-                      BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, L2)
+                      BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, L2, EVEN)
     else:
         _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, tl.program_id(0),
                   tl.program_id(1).to(tl.int64), tl.program_id(2),
                   M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
-                  BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, L2)
+                  BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, L2, EVEN)
 
 
 @triton.jit
@@ -603,7 +613,8 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: boo
     before griddepcontrol.wait), trigger ("none" | "wait" | "last_load" | "entry": where the next kernel is
     allowed to launch); persistent (int, 0 = off: programs per SM of a grid-stride loop over row tiles); l2 (bool,
     with pdl: b and sfb prefetched into L2 before griddepcontrol.wait, see _row_tile); maxnreg (int: register cap
-    per thread, so that more programs fit an SM).
+    per thread, so that more programs fit an SM); even (bool, default True: unmasked loads when M and the K blocks
+    divide into whole tiles; prefetch reads past the last tile and keeps its masks).
     """
     sms = num_sms(device)
     R = 4
@@ -675,7 +686,8 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
         BM=BM, BB=BB, PARTIAL=split > 1, PREFETCH=cfg.get("prefetch", False), USE_ASM=use_asm,
         FIX_NAN=interpreting(), USE_GDC=order, PRE=int(cfg.get("pre", 1)) if order else 0,
         TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0, PERSISTENT=bool(persistent), EMIT=pdl,
-        L2=bool(cfg.get("l2", False)) and pdl, **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
+        L2=bool(cfg.get("l2", False)) and pdl, EVEN=M % BM == 0 and KB % BB == 0 and not cfg.get("prefetch") and cfg.get("even", True),
+        **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1), **({"launch_pdl": True} if pdl else {}))
     if split > 1:
         blk = 256
