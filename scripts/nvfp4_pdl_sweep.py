@@ -252,9 +252,9 @@ def main():
                 [("static", gemv_plan(M, K // 16, L, dev, True)), ("plan", dict(plan))] if choice == "probe" else
                 [("static", gemv_plan(M, K // 16, L, dev, True)), ("plan", dict(plan)),
                  ("static mr48", {**gemv_plan(M, K // 16, L, dev, True), "maxnreg": 48})] if choice == "mr" else
-                [(n, {**gemv_plan(M, K // 16, L, dev, st), "even": ev}) for n, st, ev in (
-                    ("static", True, True), ("static masked", True, False), ("plan", False, True),
-                    ("plan masked", False, False), ("static #2", True, True), ("static masked #2", True, False))]
+                [(n, {**gemv_plan(M, K // 16, L, dev, st), **ev}) for n, st, ev in (
+                    ("static", True, {}), ("static even", True, {"even": True}), ("static masked", True, {"even": False}),
+                    ("plan", False, {}), ("plan even", False, {"even": True}), ("static #2", True, {}))]
                 if choice == "even" else
                 tile2_variants(plan, K // 16, M, L) if choice == "tiles2" else variants(plan, K // 16))
         todo = pick + [("read-only", "read"), ("read-only pdl", "read-pdl")]
