@@ -236,19 +236,19 @@ def test_gemv_static_weights_bit_identical(device, M, K, L):
 
 def test_gemv_static_plan_short_rows(device):
     # rows of 128-256 blocks and many row tiles: static_weights takes one-warp programs of two 64-block tiles
-    # (first loaded before the wait). Equal bit for bit to the same layout launched without PDL, and to the
-    # reference within GEMV_TOL
+    # (first loaded before the wait), unmasked. Equal bit for bit to the same layout launched without PDL and with
+    # masked loads, and to the reference within GEMV_TOL
     M, K, L = 256, 2048, 1
     sms = 4 if device.type == "cpu" else torch.cuda.get_device_properties(device).multi_processor_count
     M = max(M, 64 * sms)  # >= 16 row tiles of 4 rows per SM
     plan = gemv_plan(M, K // 16, L, device, static_weights=True)
-    assert (plan["BB"], plan["num_warps"], plan["pdl"], plan["pre"]) == (64, 1, True, 1)
+    assert (plan["BB"], plan["num_warps"], plan["pdl"], plan["pre"], plan["even"]) == (64, 1, True, 1, True)
     x = make_inputs(M, K, L, device, n_pad=1)
     args = [x[k].view(torch.uint8) for k in ("a", "b", "sfa", "sfb")]
     out = torch.full((M, 1, L), float("nan"), dtype=torch.float16, device=device)
     gemv_launch(*args, out, 1.0, cfg=plan)
     want = torch.full_like(out, float("nan"))
-    gemv_launch(*args, want, 1.0, cfg={k: v for k, v in plan.items() if k not in ("pdl", "pre", "trigger")})
+    gemv_launch(*args, want, 1.0, cfg={k: v for k, v in plan.items() if k not in ("pdl", "pre", "trigger", "even")})
     assert torch.equal(out, want) and rel_err(out, _ref(x)) <= GEMV_TOL
     assert rel_err(nvfp4_gemv(x["a"], x["b"], x["sfa"], x["sfb"], static_weights=True), _ref(x)) <= GEMV_TOL
 
