@@ -40,8 +40,7 @@ if PROBE:
                                 "mov.b64 {$6, $7}, $8;\n}")
 if os.environ.get("NVFP4_LUT") == "imm":  # A/B control: the table word as an immediate (ptxas copies it per prmt)
     from llmkernels.ops.nvfp4_gemv import kernel as _K
-    _K._LUT = "mov.b32 qk0, 0x03020100;\nmov.b32 qk1, 0x0C080604;\n"
-    _K.ASM_A, _K.ASM_B = tl.constexpr(_K._asm_a()), tl.constexpr(_K._asm_b())
+    _K.ASM_A, _K.ASM_B = _K.ASM_A_IMM, _K.ASM_B_IMM
 if os.environ.get("NVFP4_DEC") == "two":  # candidate: +2b only, the negative lanes summed apart and subtracted
     from llmkernels.ops.nvfp4_gemv import kernel as _K
     _b = "{\n.reg .b32 qlo, qhi, ql16, qh16, qk0, qk1, qm, qp, qn, qs, qu;\n" + _K._SPLIT % "$8" + _K._LUT

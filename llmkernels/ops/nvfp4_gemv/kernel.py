@@ -18,13 +18,14 @@ from ..combine.kernel import pdl_enabled, pdl_enter
 # cannot prove it and the lane id makes it per-thread, so the word is computed once and stays in a register.
 _LUT = ("mov.u32 qk0, %dynamic_smem_size;\nmov.u32 qk1, %laneid;\nadd.u32 qk0, qk0, qk1;\nshr.u32 qk0, qk0, 30;\n"
         "or.b32 qk0, qk0, 0x03020100;\nmov.b32 qk1, 0x0C080604;\n")
+_LUT_IMM = "mov.b32 qk0, 0x03020100;\nmov.b32 qk1, 0x0C080604;\n"  # the plain constant (copied before each prmt)
 _SEL = ("qlo", "ql16", "qhi", "qh16")  # selectors of values 0-3, 4-7, 8-11, 12-15 (prmt reads the low 16 bits)
 _SPLIT = "mov.b64 {qlo, qhi}, %s;\nshr.b32 ql16, qlo, 16;\nshr.b32 qh16, qhi, 16;\n"
 
 
-def _asm_b():
+def _asm_b(lut=_LUT):
     """b block (int64) -> 2b as int8x4 (values 0-3, 4-7, 8-11, 12-15) and its negation."""
-    s = "{\n.reg .b32 qlo, qhi, ql16, qh16, qk0, qk1, qm, qp, qn, qs, qu;\n" + _SPLIT % "$8" + _LUT
+    s = "{\n.reg .b32 qlo, qhi, ql16, qh16, qk0, qk1, qm, qp, qn, qs, qu;\n" + _SPLIT % "$8" + lut
     s += "mov.b32 qm, 0x80808080;\n"
     for g, q in enumerate(_SEL):
         s += (f"prmt.b32 qp, qk0, qk1, {q};\n"          # |2b| where b >= 0, else 0 (sign bit set: msb copy of 0)
@@ -36,9 +37,9 @@ def _asm_b():
     return s + "}"
 
 
-def _asm_a():
+def _asm_a(lut=_LUT):
     """a block (int64), 2b (4 x int8x4), -2b (4 x int8x4) -> sum over the block of (2a)(2b), int32."""
-    s = "{\n.reg .b32 qlo, qhi, ql16, qh16, qk0, qk1, qs, qt, qacc;\n" + _SPLIT % "$1" + _LUT + "mov.b32 qacc, 0;\n"
+    s = "{\n.reg .b32 qlo, qhi, ql16, qh16, qk0, qk1, qs, qt, qacc;\n" + _SPLIT % "$1" + lut + "mov.b32 qacc, 0;\n"
     for g, q in enumerate(_SEL):
         s += (f"prmt.b32 qt, qk0, qk1, {q};\ndp4a.s32.s32 qacc, qt, ${2 + g}, qacc;\n"   # a >= 0 lanes times 2b
               f"xor.b32 qs, {q}, 0x8888;\nprmt.b32 qt, qk0, qk1, qs;\n"
@@ -133,6 +134,8 @@ ASM_W16_BF16 = tl.constexpr(_asm_w16(True))
 ASM_W16_F16 = tl.constexpr(_asm_w16(False))
 ASM_B = tl.constexpr(_asm_b())
 ASM_A = tl.constexpr(_asm_a())
+ASM_B_IMM = tl.constexpr(_asm_b(_LUT_IMM))
+ASM_A_IMM = tl.constexpr(_asm_a(_LUT_IMM))
 
 
 @triton.jit
@@ -161,15 +164,16 @@ def _e2m1_x2(c):
 
 
 @triton.jit
-def _block_dot(a, b, USE_ASM: tl.constexpr):
-    """a [BM, BB] int64 blocks, b [1, BB] int64 blocks -> int32 [BM, BB] = sum over each block of (2a)(2b)."""
+def _block_dot(a, b, USE_ASM: tl.constexpr, LUT_REG: tl.constexpr):
+    """a [BM, BB] int64 blocks, b [1, BB] int64 blocks -> int32 [BM, BB] = sum over each block of (2a)(2b).
+    LUT_REG: the table word in a register (_LUT) rather than an immediate (_LUT_IMM); see gemv_plan."""
     if USE_ASM:
         b0, b1, b2, b3, n0, n1, n2, n3 = tl.inline_asm_elementwise(
-            ASM_B, "=r,=r,=r,=r,=r,=r,=r,=r,l", [b],
+            ASM_B if LUT_REG else ASM_B_IMM, "=r,=r,=r,=r,=r,=r,=r,=r,l", [b],
             dtype=(tl.int32, tl.int32, tl.int32, tl.int32, tl.int32, tl.int32, tl.int32, tl.int32),
             is_pure=True, pack=1)
         acc = tl.inline_asm_elementwise(
-            ASM_A, "=r,l,r,r,r,r,r,r,r,r",
+            ASM_A if LUT_REG else ASM_A_IMM, "=r,l,r,r,r,r,r,r,r,r",
             [a, b0, b1, b2, b3, n0, n1, n2, n3], dtype=tl.int32, is_pure=True, pack=1)
     else:
         acc = tl.zeros(a.shape, tl.int32)
@@ -181,8 +185,8 @@ def _block_dot(a, b, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _tile_term(a, sa, b, sb, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr):
-    dot = _block_dot(a, b, USE_ASM)
+def _tile_term(a, sa, b, sb, USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, LUT_REG: tl.constexpr):
+    dot = _block_dot(a, b, USE_ASM, LUT_REG)
     scale = _e4m3_f32(sa, FIX_NAN) * (_e4m3_f32(sb, FIX_NAN) * 0.25)
     return dot.to(tl.float32) * scale
 
@@ -268,7 +272,8 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
               s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
               BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
               USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr,
-              TRIGGER: tl.constexpr, EMIT: tl.constexpr, L2: tl.constexpr, EVEN: tl.constexpr):
+              TRIGGER: tl.constexpr, EMIT: tl.constexpr, L2: tl.constexpr, EVEN: tl.constexpr,
+              LUT_REG: tl.constexpr):
     """Output rows pid_m*BM.. of batch l over the K range of `split`.
 
     L2 (with USE_GDC, GPU only): before griddepcontrol.wait, the first row tile of each batch prefetches b and sfb
@@ -308,9 +313,9 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
             k_start = k_lo + PRE * BB
             if PREFETCH:  # the next tile's loads in flight while the preloaded tiles decode
                 a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k_start, k_hi, s_sak, s_sbk, BB, EVEN)
-            acc += _tile_term(a0, sa0, b0, sb0, USE_ASM, FIX_NAN)
+            acc += _tile_term(a0, sa0, b0, sb0, USE_ASM, FIX_NAN, LUT_REG)
             if PRE >= 2:
-                acc += _tile_term(a1, sa1, b1, sb1, USE_ASM, FIX_NAN)
+                acc += _tile_term(a1, sa1, b1, sb1, USE_ASM, FIX_NAN, LUT_REG)
     if PREFETCH:  # issue tile i+1's loads before decoding tile i (masked past the end: no traffic)
         if not (USE_GDC and PRE >= 1):
             a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k_start, k_hi, s_sak, s_sbk, BB, EVEN)
@@ -318,14 +323,14 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
             a2, sa2, b2, sb2 = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0 + BB, k_hi, s_sak, s_sbk, BB, EVEN)
             if USE_GDC:
                 _trigger_if_last(k0 + BB, k_hi, BB, TRIGGER, EMIT)
-            acc += _tile_term(a, sa, b, sb, USE_ASM, FIX_NAN)
+            acc += _tile_term(a, sa, b, sb, USE_ASM, FIX_NAN, LUT_REG)
             a, sa, b, sb = a2, sa2, b2, sb2
     else:
         for k0 in range(k_start, k_hi, BB):
             a, sa, b, sb = _load_tile(a_rows, sa_rows, b_row, sb_row, row_ok, k0, k_hi, s_sak, s_sbk, BB, EVEN)
             if USE_GDC:
                 _trigger_if_last(k0, k_hi, BB, TRIGGER, EMIT)
-            acc += _tile_term(a, sa, b, sb, USE_ASM, FIX_NAN)
+            acc += _tile_term(a, sa, b, sb, USE_ASM, FIX_NAN, LUT_REG)
     total = tl.sum(acc, axis=1)
     if PARTIAL:  # split K: fp32 partial sums, reduced in a fixed order by _reduce_kernel
         tl.store(part_ptr + (split * L + l) * M + rows, total, mask=row_ok)
@@ -340,7 +345,7 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
                  BM: tl.constexpr, BB: tl.constexpr, PARTIAL: tl.constexpr, PREFETCH: tl.constexpr,
                  USE_ASM: tl.constexpr, FIX_NAN: tl.constexpr, USE_GDC: tl.constexpr, PRE: tl.constexpr,
                  TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr, EMIT: tl.constexpr, L2: tl.constexpr = False,
-                 EVEN: tl.constexpr = False):
+                 EVEN: tl.constexpr = False, LUT_REG: tl.constexpr = True):
     """USE_GDC (launched with programmatic dependent launch): TRIGGER 0 = no explicit trigger (the next
     kernel may start when this grid's programs have exited), 1 = right after griddepcontrol.wait, 2 = after
     the program's last load is issued, 3 = at entry. PERSISTENT: grid (P, 1, 1), program p handles the row
@@ -354,12 +359,12 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
                       # split 0 as a runtime value: with a constant 0 the K offsets look fully contiguous and
                       # the weight loads get a wider layout than the math (shared-memory shuffles)
                       tl.program_id(2), M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
-                      BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, L2, EVEN)
+                      BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, L2, EVEN, LUT_REG)
     else:
         _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, tl.program_id(0),
                   tl.program_id(1).to(tl.int64), tl.program_id(2),
                   M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
-                  BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, L2, EVEN)
+                  BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, L2, EVEN, LUT_REG)
 
 
 @triton.jit
@@ -613,7 +618,8 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: boo
     before griddepcontrol.wait), trigger ("none" | "wait" | "last_load" | "entry": where the next kernel is
     allowed to launch); persistent (int, 0 = off: programs per SM of a grid-stride loop over row tiles); l2 (bool,
     with pdl: b and sfb prefetched into L2 before griddepcontrol.wait, see _row_tile); maxnreg (int: register cap
-    per thread, so that more programs fit an SM); even (bool: unmasked loads when M and the K blocks divide into
+    per thread, so that more programs fit an SM); lut_reg (bool, default True: the prmt table word
+    kept in a register, _LUT); even (bool: unmasked loads when M and the K blocks divide into
     whole tiles; prefetch reads past the last tile and keeps its masks).
     """
     sms = num_sms(device)
@@ -634,7 +640,9 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: boo
     split = 1 if tiles >= sms else min(-(-2 * sms // tiles), -(-KB // BB))
     # unmasked loads (whole tiles only): 920 -> 880 instructions and +2.5 points for the one-warp static plan at
     # (7168, 2048, 4); 2.5-8 points slower for the other plans (notes round 11), so only there
-    plan = dict(BM=BM, BB=BB, num_warps=nw, split=split, num_stages=1, even=even)
+    # the prmt table word in a register (_LUT): +0.4 to +1.9 points where programs run several K tiles, but 9 points
+    # slower for single-tile static programs at (4096, 4096, 1) (notes round 11), so only with several tiles
+    plan = dict(BM=BM, BB=BB, num_warps=nw, split=split, num_stages=1, even=even, lut_reg=KB > BB)
     if static_weights:  # read the first weight tile before waiting on the previous kernel (PDL), release the next at
         # once; b and sfb prefetched into L2 before the wait by the first row tile of each batch (notes round 10: +6 points
         # at (4096, 4096, 1), within +-1 elsewhere)
@@ -690,6 +698,7 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
         TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0, PERSISTENT=bool(persistent), EMIT=pdl,
         L2=bool(cfg.get("l2", False)) and pdl,
         EVEN=bool(cfg.get("even")) and M % BM == 0 and KB % BB == 0 and not cfg.get("prefetch"),
+        LUT_REG=bool(cfg.get("lut_reg", True)),
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1), **({"launch_pdl": True} if pdl else {}))
     if split > 1:
