@@ -1,5 +1,5 @@
-"""nvfp4_linear at the record shapes (bf16, T 1 / 4 / 16) with the prmt table words in registers (default) or, with
-NVFP4_LUT=imm, as immediates (ptxas copies them before each prmt); checked against the reference, timed as the
+"""nvfp4_linear at the record shapes (bf16, T 1 / 4 / 16) with the prmt table words as immediates (shipped: ptxas copies
+them before each prmt) or, with NVFP4_LUT=reg, in registers; checked against the reference, timed as the
 harness times them (notes/nvfp4_gemv.md, round 11). Run it once per setting, interleaved."""
 import math
 import os
@@ -15,11 +15,11 @@ from llmkernels.ops.nvfp4_gemv.op import nvfp4_linear
 from llmkernels.ops.nvfp4_gemv.reference import nvfp4_linear_ref
 from llmkernels.ops.nvfp4_gemv.spec import LINEAR_SHAPES, LINEAR_TOKENS, LINEAR_TOL, linear_bytes, make_linear_inputs
 
-if os.environ.get("NVFP4_LUT") == "imm":
-    K.ASM_MMA_BF16, K.ASM_MMA_F16 = tl.constexpr(K._asm_mma(True, reg=False)), tl.constexpr(K._asm_mma(False, reg=False))
-    K.ASM_MMA2_BF16 = tl.constexpr(K._asm_mma(True, 2, reg=False))
-    K.ASM_MMA2_F16 = tl.constexpr(K._asm_mma(False, 2, reg=False))
-    K.ASM_W16_BF16, K.ASM_W16_F16 = tl.constexpr(K._asm_w16(True, False)), tl.constexpr(K._asm_w16(False, False))
+if os.environ.get("NVFP4_LUT") == "reg":
+    K.ASM_MMA_BF16, K.ASM_MMA_F16 = tl.constexpr(K._asm_mma(True, reg=True)), tl.constexpr(K._asm_mma(False, reg=True))
+    K.ASM_MMA2_BF16 = tl.constexpr(K._asm_mma(True, 2, reg=True))
+    K.ASM_MMA2_F16 = tl.constexpr(K._asm_mma(False, 2, reg=True))
+    K.ASM_W16_BF16, K.ASM_W16_F16 = tl.constexpr(K._asm_w16(True, True)), tl.constexpr(K._asm_w16(False, True))
 bw = copy_bandwidth()
 dev = torch.device("cuda")
 cells = []
@@ -34,4 +34,4 @@ for N, Kd in LINEAR_SHAPES:
         assert err <= LINEAR_TOL[torch.bfloat16], err
         ms = _graph_time_ms([lambda x=x: nvfp4_linear(x["x"], x["packed"], x["scales"], x["gs"]) for x in xs])
         cells.append(f"T={T} {N}x{Kd} {100 * nb / bw / (ms * 1e-3):.1f}%")
-print(os.environ.get("NVFP4_LUT", "reg"), "  ".join(cells), flush=True)
+print(os.environ.get("NVFP4_LUT", "imm"), "  ".join(cells), flush=True)

@@ -47,11 +47,12 @@ def _asm_a(lut=_LUT):
     return s + "mov.b32 $0, qacc;\n}"
 
 
-def _tables(bf16: bool, reg: bool = True) -> str:
+def _tables(bf16: bool, reg: bool = False) -> str:
     """PTX setting la, lb (low bytes) and ha, hb (high bytes) to byte tables of the 16-bit patterns of the E2M1
     magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 (codes 0-3 in la / ha, 4-7 in lb / hb), for prmt lookups. bf16: low bytes
     00 00 80 c0 00 40 80 c0, high 00 3f 3f 3f 40 40 40 40; fp16: low bytes all 00, high 00 38 3c 3e 40 42 44 46.
-    reg: la and ha (prmt's register operands) ORed with the opaque zero of _LUT, so that they stay in registers."""
+    reg: la and ha (prmt's register operands) ORed with the opaque zero of _LUT, so that they stay in registers:
+    1408 -> 1288 instructions a thread in the mma kernel, but -1.5 to +1.5 points on the device (notes round 11): off."""
     la, lb = ("0xC0800000", "0xC0804000") if bf16 else ("0x00000000", "0x00000000")
     ha, hb = ("0x3F3F3F00", "0x40404040") if bf16 else ("0x3E3C3800", "0x46444240")
     if reg:
@@ -60,7 +61,7 @@ def _tables(bf16: bool, reg: bool = True) -> str:
     return f"mov.b32 la, {la};\nmov.b32 lb, {lb};\nmov.b32 ha, {ha};\nmov.b32 hb, {hb};\n"
 
 
-def _asm_w16(bf16: bool, reg: bool = True):
+def _asm_w16(bf16: bool, reg: bool = False):
     """4 weight bytes ($4) and their scales (16-bit x2: $5 for bytes 0-1, $6 for bytes 2-3) -> the low-nibble
     values of the 4 bytes ($0: bytes 0-1, $1: bytes 2-3) and the high-nibble values ($2, $3), each e2m1 * scale
     as bf16 or fp16 (exact: <= 6 significant bits in [2^-10, 2688]). prmt looks the magnitudes up in byte
@@ -87,7 +88,7 @@ def _asm_w16(bf16: bool, reg: bool = True):
     return s + "}"
 
 
-def _asm_mma(bf16: bool, nt: int = 1, reg: bool = True):
+def _asm_mma(bf16: bool, nt: int = 1, reg: bool = False):
     """One thread's share of 4 mma.m16n8k16 steps over nt groups of 8 tokens. Operands (A = 4 nt): accumulators
     $0..$A-1 (tied to $A..$2A-1), 4 per token group in the fragment order (row r: tokens 2t, 2t + 1; row r + 8: the
     same); weight bytes of rows r ($2A) and r + 8 ($2A+1) (8 bytes each, one scale block); their scales ($2A+2,
