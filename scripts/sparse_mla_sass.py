@@ -38,10 +38,11 @@ def _args(h_q, d_qk, sink=False):
 
 
 def ws(name, h_q=128, d_qk=576, dump=None, **cfg):
-    """attn_dist (attn_dist_wgmma._dist_ws_kernel)."""
+    """attn_dist (attn_dist_wgmma._dist_ws_kernel; _dist_pair_kernel, the default at h_q <= 64 unless PAIR=0)."""
     a = _args(h_q, d_qk)
     s_q, topk = a.indices.shape
-    k = O.compiled(W._dist_ws_kernel, lambda: W.attn_dist_ws_launch(a, torch.empty(s_q, h_q), torch.empty(s_q, topk),
+    kern = W._dist_pair_kernel if h_q <= 64 and cfg.get("PAIR", 1) else W._dist_ws_kernel
+    k = O.compiled(kern, lambda: W.attn_dist_ws_launch(a, torch.empty(s_q, h_q), torch.empty(s_q, topk),
                                                                      config=cfg or None))
     report(name, k, dump)
 
@@ -78,7 +79,8 @@ def bwd(name, second=False, h_q=128, d_qk=576, dump=None, deterministic=False, *
 if __name__ == "__main__":
     dump = sys.argv[1] if len(sys.argv) > 1 else None
     ws("attn_dist h128 d576", dump=dump)
-    ws("attn_dist h64 d576", h_q=64)
+    ws("attn_dist h64 d576 (row pairs)", h_q=64)
+    ws("attn_dist h64 d576 (one row)", h_q=64, PAIR=0)
     ws("attn_dist h128 d512", d_qk=512)
     ws("attn_dist h128 d576 2 stages", STAGES=2)
     fwd("fwd h128 d576", dump=dump)
