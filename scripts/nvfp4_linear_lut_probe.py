@@ -15,11 +15,17 @@ from llmkernels.ops.nvfp4_gemv.op import nvfp4_linear
 from llmkernels.ops.nvfp4_gemv.reference import nvfp4_linear_ref
 from llmkernels.ops.nvfp4_gemv.spec import LINEAR_SHAPES, LINEAR_TOKENS, LINEAR_TOL, linear_bytes, make_linear_inputs
 
-if os.environ.get("NVFP4_LUT") == "reg":
-    K.ASM_MMA_BF16, K.ASM_MMA_F16 = tl.constexpr(K._asm_mma(True, reg=True)), tl.constexpr(K._asm_mma(False, reg=True))
-    K.ASM_MMA2_BF16 = tl.constexpr(K._asm_mma(True, 2, reg=True))
-    K.ASM_MMA2_F16 = tl.constexpr(K._asm_mma(False, 2, reg=True))
-    K.ASM_W16_BF16, K.ASM_W16_F16 = tl.constexpr(K._asm_w16(True, True)), tl.constexpr(K._asm_w16(False, True))
+if os.environ.get("NVFP4_LUT") == "reg":  # la and ha (prmt's register operands) ORed with the kernel's opaque zero
+    _tables = K._tables
+
+    def _reg_tables(bf16):
+        moves = _tables(bf16).splitlines(keepends=True)  # la, lb, ha, hb
+        la, ha = (m.split(", ")[1].rstrip(";\n") for m in (moves[0], moves[2]))
+        return K.opaque_zero("la", "ha") + f"or.b32 ha, la, {ha};\nor.b32 la, la, {la};\n" + moves[1] + moves[3]
+    K._tables = _reg_tables
+    K.ASM_MMA_BF16, K.ASM_MMA_F16 = tl.constexpr(K._asm_mma(True)), tl.constexpr(K._asm_mma(False))
+    K.ASM_MMA2_BF16, K.ASM_MMA2_F16 = tl.constexpr(K._asm_mma(True, 2)), tl.constexpr(K._asm_mma(False, 2))
+    K.ASM_W16_BF16, K.ASM_W16_F16 = tl.constexpr(K._asm_w16(True)), tl.constexpr(K._asm_w16(False))
 bw = copy_bandwidth()
 dev = torch.device("cuda")
 cells = []

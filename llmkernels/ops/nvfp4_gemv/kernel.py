@@ -12,13 +12,21 @@ import triton.language as tl
 from ..._runtime import interpreting, num_sms
 from ..combine.kernel import pdl_enabled, pdl_enter
 
+
+def opaque_zero(z: str, tmp: str) -> str:
+    """PTX setting register z to 0 (clobbers tmp) in a way ptxas can neither fold nor prove warp-uniform:
+    (dynamic smem size + lane id) >> 30. ORed into a constant, it keeps the constant in one vector register, where
+    ptxas would otherwise hold it in a uniform register and copy it before every use (prmt's first table word:
+    12 % of the GEMV's instructions). ptxas knows the ranges of %tid.x and %laneid alone and folds those."""
+    return (f"mov.u32 {z}, %dynamic_smem_size;\nmov.u32 {tmp}, %laneid;\n"
+            f"add.u32 {z}, {z}, {tmp};\nshr.u32 {z}, {z}, 30;\n")
+
+
 # byte lookup tables for prmt: 2*|e2m1| of codes 0..3 and 4..7 (0, 1, 2, 3 | 4, 6, 8, 12). prmt takes its second table
-# word as an immediate but needs the first in a register; given a constant, ptxas keeps it in a uniform register and
-# copies it before every prmt (12 % of the GEMV's instructions). (dynamic smem size + lane id) >> 30 is 0, but ptxas
-# cannot prove it and the lane id makes it per-thread, so the word is computed once and stays in a register.
-_LUT = ("mov.u32 qk0, %dynamic_smem_size;\nmov.u32 qk1, %laneid;\nadd.u32 qk0, qk0, qk1;\nshr.u32 qk0, qk0, 30;\n"
-        "or.b32 qk0, qk0, 0x03020100;\nmov.b32 qk1, 0x0C080604;\n")
-_LUT_IMM = "mov.b32 qk0, 0x03020100;\nmov.b32 qk1, 0x0C080604;\n"  # the plain constant (copied before each prmt)
+# word as an immediate but needs the first in a register: _LUT keeps it in one (opaque_zero), _LUT_IMM leaves the
+# plain constant (copied before each prmt); gemv_plan picks one per plan (lut_reg).
+_LUT = opaque_zero("qk0", "qk1") + "or.b32 qk0, qk0, 0x03020100;\nmov.b32 qk1, 0x0C080604;\n"
+_LUT_IMM = "mov.b32 qk0, 0x03020100;\nmov.b32 qk1, 0x0C080604;\n"
 _SEL = ("qlo", "ql16", "qhi", "qh16")  # selectors of values 0-3, 4-7, 8-11, 12-15 (prmt reads the low 16 bits)
 _SPLIT = "mov.b64 {qlo, qhi}, %s;\nshr.b32 ql16, qlo, 16;\nshr.b32 qh16, qhi, 16;\n"
 
@@ -47,28 +55,23 @@ def _asm_a(lut=_LUT):
     return s + "mov.b32 $0, qacc;\n}"
 
 
-def _tables(bf16: bool, reg: bool = False) -> str:
+def _tables(bf16: bool) -> str:
     """PTX setting la, lb (low bytes) and ha, hb (high bytes) to byte tables of the 16-bit patterns of the E2M1
     magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 (codes 0-3 in la / ha, 4-7 in lb / hb), for prmt lookups. bf16: low bytes
-    00 00 80 c0 00 40 80 c0, high 00 3f 3f 3f 40 40 40 40; fp16: low bytes all 00, high 00 38 3c 3e 40 42 44 46.
-    reg: la and ha (prmt's register operands) ORed with the opaque zero of _LUT, so that they stay in registers:
-    1408 -> 1288 instructions a thread in the mma kernel, but -1.5 to +1.5 points on the device (notes round 11): off."""
+    00 00 80 c0 00 40 80 c0, high 00 3f 3f 3f 40 40 40 40; fp16: low bytes all 00, high 00 38 3c 3e 40 42 44 46."""
     la, lb = ("0xC0800000", "0xC0804000") if bf16 else ("0x00000000", "0x00000000")
     ha, hb = ("0x3F3F3F00", "0x40404040") if bf16 else ("0x3E3C3800", "0x46444240")
-    if reg:
-        return ("mov.u32 la, %dynamic_smem_size;\nmov.u32 ha, %laneid;\nadd.u32 la, la, ha;\nshr.u32 la, la, 30;\n"
-                f"or.b32 ha, la, {ha};\nor.b32 la, la, {la};\nmov.b32 lb, {lb};\nmov.b32 hb, {hb};\n")
     return f"mov.b32 la, {la};\nmov.b32 lb, {lb};\nmov.b32 ha, {ha};\nmov.b32 hb, {hb};\n"
 
 
-def _asm_w16(bf16: bool, reg: bool = False):
+def _asm_w16(bf16: bool):
     """4 weight bytes ($4) and their scales (16-bit x2: $5 for bytes 0-1, $6 for bytes 2-3) -> the low-nibble
     values of the 4 bytes ($0: bytes 0-1, $1: bytes 2-3) and the high-nibble values ($2, $3), each e2m1 * scale
     as bf16 or fp16 (exact: <= 6 significant bits in [2^-10, 2688]). prmt looks the magnitudes up in byte
     tables (code 0 -> 0, so the spare selector nibbles give zero bytes), prmt's sign-replicate mode copies each
     code's sign bit, one mul.rn.x2 applies the scale to two values."""
     mul = "mul.rn.bf16x2" if bf16 else "mul.rn.f16x2"
-    s = "{\n.reg .b32 la, lb, ha, hb, m, sg, t, u, v, ss;\n" + _tables(bf16, reg)
+    s = "{\n.reg .b32 la, lb, ha, hb, m, sg, t, u, v, ss;\n" + _tables(bf16)
     for out, (shift, signsrc) in enumerate([(0, "ss"), (4, "$4")]):  # low nibbles, then high nibbles
         s += f"shr.b32 m, $4, {shift};\nand.b32 m, m, 0x07070707;\n" if shift else "and.b32 m, $4, 0x07070707;\n"
         if out == 0:
@@ -88,7 +91,7 @@ def _asm_w16(bf16: bool, reg: bool = False):
     return s + "}"
 
 
-def _asm_mma(bf16: bool, nt: int = 1, reg: bool = False):
+def _asm_mma(bf16: bool, nt: int = 1):
     """One thread's share of 4 mma.m16n8k16 steps over nt groups of 8 tokens. Operands (A = 4 nt): accumulators
     $0..$A-1 (tied to $A..$2A-1), 4 per token group in the fragment order (row r: tokens 2t, 2t + 1; row r + 8: the
     same); weight bytes of rows r ($2A) and r + 8 ($2A+1) (8 bytes each, one scale block); their scales ($2A+2,
@@ -99,7 +102,7 @@ def _asm_mma(bf16: bool, nt: int = 1, reg: bool = False):
     na = 4 * nt
     wt, wb, st, sb = 2 * na, 2 * na + 1, 2 * na + 2, 2 * na + 3
     ty = "bf16" if bf16 else "f16"
-    s = ("{\n.reg .b32 la, lb, ha, hb, w<4>, mw<4>, tw<4>, m, u, v, sg, sc<2>, a<4>, b<2>;\n" + _tables(bf16, reg) +
+    s = ("{\n.reg .b32 la, lb, ha, hb, w<4>, mw<4>, tw<4>, m, u, v, sg, sc<2>, a<4>, b<2>;\n" + _tables(bf16) +
          f"mov.b64 {{w0, w1}}, ${wt};\nmov.b64 {{w2, w3}}, ${wb};\n"
          f"mov.b32 sc0, {{${st}, ${st}}};\nmov.b32 sc1, {{${sb}, ${sb}}};\n")
 
@@ -643,10 +646,10 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: boo
     BM = gemv_tile(BB, R, nw)
     tiles = -(-M // BM) * L
     split = 1 if tiles >= sms else min(-(-2 * sms // tiles), -(-KB // BB))
-    # unmasked loads (whole tiles only): 920 -> 880 instructions and +2.5 points for the one-warp static plan at
-    # (7168, 2048, 4); 2.5-8 points slower for the other plans (notes round 11), so only there
-    # the prmt table word in a register (_LUT): +0.4 to +1.9 points where programs run several K tiles, but 9 points
-    # slower for single-tile static programs at (4096, 4096, 1) (notes round 11), so only with several tiles
+    # even (unmasked loads, whole tiles only): 920 -> 880 instructions and +2.5 points for the one-warp static plan at
+    # (7168, 2048, 4), 2.5-8 points slower for the other plans, so only there. lut_reg (the prmt table word in a
+    # register, _LUT): +0.4 to +1.9 points where programs run several K tiles, 9 points slower for single-tile static
+    # programs at (4096, 4096, 1), so only with several tiles. (Notes, round 11.)
     plan = dict(BM=BM, BB=BB, num_warps=nw, split=split, num_stages=1, even=even, lut_reg=KB > BB)
     if static_weights:  # read the first weight tile before waiting on the previous kernel (PDL), release the next at
         # once; b and sfb prefetched into L2 before the wait by the first row tile of each batch (notes round 10: +6 points
