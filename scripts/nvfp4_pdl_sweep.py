@@ -197,6 +197,27 @@ def l2_variants(plan, KB, M, L):
             ("plan pdl pre0", pdl0), ("plan pdl pre0 l2", {**pdl0, "l2": True})]
 
 
+def _static(M, KB, L):
+    return gemv_plan(M, KB, L, torch.device("cuda"), True)
+
+
+def probe_variants(plan, KB, M, L):
+    """VARIANTS=probe: the static and default plans (with NVFP4_PROBE / NVFP4_LUT / NVFP4_DEC: A/B of the decode)."""
+    return [("static", _static(M, KB, L)), ("plan", dict(plan))]
+
+
+def mr_variants(plan, KB, M, L):
+    """VARIANTS=mr: the static plan capped at 48 registers (round 11)."""
+    return probe_variants(plan, KB, M, L) + [("static mr48", {**_static(M, KB, L), "maxnreg": 48})]
+
+
+def even_variants(plan, KB, M, L):
+    """VARIANTS=even: unmasked (even) against masked loads in the static and default plans (round 11)."""
+    static = _static(M, KB, L)
+    return [("static", static), ("static even", {**static, "even": True}), ("static masked", {**static, "even": False}),
+            ("plan", dict(plan)), ("plan even", {**plan, "even": True}), ("static #2", static)]
+
+
 def variants(plan, KB):
     """(name, cfg or None for the plan itself); every key is documented in gemv_plan."""
     nw = plan["num_warps"]
@@ -218,6 +239,10 @@ def variants(plan, KB):
             v.append((f"R{R} BB{BB} {w}w", lay))
             v.append((f"R{R} BB{BB} {w}w pdl entry pre1", {**lay, "pdl": True, "pre": 1, "trigger": "entry"}))
     return v
+
+
+CHOICES = {"tiles": tile_variants, "tiles2": tile2_variants, "l2": l2_variants, "probe": probe_variants,
+           "mr": mr_variants, "even": even_variants}
 
 
 def main():
@@ -246,16 +271,7 @@ def main():
         plan = gemv_plan(M, K // 16, L, dev)
         base_out = None
         log(f"-- M={M} K={K} L={L}: floor {floor_us:.2f} us, {sets} input sets, plan {plan}")
-        pick = (tile_variants(plan, K // 16, M, L) if choice == "tiles" else
-                l2_variants(plan, K // 16, M, L) if choice == "l2" else
-                [("static", gemv_plan(M, K // 16, L, dev, True)), ("plan", dict(plan))] if choice == "probe" else
-                [("static", gemv_plan(M, K // 16, L, dev, True)), ("plan", dict(plan)),
-                 ("static mr48", {**gemv_plan(M, K // 16, L, dev, True), "maxnreg": 48})] if choice == "mr" else
-                [(n, {**gemv_plan(M, K // 16, L, dev, st), **ev}) for n, st, ev in (
-                    ("static", True, {}), ("static even", True, {"even": True}), ("static masked", True, {"even": False}),
-                    ("plan", False, {}), ("plan even", False, {"even": True}), ("static #2", True, {}))]
-                if choice == "even" else
-                tile2_variants(plan, K // 16, M, L) if choice == "tiles2" else variants(plan, K // 16))
+        pick = CHOICES.get(choice, lambda plan, KB, M, L: variants(plan, KB))(plan, K // 16, M, L)
         todo = pick + [("read-only", "read"), ("read-only pdl", "read-pdl")]
         for name, cfg in todo:
             if time.monotonic() - T0 > BUDGET:
