@@ -89,9 +89,12 @@ def main():
         if "fwd" in ops:
             flop = 2 * S_Q * TOPK * h_q * (D_QK + 512)
             ref = fwd_out(HF, a, None) if HF else None
-            for name, cfg in [("new", {}), ("new stagger", dict(STAGGER=1)), ("new probe1", dict(PROBE=1)),
-                              ("new stagger probe1", dict(STAGGER=1, PROBE=1))] + ([("new +cfg", extra)] if extra
-                                                                                     else []):
+            # the default and the K=V variant interleaved twice (drift hits both), with their consumer-only probes
+            variants = [("new", {}), ("new probe1", dict(PROBE=1))]
+            if extra:
+                variants = [("new", {}), ("new +cfg", extra), ("new probe1", dict(PROBE=1)),
+                            ("new +cfg probe1", {**extra, "PROBE": 1}), ("new again", {}), ("new +cfg again", extra)]
+            for name, cfg in variants:
                 ms = timed("fwd", h_q, name, lambda cfg=cfg: fwd_out(WF, a, cfg), flop)
                 if "probe" not in name:
                     if ref is not None:

@@ -55,16 +55,87 @@ if HAVE_GLUON:
             gl.store(stamp_ptr + off + tid * 0, t, mask=(tid == 0) & (i < 16))
 
     @gluon.jit
+    def _see_s(q3_s, qhi_s, klo_s, khi_s, full, z, ph, sa, CID: gl.constexpr, LATE: gl.constexpr, D_V: gl.constexpr,
+               D_T: gl.constexpr, pred=True):
+        """Issue one half of S = q k^T for this consumer's tile (slot CID) once that half has landed: the early half
+        (this consumer's own 256 columns; sa is the zero accumulator) or the late half and the rope."""
+        DH: gl.constexpr = D_V // 2
+        c: gl.constexpr = ((1 - CID) if LATE else CID) * DH
+        qz_s = q3_s.index(z)
+        sa_s = klo_s.index(CID + z)
+        mbarrier.wait(full.index(CID + 2 * LATE), ph, pred=pred)
+        fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+        sa = warpgroup_mma(qz_s.slice(c, DH, dim=1), sa_s.slice(c, DH, dim=1).permute((1, 0)), sa,
+                           use_acc=LATE, is_async=True)
+        if LATE and D_T > 0:
+            sa = warpgroup_mma(qhi_s, khi_s.index(CID).permute((1, 0)), sa, is_async=True)
+        return sa
+
+    @gluon.jit
+    def _c0_pair(sa, t, acc, m_i, l_i, i, z, ph, klo_s, pbuf, xm, bars, empty, s_kv, limit, qk_scale, stamp_ptr,
+                 BLOCK_N: gl.constexpr, D_V: gl.constexpr, CAUSAL: gl.constexpr, STAMP: gl.constexpr):
+        """Consumer 0's part of pair i from S a (in flight) to P b V b (issued, returned in flight): see
+        _see_consumer."""
+        CID: gl.constexpr = 0
+        DH: gl.constexpr = D_V // 2
+        c0: gl.constexpr = 0
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_N, 16])
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DH, 16])
+        p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+        row_l: gl.constexpr = gl.SliceLayout(1, s_l)
+        orow_l: gl.constexpr = gl.SliceLayout(1, o_l)
+        sa_s = klo_s.index(z)
+        sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
+        _stamp(stamp_ptr, i, 2, CID, STAMP)
+        sc = gl.where(_ws_check(t, s_kv, limit, CAUSAL)[None, :], sa * qk_scale, float("-inf"))
+        m0 = gl.maximum(m_i, gl.max(sc, axis=1))
+        _xchg(xm.index(0), bars, 1, m0)
+        m_safe = gl.where(m0 == float("-inf"), 0.0, m0)  # nothing valid yet: avoid inf - inf
+        p = gl.exp2(sc - m_safe[:, None])
+        alpha = gl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        acc = acc * gl.convert_layout(alpha, orow_l)[:, None]
+        p16 = _cvt2(p, klo_s.dtype)
+        pb = gl.convert_layout(p16, p_l)
+        acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)  # V = kv[:, :D_V]
+        # P of tile a at m0 for consumer 1, which scales its O to m0 before and to m1 after adding it
+        pbuf.index(0).store(p16)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(bars.index(3), count=1)
+        _stamp(stamp_ptr, i, 3, CID, STAMP)
+        mbarrier.wait(bars.index(2), ph)
+        _stamp(stamp_ptr, i, 4, CID, STAMP)
+        m1 = xm.index(1).load(row_l)
+        # m1 >= m0; with nothing valid so far, P and O are 0 and any finite factor does
+        beta = gl.where(m0 == float("-inf"), 1.0, gl.exp2(m0 - m1))
+        acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
+        _stamp(stamp_ptr, i, 5, CID, STAMP)
+        gl.thread_barrier()  # done with slot 0: its early half and (with consumer 1) its late half
+        mbarrier.arrive(empty.index(0), count=1)
+        mbarrier.arrive(empty.index(2), count=1)
+        acc = acc * gl.convert_layout(beta, orow_l)[:, None]
+        l_i = l_i * beta
+        mbarrier.wait(bars.index(4), ph)
+        _stamp(stamp_ptr, i, 6, CID, STAMP)
+        acc = warpgroup_mma(pbuf.index(1 + z), klo_s.index(1 + z).slice(c0, DH, dim=1), acc, is_async=True)
+        return acc, m1, l_i
+
+    @gluon.jit
     def _see_consumer(q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s, xm, xl,
                       bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om, s_oh,
                       s_lm, zero, stamp_ptr, CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
                       D_T: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr,
-                      STAMP: gl.constexpr, STAGGER: gl.constexpr):
+                      STAMP: gl.constexpr, STAGGER: gl.constexpr, EARLY_S: gl.constexpr):
         """Consumer CID of the seesaw (module docstring). Ring barriers [early 0, early 1, late 0, late 1].
         Per pair, consumer 0: S a (then STAGGER lets consumer 1 issue S b, which queues behind it, so this
         softmax overlaps S b), P a at m0 to consumer 1, P a V a (frees slot 0's early half), O to m1, then P b V b
         (frees slot 1's late half). Consumer 1: O to m0, P a V a under S b (frees slot 0's late half without
-        waiting for its own softmax), S b's softmax at m1, O to m1, P b V b (frees slot 1). P is rounded once."""
+        waiting for its own softmax), S b's softmax at m1, O to m1, P b V b (frees slot 1). P is rounded once.
+        EARLY_S (default): consumer 0 issues the next pair's S a before waiting for its P b V b, so the tensor cores
+        go from one to the other without this warpgroup's loop overhead in between (consumers alone: +12 %); 0 is
+        the earlier order, kept as the A/B control (benchmarks/notes/sparse_mla_fwd.md, version 11)."""
         DH: gl.constexpr = D_V // 2
         s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_N, 16])
@@ -100,12 +171,51 @@ if HAVE_GLUON:
         acc = gl.zeros([64, DH], gl.float32, o_l)
         zero_s = gl.zeros([64, BLOCK_N], gl.float32, s_l)
         n_pairs = gl.cdiv(n_len, 2 * BLOCK_N)
-        for i in range(n_pairs):
+        if EARLY_S and CID == 0:
+            # FlashMLA's order: the next pair's S a is issued right behind P b V b, so the tensor cores never wait
+            # for this warpgroup's loop overhead; slot 1's late half is released between S a's two halves. The
+            # last pair is peeled (an in-flight S cannot be carried out of the loop) and n_len == 0 issues a dummy
+            # S on whatever slot 0 holds (its result is never used), keeping the accumulator's type loop-invariant.
+            has = n_pairs > 0
+            t = _ws_idx(idx_ptr, row, 0, n_len, s_im, BLOCK_N, col_l)
+            sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zero, 0, zero_s, 0, False, D_V, D_T, has)
+            _stamp(stamp_ptr, 0, 1, CID, STAMP)
+            sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zero, 0, sa, 0, True, D_V, D_T, has)
+            if STAGGER:
+                gl.thread_barrier()
+                mbarrier.arrive(bars.index(6), count=1)
+            for i in range(n_pairs - 1):
+                ph = i & 1
+                z = zero * i
+                _stamp(stamp_ptr, i, 0, CID, STAMP)
+                acc, m_i, l_i = _c0_pair(sa, t, acc, m_i, l_i, i, z, ph, klo_s, pbuf, xm, bars, empty, s_kv, limit,
+                                         qk_scale, stamp_ptr, BLOCK_N, D_V, CAUSAL, STAMP)
+                zn = zero * (i + 1)
+                t = _ws_idx(idx_ptr, row, (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)
+                sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zn, ph ^ 1, zero_s, 0, False, D_V, D_T, True)
+                _stamp(stamp_ptr, i + 1, 1, CID, STAMP)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # P b V b done; S a still running
+                _stamp(stamp_ptr, i, 7, CID, STAMP)
+                gl.thread_barrier()
+                mbarrier.arrive(empty.index(3), count=1)
+                sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zn, ph ^ 1, sa, 0, True, D_V, D_T, True)
+                if STAGGER:
+                    gl.thread_barrier()
+                    mbarrier.arrive(bars.index(6), count=1)
+            if has:
+                i = n_pairs - 1
+                acc, m_i, l_i = _c0_pair(sa, t, acc, m_i, l_i, i, zero * i, i & 1, klo_s, pbuf, xm, bars, empty, s_kv,
+                                         limit, qk_scale, stamp_ptr, BLOCK_N, D_V, CAUSAL, STAMP)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                _stamp(stamp_ptr, i, 7, CID, STAMP)
+                gl.thread_barrier()
+                mbarrier.arrive(empty.index(3), count=1)
+            warpgroup_mma_wait(num_outstanding=0, deps=(sa,))  # the dummy S of an empty row
+        for i in range(0 if EARLY_S and CID == 0 else n_pairs):
             ph = i & 1
             # zero * i (zero is a runtime 0): shared-memory addresses the compiler cannot hoist, else it keeps the
             # 2 x 36 wgmma descriptors of q and the tile live across the loop and spills them
             z = zero * i
-            qz_s = q3_s.index(z)
             sa_s = klo_s.index(CID + z)
             _stamp(stamp_ptr, i, 0, CID, STAMP)
             t = _ws_idx(idx_ptr, row, (2 * i + CID) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after S
@@ -113,56 +223,16 @@ if HAVE_GLUON:
                 if CID == 1:  # S b queues behind S a on the tensor cores: consumer 0's softmax overlaps S b
                     mbarrier.wait(bars.index(6), ph)
             # the early half of the slot (this consumer's own 256 columns) lands first
-            mbarrier.wait(full.index(CID), ph)
+            sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, z, ph, zero_s, CID, False, D_V, D_T, True)
             _stamp(stamp_ptr, i, 1, CID, STAMP)
-            fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-            sa = warpgroup_mma(qz_s.slice(c0, DH, dim=1), sa_s.slice(c0, DH, dim=1).permute((1, 0)), zero_s,
-                               use_acc=False, is_async=True)
-            mbarrier.wait(full.index(2 + CID), ph)
-            fence_async_shared()
-            sa = warpgroup_mma(qz_s.slice(oc, DH, dim=1), sa_s.slice(oc, DH, dim=1).permute((1, 0)), sa,
-                               is_async=True)
-            if D_T > 0:
-                sa = warpgroup_mma(qhi_s, khi_s.index(CID).permute((1, 0)), sa, is_async=True)
+            sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, z, ph, sa, CID, True, D_V, D_T, True)
             if STAGGER:
                 if CID == 0:
                     gl.thread_barrier()
                     mbarrier.arrive(bars.index(6), count=1)
             if CID == 0:
-                sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
-                _stamp(stamp_ptr, i, 2, CID, STAMP)
-                sc = gl.where(_ws_check(t, s_kv, limit, CAUSAL)[None, :], sa * qk_scale, float("-inf"))
-                m0 = gl.maximum(m_i, gl.max(sc, axis=1))
-                _xchg(xm.index(0), bars, 1, m0)
-                m_safe = gl.where(m0 == float("-inf"), 0.0, m0)  # nothing valid yet: avoid inf - inf
-                p = gl.exp2(sc - m_safe[:, None])
-                alpha = gl.exp2(m_i - m_safe)
-                l_i = l_i * alpha + gl.sum(p, axis=1)
-                acc = acc * gl.convert_layout(alpha, orow_l)[:, None]
-                p16 = _cvt2(p, klo_s.dtype)
-                pb = gl.convert_layout(p16, p_l)
-                acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)  # V = kv[:, :D_V]
-                # P of tile a at m0 for consumer 1, which scales its O to m0 before and to m1 after adding it
-                pbuf.index(0).store(p16)
-                fence_async_shared()
-                gl.thread_barrier()
-                mbarrier.arrive(bars.index(3), count=1)
-                _stamp(stamp_ptr, i, 3, CID, STAMP)
-                mbarrier.wait(bars.index(2), ph)
-                _stamp(stamp_ptr, i, 4, CID, STAMP)
-                m1 = xm.index(1).load(row_l)
-                # m1 >= m0; with nothing valid so far, P and O are 0 and any finite factor does
-                beta = gl.where(m0 == float("-inf"), 1.0, gl.exp2(m0 - m1))
-                acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
-                _stamp(stamp_ptr, i, 5, CID, STAMP)
-                gl.thread_barrier()  # done with slot 0: its early half and (with consumer 1) its late half
-                mbarrier.arrive(empty.index(0), count=1)
-                mbarrier.arrive(empty.index(2), count=1)
-                acc = acc * gl.convert_layout(beta, orow_l)[:, None]
-                l_i = l_i * beta
-                mbarrier.wait(bars.index(4), ph)
-                _stamp(stamp_ptr, i, 6, CID, STAMP)
-                acc = warpgroup_mma(pbuf.index(1 + z), klo_s.index(1 + z).slice(c0, DH, dim=1), acc, is_async=True)
+                acc, m_i, l_i = _c0_pair(sa, t, acc, m_i, l_i, i, z, ph, klo_s, pbuf, xm, bars, empty, s_kv, limit,
+                                         qk_scale, stamp_ptr, BLOCK_N, D_V, CAUSAL, STAMP)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 _stamp(stamp_ptr, i, 7, CID, STAMP)
                 gl.thread_barrier()
@@ -206,7 +276,7 @@ if HAVE_GLUON:
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(1), count=1)
                 mbarrier.arrive(empty.index(3), count=1)
-            m_i = m1
+                m_i = m1
 
         _xchg(xl.index(CID), bars, 5, l_i)  # the denominator is the sum of both consumers' shares
         mbarrier.wait(bars.index(5), 0)
@@ -298,7 +368,7 @@ if HAVE_GLUON:
                         HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
                         QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
                         PROD_REGS: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0,
-                        STAMP: gl.constexpr = 0, STAGGER: gl.constexpr = 1):
+                        STAMP: gl.constexpr = 0, STAGGER: gl.constexpr = 1, EARLY_S: gl.constexpr = 1):
         pid = gl.program_id(0)
         row = (pid // n_hb).to(gl.int64)
         hb = pid % n_hb
@@ -330,11 +400,11 @@ if HAVE_GLUON:
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
                              s_om, s_oh, s_lm, zero, stamp_ptr, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE,
-                             STAMP, STAGGER)),
+                             STAMP, STAGGER, EARLY_S)),
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
                              s_om, s_oh, s_lm, zero, stamp_ptr, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE,
-                             STAMP, STAGGER)),
+                             STAMP, STAGGER, EARLY_S)),
             (_see_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
                              BLOCK_N, D_V, D_T, CAUSAL, PROBE)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
