@@ -54,11 +54,12 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _ws_check(idx, s_kv, limit, CAUSAL: gl.constexpr):
-        """valid = in [0, s_kv) and visible (causal)."""
-        valid = (idx >= 0) & (idx < s_kv)
+        """valid = in [0, s_kv) and visible (causal): one unsigned compare against min(s_kv, limit + 1) (negative
+        indices wrap to >= 2^31), not three 64-bit ones; it sits on the consumers' softmax path."""
+        bound = s_kv
         if CAUSAL:
-            valid = valid & (idx <= limit)
-        return valid
+            bound = gl.maximum(gl.minimum(limit + 1, s_kv), 0)
+        return idx.to(gl.uint32, bitcast=True) < bound.to(gl.uint32)
 
     @gluon.jit
     def _ws_valid(idx_ptr, row, t0, n_len, s_im, s_kv, limit, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,

@@ -86,11 +86,11 @@ if HAVE_GLUON:
         row_l: gl.constexpr = gl.SliceLayout(1, s_l)
         orow_l: gl.constexpr = gl.SliceLayout(1, o_l)
         sa_s = klo_s.index(z)
+        valid = _ws_check(t, s_kv, limit, CAUSAL)  # before the wait: off the softmax's path (t came long ago)
         sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
         _stamp(stamp_ptr, i, 2, CID, STAMP)
-        sc = gl.where(_ws_check(t, s_kv, limit, CAUSAL)[None, :], sa * qk_scale, float("-inf"))
+        sc = gl.where(valid[None, :], sa * qk_scale, float("-inf"))
         m0 = gl.maximum(m_i, gl.max(sc, axis=1))
-        _xchg(xm.index(0), bars, 1, m0)
         m_safe = gl.where(m0 == float("-inf"), 0.0, m0)  # nothing valid yet: avoid inf - inf
         p = gl.exp2(sc - m_safe[:, None])
         alpha = gl.exp2(m_i - m_safe)
@@ -100,6 +100,7 @@ if HAVE_GLUON:
         pb = gl.convert_layout(p16, p_l)
         acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)  # V = kv[:, :D_V]
         # P of tile a at m0 for consumer 1, which scales its O to m0 before and to m1 after adding it
+        xm.index(0).store(m0)  # published with P a: one barrier for both
         pbuf.index(0).store(p16)
         fence_async_shared()
         gl.thread_barrier()
@@ -238,20 +239,20 @@ if HAVE_GLUON:
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(3), count=1)
             else:
-                mbarrier.wait(bars.index(1), ph)
+                mbarrier.wait(bars.index(3), ph)  # P a and m0
                 m0 = xm.index(0).load(row_l)
                 m0_safe = gl.where(m0 == float("-inf"), 0.0, m0)
                 alpha = gl.exp2(m_i - m0_safe)
                 acc = acc * gl.convert_layout(alpha, orow_l)[:, None]
                 l_i = l_i * alpha
                 _stamp(stamp_ptr, i, 2, CID, STAMP)
-                mbarrier.wait(bars.index(3), ph)
                 _stamp(stamp_ptr, i, 3, CID, STAMP)
                 # P a V a (at m0) under S b: slot 0 frees without waiting for this consumer's softmax
                 acc = warpgroup_mma(pbuf.index(z), klo_s.index(z).slice(c0, DH, dim=1), acc, is_async=True)
+                valid = _ws_check(t, s_kv, limit, CAUSAL)
                 sa = warpgroup_mma_wait(num_outstanding=1, deps=(sa,))
                 _stamp(stamp_ptr, i, 4, CID, STAMP)
-                sc = gl.where(_ws_check(t, s_kv, limit, CAUSAL)[None, :], sa * qk_scale, float("-inf"))
+                sc = gl.where(valid[None, :], sa * qk_scale, float("-inf"))
                 m1 = gl.maximum(m0, gl.max(sc, axis=1))
                 _xchg(xm.index(1), bars, 2, m1)
                 m_safe = gl.where(m1 == float("-inf"), 0.0, m1)
@@ -383,8 +384,8 @@ if HAVE_GLUON:
         v_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         xm = gl.allocate_shared_memory(gl.float32, [2, 64], v_l)
         xl = gl.allocate_shared_memory(gl.float32, [2, 64], v_l)
-        # 0: q loaded (both consumers), 1: m0 published, 2: m1 published, 3: P of tile a, 4: P of tile b, 5: l,
-        # 6: S of tile a issued (STAGGER)
+        # 0: q loaded (both consumers), 1: unused (m0 goes with P a), 2: m1 published, 3: P and m0 of tile a,
+        # 4: P of tile b, 5: l, 6: S of tile a issued (STAGGER)
         bars = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(7):
             mbarrier.init(bars.index(i), count=2 if i == 0 or i == 5 else 1)
