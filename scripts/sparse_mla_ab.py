@@ -99,7 +99,8 @@ def main():
                 if "probe" not in name:
                     if ref is not None:
                         o = fwd_out(WF, a, cfg)
-                        print(f"    bitwise equal to head: {all(torch.equal(u, v) for u, v in zip(o, ref))}")
+                        print(f"    bitwise equal to head: {all(torch.equal(u, v) for u, v in zip(o, ref))}, out max "
+                              f"abs diff {(o[0].float() - ref[0].float()).abs().max().item():.1e}")
                     timeline(a, cfg, ms)
             if HF:
                 timed("fwd", h_q, "head", lambda: fwd_out(HF, a, None), flop)
