@@ -22,6 +22,11 @@ from .common import LN2_C, LOG2E_C, row_args, row_flags, sink_arg
 if HAVE_GLUON:
     from .attn_dist_wgmma import _cvt2, _row_limits, _ws_check, _ws_idx, _ws_valid
 
+    @triton.constexpr_function
+    def _mma_layout(n):
+        """The wgmma accumulator layout of one warpgroup for an [64, n] tile."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
     @gluon.jit
     def _q_and_slots(dtype: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr):
         """Shared memory of the forward and of the backward's first pass: two kv slots ([2, BLOCK_N, D_V] and the
@@ -79,9 +84,8 @@ if HAVE_GLUON:
         CID: gl.constexpr = 0
         DH: gl.constexpr = D_V // 2
         c0: gl.constexpr = 0
-        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BLOCK_N, 16])
-        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DH, 16])
+        s_l: gl.constexpr = _mma_layout(BLOCK_N)  # S, P [64 heads, BLOCK_N]
+        o_l: gl.constexpr = _mma_layout(DH)  # this consumer's O half [64 heads, DH]
         p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
         row_l: gl.constexpr = gl.SliceLayout(1, s_l)
         orow_l: gl.constexpr = gl.SliceLayout(1, o_l)
@@ -138,9 +142,8 @@ if HAVE_GLUON:
         go from one to the other without this warpgroup's loop overhead in between (consumers alone: +12 %); 0 is
         the earlier order, kept as the A/B control (benchmarks/notes/sparse_mla_fwd.md, version 11)."""
         DH: gl.constexpr = D_V // 2
-        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BLOCK_N, 16])
-        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DH, 16])
+        s_l: gl.constexpr = _mma_layout(BLOCK_N)  # S, P [64 heads, BLOCK_N]
+        o_l: gl.constexpr = _mma_layout(DH)  # this consumer's O half [64 heads, DH]
         p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
         row_l: gl.constexpr = gl.SliceLayout(1, s_l)
         orow_l: gl.constexpr = gl.SliceLayout(1, o_l)
