@@ -1,12 +1,10 @@
 """Does the placement of the inputs in memory move the static-weights GEMV at (7168, 2048, 4) (notes round 10: the
 harness read 84.2 % where the sweep read 89.8 % on the same machine)? Eight times: fresh inputs (as the harness makes
 per impl), then default and static timed twice each (graph of 64 calls, as the harness)."""
-import math
-
 import torch
 
 from llmkernels.bench.ceilings import copy_bandwidth
-from llmkernels.bench.harness import _graph_time_ms
+from llmkernels.bench.harness import _graph_time_ms, rotation_sets
 from llmkernels.ops.nvfp4_gemv.op import nvfp4_gemv
 from llmkernels.ops.nvfp4_gemv.spec import gemv_bytes, make_inputs
 
@@ -14,7 +12,7 @@ dev = torch.device("cuda")
 bw = copy_bandwidth()
 for M, K, L in ((7168, 2048, 4), (7168, 16384, 1)):
     floor_us = gemv_bytes(M, K, L) / bw * 1e6
-    sets = max(3, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / gemv_bytes(M, K, L)))
+    sets = rotation_sets(gemv_bytes(M, K, L))
     for i in range(8):
         xs = [make_inputs(M, K, L, dev) for _ in range(sets)]
         res = []

@@ -1,7 +1,6 @@
 """Follow-up of nvfp4_harness_probe.py: the public op in a 64-call graph read 81 % against 87.6 % for gemv_launch.
 Alternates op64 / raw64 / checked64 (validation + gemv_launch, no custom op) / direct64 (torch.ops...nvfp4_gemv_out);
 dumps the captured graphs of 3 calls (op and raw) and prints their node and edge kinds."""
-import math
 import os
 import re
 import tempfile
@@ -9,7 +8,7 @@ import tempfile
 import torch
 
 from llmkernels.bench.ceilings import copy_bandwidth
-from llmkernels.bench.harness import _graph_time_ms
+from llmkernels.bench.harness import _graph_time_ms, rotation_sets
 from llmkernels.ops.nvfp4_gemv import op as O
 from llmkernels.ops.nvfp4_gemv.kernel import gemv_launch
 from llmkernels.ops.nvfp4_gemv.spec import gemv_bytes, make_inputs
@@ -18,7 +17,7 @@ dev = torch.device("cuda")
 bw = copy_bandwidth()
 M, K, L = 7168, 2048, 4
 floor_us = gemv_bytes(M, K, L) / bw * 1e6
-sets = max(3, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / gemv_bytes(M, K, L)))
+sets = rotation_sets(gemv_bytes(M, K, L))
 xs = [make_inputs(M, K, L, dev) for _ in range(sets)]
 u8 = lambda x: [x[k].view(torch.uint8) for k in ("a", "b", "sfa", "sfb")]  # noqa: E731
 ways = {

@@ -3,13 +3,11 @@ Found: the harness sized its replays from one eager call (host launch overhead i
 held 5-40 calls and its fixed ~10 us cost read as the kernel's; fixed in _graph_time_ms. Runs the harness's own run_op_bench on the three contest shapes (ours and static only, no peers) three times in one
 process, then the sweep's way (gemv_launch, one input allocation per shape, 32 calls a graph) and the harness's
 time_impl again; prints % of floor per pass."""
-import math
-
 import torch
 
 from llmkernels.bench import OpBench
 from llmkernels.bench.ceilings import copy_bandwidth
-from llmkernels.bench.harness import _graph_time_ms, run_op_bench, time_impl
+from llmkernels.bench.harness import _graph_time_ms, rotation_sets, run_op_bench, time_impl
 from llmkernels.ops.nvfp4_gemv import spec
 from llmkernels.ops.nvfp4_gemv.kernel import gemv_launch, gemv_plan
 
@@ -23,7 +21,7 @@ for rnd in range(3):
 for M, K, L in spec.GEMV_SHAPES[:3]:
     nbytes = spec.gemv_bytes(M, K, L)
     floor_ms = nbytes / bw * 1e3
-    sets = max(3, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / nbytes))
+    sets = rotation_sets(nbytes)
     xs = [spec.make_inputs(M, K, L, torch.device("cuda")) for _ in range(sets)]
     u8 = lambda x: [x[k].view(torch.uint8) for k in ("a", "b", "sfa", "sfb")]  # noqa: E731
     out = []

@@ -1,14 +1,13 @@
 """nvfp4_linear at the record shapes (bf16, T 1 / 4 / 16) with the prmt table words as immediates (shipped: ptxas copies
 them before each prmt) or, with NVFP4_LUT=reg, in registers; checked against the reference, timed as the
 harness times them (notes/nvfp4_gemv.md, round 11). Run it once per setting, interleaved."""
-import math
 import os
 
 import torch
 import triton.language as tl
 
 from llmkernels.bench.ceilings import copy_bandwidth
-from llmkernels.bench.harness import _graph_time_ms
+from llmkernels.bench.harness import _graph_time_ms, rotation_sets
 from llmkernels.checking import rel_err
 from llmkernels.ops.nvfp4_gemv import kernel as K
 from llmkernels.ops.nvfp4_gemv.op import nvfp4_linear
@@ -32,7 +31,7 @@ cells = []
 for N, Kd in LINEAR_SHAPES:
     for T in LINEAR_TOKENS:
         nb = linear_bytes(T, N, Kd)
-        sets = max(3, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / nb))
+        sets = rotation_sets(nb)
         xs = [make_linear_inputs(T, N, Kd, torch.bfloat16, dev, bias=False) for _ in range(sets)]
         x = xs[0]
         err = rel_err(nvfp4_linear(x["x"], x["packed"], x["scales"], x["gs"]),

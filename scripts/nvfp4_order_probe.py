@@ -1,13 +1,12 @@
 """Does timing right after the bf16 GEMM ceiling slow the nvfp4 GEMV? (The harness measures its ceilings first;
 the sweeps only the copy rate.) Times the default and static-weights GEMV at (7168, 2048, 4) as the harness does
 (graph replay, rotated inputs): first cold, then right after the GEMM ceiling (gemm_rate), then after a 5 s pause; twice."""
-import math
 import time
 
 import torch
 
 from llmkernels.bench.ceilings import copy_bandwidth, gemm_rate
-from llmkernels.bench.harness import _graph_time_ms
+from llmkernels.bench.harness import _graph_time_ms, rotation_sets
 from llmkernels.ops.nvfp4_gemv.op import nvfp4_gemv
 from llmkernels.ops.nvfp4_gemv.spec import gemv_bytes, make_inputs
 
@@ -15,7 +14,7 @@ M, K, L = 7168, 2048, 4
 bw = copy_bandwidth()
 floor_us = gemv_bytes(M, K, L) / bw * 1e6
 dev = torch.device("cuda")
-sets = max(3, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / gemv_bytes(M, K, L)))
+sets = rotation_sets(gemv_bytes(M, K, L))
 xs = [make_inputs(M, K, L, dev) for _ in range(sets)]
 
 

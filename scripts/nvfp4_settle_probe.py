@@ -1,13 +1,12 @@
 """How long does the static-weights GEMV at (7168, 2048, 4) take to recover after other work (notes round 10)?
 Times it (graph of 64 calls, 20 replays: ~25 ms a measurement) over and over for ~2 s after (a) input generation,
 (b) ~1 s of the torch dequant + bmm peer, (c) a 1 s idle pause; prints % of floor and the SM clock (NVML) over time."""
-import math
 import time
 
 import torch
 
 from llmkernels.bench.ceilings import copy_bandwidth
-from llmkernels.bench.harness import _graph_time_ms
+from llmkernels.bench.harness import _graph_time_ms, rotation_sets
 from llmkernels.ops.nvfp4_gemv.op import nvfp4_gemv
 from llmkernels.ops.nvfp4_gemv.spec import _gemv_dequant_torch, gemv_bytes, make_inputs
 
@@ -15,7 +14,7 @@ dev = torch.device("cuda")
 bw = copy_bandwidth()
 M, K, L = 7168, 2048, 4
 floor_us = gemv_bytes(M, K, L) / bw * 1e6
-sets = max(3, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / gemv_bytes(M, K, L)))
+sets = rotation_sets(gemv_bytes(M, K, L))
 
 
 def clock():

@@ -1,8 +1,11 @@
 """Static plan at the short shapes: % of floor against calls per replay, for the shipped table word (opq) or
 NVFP4_LUT=imm (notes round 11)."""
-import math, os, sys, torch, triton.language as tl
+import os
+
+import torch
+
 from llmkernels.bench.ceilings import copy_bandwidth
-from llmkernels.bench.harness import _graph_time_ms
+from llmkernels.bench.harness import _graph_time_ms, rotation_sets
 from llmkernels.ops.nvfp4_gemv import kernel as K
 from llmkernels.ops.nvfp4_gemv.spec import gemv_bytes, make_inputs
 if os.environ.get("NVFP4_LUT") == "imm":
@@ -10,7 +13,7 @@ if os.environ.get("NVFP4_LUT") == "imm":
 bw = copy_bandwidth()
 for M, Kd, L in [(4096, 4096, 1), (14336, 4096, 1), (7168, 2048, 4)]:
     nb = gemv_bytes(M, Kd, L)
-    sets = max(3, math.ceil(3 * torch.cuda.get_device_properties(0).L2_cache_size / nb))
+    sets = rotation_sets(nb)
     xs = [make_inputs(M, Kd, L, torch.device("cuda")) for _ in range(sets)]
     cfg = K.gemv_plan(M, Kd // 16, L, torch.device("cuda"), True)
     fns = [lambda x=x: K.gemv_launch(*[x[k].view(torch.uint8) for k in ("a", "b", "sfa", "sfb")], x["c"], 1.0, cfg=cfg) for x in xs]

@@ -105,13 +105,18 @@ def _graph_time_ms(fns: List[Callable[[], object]], calls: Optional[int] = None,
     return _replay_ms(_capture(fns, calls), reps) / calls
 
 
+def rotation_sets(nbytes: int) -> int:
+    """How many input sets a graph-timed case rotates through: more than 3x the L2 in all, so every call is L2-cold,
+    and at least 3, so a figure averages over 3 placements of the inputs in DRAM (one allocation can run ~2 % faster
+    or slower than another: notes/masked_decode.md); at most 64."""
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return min(max(3, math.ceil(3 * l2 / max(nbytes, 1))), 64)
+
+
 def time_impl(impl: Impl, case: Case) -> tuple:
     """Returns (ms, timing mode actually used)."""
     if case.timing == "graph":
-        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-        # rotate > 3x L2, so every call is L2-cold; and at least 3 sets, so a figure averages over 3 placements of
-        # the inputs in DRAM (one allocation can run ~2 % faster or slower than another: notes/masked_decode.md)
-        sets = min(max(3, math.ceil(3 * l2 / max(case.bytes, 1))), 64)
+        sets = rotation_sets(case.bytes)
         fns = [impl.build(case.make_inputs()) for _ in range(sets)]
         try:
             return _graph_time_ms(fns), "graph"
