@@ -94,6 +94,8 @@ def main():
             if extra:
                 variants = [("new", {}), ("new +cfg", extra), ("new probe1", dict(PROBE=1)),
                             ("new +cfg probe1", {**extra, "PROBE": 1}), ("new again", {}), ("new +cfg again", extra)]
+            if HF:  # head first as well as last: timed only last, it read 5-10 % low (sparse_mla_fwd_np_runs.txt)
+                timed("fwd", h_q, "head first", lambda: fwd_out(HF, a, None), flop)
             for name, cfg in variants:
                 ms = timed("fwd", h_q, name, lambda cfg=cfg: fwd_out(WF, a, cfg), flop)
                 if "probe" not in name:
