@@ -63,7 +63,8 @@ if HAVE_GLUON:
     def _see_s(q3_s, qhi_s, klo_s, khi_s, full, z, ph, sa, CID: gl.constexpr, LATE: gl.constexpr, D_V: gl.constexpr,
                D_T: gl.constexpr, pred=True):
         """Issue one half of S = q k^T for this consumer's tile (slot CID) once that half has landed: the early half
-        (this consumer's own 256 columns; sa is the zero accumulator) or the late half and the rope."""
+        (this consumer's own 256 columns; sa is the zero accumulator) or the late half and the rope. pred False skips
+        the barrier waits (consumer 0's dummy S of a row with nothing to scan)."""
         DH: gl.constexpr = D_V // 2
         c: gl.constexpr = ((1 - CID) if LATE else CID) * DH
         qz_s = q3_s.index(z)
