@@ -16,6 +16,11 @@ from ..._runtime import interpreting, num_sms
 from .common import LOG2E_C, row_args, row_flags
 
 if HAVE_GLUON:
+    @triton.constexpr_function
+    def _mma_layout(n):
+        """The wgmma accumulator layout of one warpgroup (4 warps) for a [64, n] tile."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
     @gluon.jit
     def _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride,
                     HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr):
@@ -157,8 +162,7 @@ if HAVE_GLUON:
                      D_T: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, ATOMIC: gl.constexpr,
                      GATHER_ONLY: gl.constexpr):
         """One warpgroup: 64 heads x (every tile if SPLIT_HEADS, else the tiles j = CID mod 2)."""
-        mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, BLOCK_N, 16])
+        mma_l: gl.constexpr = _mma_layout(BLOCK_N)
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
         col_l: gl.constexpr = gl.SliceLayout(0, mma_l)
         if SPLIT_HEADS:
@@ -254,8 +258,7 @@ if HAVE_GLUON:
                        GATHER_ONLY: gl.constexpr):
         """One warpgroup, all (<= 64) heads, the ring items k = CID mod 2: every tile of row b (CID 1) or row a (CID 0)
         of a pair, or every other tile of a single row."""
-        mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, BLOCK_N, 16])
+        mma_l: gl.constexpr = _mma_layout(BLOCK_N)
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
         col_l: gl.constexpr = gl.SliceLayout(0, mma_l)
         pair, row_a, row_b, n_a, lim_a, n_b, lim_b, items = _pair_rows(

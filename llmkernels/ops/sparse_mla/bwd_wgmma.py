@@ -15,7 +15,7 @@ from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mb
 from .common import LOG2E, LOG2E_C, column_parts
 
 if HAVE_GLUON:
-    from .attn_dist_wgmma import _cvt2, _row_limits, _ws_check, _ws_idx, _ws_valid
+    from .attn_dist_wgmma import _cvt2, _mma_layout, _row_limits, _ws_check, _ws_idx, _ws_valid
     from .fwd_wgmma import _q_and_slots
 
     @gluon.jit
@@ -48,8 +48,7 @@ if HAVE_GLUON:
                     BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr,
                     WRITE_KEYS: gl.constexpr):
         """Consumer 0: S and P of every tile; P to the scratch and, through the slot's rope columns, to consumer 1."""
-        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BLOCK_N, 16])
+        s_l: gl.constexpr = _mma_layout(BLOCK_N)
         row_l: gl.constexpr = gl.SliceLayout(1, s_l)
         col_l: gl.constexpr = gl.SliceLayout(0, s_l)
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -110,8 +109,7 @@ if HAVE_GLUON:
                      hb, h_q, topk, n_len, s_or, s_oh, s_dor, s_doh, s_dlr, s_dlh, zero, ds_scale,
                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, HAS_DLSE: gl.constexpr):
         """Consumer 1: Delta, then dP and dS of every tile."""
-        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BLOCK_N, 16])
+        s_l: gl.constexpr = _mma_layout(BLOCK_N)
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_l, k_width=2)
         row_l: gl.constexpr = gl.SliceLayout(1, s_l)
         # Delta = rowsum(dO * O) in column chunks (a whole [64, 512] fp32 product would not fit the registers);
@@ -303,7 +301,7 @@ if HAVE_GLUON:
         scratch's dS comes scaled by sm_scale already (DS_SCALED: bf16) or not (fp16: small dS would go subnormal).
         HANDOFF: also issues consumer 1's dKV reductions of the previous tile while its own wgmmas run, so that
         consumer 1's next products do not wait behind the reductions (bound by the L2's reduction rate)."""
-        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DC, 16])
+        o_l: gl.constexpr = _mma_layout(DC)
         acc0 = gl.zeros([64, DC], gl.float32, o_l)
         acc1 = gl.zeros([64, DC], gl.float32, o_l)
         n_t = gl.cdiv(n_len, BN)
@@ -363,7 +361,7 @@ if HAVE_GLUON:
         async_copy.wait_group(0)
         gl.thread_barrier()
         fence_async_shared()
-        g_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DC, 16])
+        g_l: gl.constexpr = _mma_layout(DC)
         red_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # 4 fp32 a thread: v4 reductions
         dr = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, red_l))
         for j in range(gl.cdiv(n_len, BN)):

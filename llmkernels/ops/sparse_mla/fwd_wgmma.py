@@ -20,12 +20,7 @@ from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mb
 from .common import LN2_C, LOG2E_C, row_args, row_flags, sink_arg
 
 if HAVE_GLUON:
-    from .attn_dist_wgmma import _cvt2, _row_limits, _ws_check, _ws_idx, _ws_valid
-
-    @triton.constexpr_function
-    def _mma_layout(n):
-        """The wgmma accumulator layout of one warpgroup for an [64, n] tile."""
-        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+    from .attn_dist_wgmma import _cvt2, _mma_layout, _row_limits, _ws_check, _ws_idx, _ws_valid
 
     @gluon.jit
     def _q_and_slots(dtype: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr):
