@@ -63,9 +63,11 @@ def timed(op, h_q, name, fn, flop):
 
 
 def timeline(a, cfg, ms):
-    """Median clocks of each stamp point relative to consumer 0's pair start (pairs 2..13, every program)."""
+    """Median clocks of each stamp point relative to consumer 0's pair start (pairs 2..13, every program), then
+    where a program's time goes: entry -> q in smem -> first pair -> loop done -> exit, and the gap on the same SM
+    between one program's exit and the next one's entry (%clock64 is per SM, so comparable there)."""
     n_prog = a.q.shape[0] * triton.cdiv(a.q.shape[1], 64)
-    st = torch.zeros(n_prog, 2, 16, 8, dtype=torch.int64, device=dev)
+    st = torch.zeros(n_prog, 2, 17, 8, dtype=torch.int64, device=dev)
     fwd_out(WF, a, {**cfg, "STAMP": 1, "stamp": st})
     torch.cuda.synchronize()
     s = st.double()
@@ -76,6 +78,27 @@ def timeline(a, cfg, ms):
     print(f"    period {period:.0f} clk, program {prog:.0f} clk (~{prog * n_prog / 132 / (ms * 1e6):.2f} GHz if back "
           f"to back); c0 " + " ".join(f"{v:.0f}" for v in med[0].tolist()) + " | c1 "
           + " ".join(f"{v:.0f}" for v in med[1].tolist()), flush=True)
+    p = st[:, 0, 16, :].double()  # consumer 0: entry, q ready, loop done, exit, smid
+    md = lambda x: x.median().item()  # noqa: E731
+    n_pairs = TOPK // 128
+    print(f"    program (c0, clk): q ready {md(p[:, 1] - p[:, 0]):.0f}, first pair start "
+          f"{md(s[:, 0, 0, 0] - p[:, 0]):.0f}, pair 0 {md(s[:, 0, 1, 0] - s[:, 0, 0, 0]):.0f}, "
+          f"pair 1 {md(s[:, 0, 2, 0] - s[:, 0, 1, 0]):.0f}, "
+          f"loop done -> exit {md(p[:, 3] - p[:, 2]):.0f}, entry -> exit {md(p[:, 3] - p[:, 0]):.0f} "
+          f"(= {md(p[:, 3] - p[:, 0]) / period:.1f} periods for {n_pairs} pairs)", flush=True)
+    sm, ent, ex = p[:, 4].long(), p[:, 0], p[:, 3]
+    gaps = []
+    for k in sm.unique().tolist():
+        sel = (sm == k).nonzero().flatten()
+        o = ent[sel].argsort()
+        e, x = ent[sel][o], ex[sel][o]
+        gaps.append(e[1:] - x[:-1])
+    g = torch.cat(gaps)
+    busy = (ex - ent).sum().item()
+    span = sum((ex[sm == k].max() - ent[sm == k].min()).item() for k in sm.unique().tolist())
+    print(f"    same-SM gap exit -> next entry: median {md(g):.0f} clk, p90 {g.quantile(0.9).item():.0f}; programs "
+          f"per SM {n_prog / max(1, sm.unique().numel()):.1f}; busy / span {busy / span:.3f}", flush=True)
+    torch.save(st.cpu(), f"{OUT}/stamps_h{a.q.shape[1]}_{'_'.join(f'{k}{v}' for k, v in cfg.items()) or 'default'}.pt")
 
 
 def main():

@@ -23,7 +23,7 @@ from llmkernels.ops.sparse_mla.spec import OUT_TOL, STAT_TOL, causal_indices, ma
 dev = torch.device("cuda")
 OUT = os.environ.get("OUT", "/tmp")
 SHAPES = [(128, 2048, 576), (64, 2048, 576), (16, 2048, 576), (128, 2048, 512), (128, 512, 576)]
-CONFIGS = {"dist": [None, dict(PAIR=0), dict(PAIR=0, STAGES=2), dict(SINGLES=0), dict(SINGLES=3)], "fwd": [None, dict(EARLY_S=0)]}  # None: what the public ops run
+CONFIGS = {"dist": [None, dict(PAIR=0), dict(PAIR=0, STAGES=2), dict(SINGLES=0), dict(SINGLES=3)], "fwd": [None, dict(EARLY_S=0), dict(OSTAGE=0)]}  # None: what the public ops run
 I32_MIN, I32_MAX = -2 ** 31, 2 ** 31 - 1
 
 

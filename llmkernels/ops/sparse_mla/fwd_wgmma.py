@@ -45,14 +45,17 @@ if HAVE_GLUON:
         mbarrier.arrive(bars.index(k), count=1)
 
     @gluon.jit
-    def _stamp(stamp_ptr, i, k: gl.constexpr, CID: gl.constexpr, STAMP: gl.constexpr):
-        """Timeline probe (STAMP): %clock64 of point k of pair i, by thread 0 of consumer CID, 16 pairs x 8 points."""
+    def _stamp(stamp_ptr, i, k: gl.constexpr, CID: gl.constexpr, STAMP: gl.constexpr, PROG: gl.constexpr = False):
+        """Timeline probe (STAMP): %clock64 of point k of pair i, by thread 0 of consumer CID, 16 pairs x 8 points;
+        PROG: point k of the program's row 16 (0 entry, 1 q in smem, 2 loop done, 3 exit, 4 %smid)."""
         if STAMP:
             tid = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
-            t = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [tid], dtype=gl.int64, is_pure=False,
-                                          pack=1)
-            off = ((gl.program_id(0) * 2 + CID) * 16 + i) * 8 + k
-            gl.store(stamp_ptr + off + tid * 0, t, mask=(tid == 0) & (i < 16))
+            asm: gl.constexpr = ("{ .reg .u32 s; mov.u32 s, %smid; cvt.u64.u32 $0, s; }" if PROG and k == 4
+                                 else "mov.u64 $0, %clock64;")
+            t = gl.inline_asm_elementwise(asm, "=l,r", [tid], dtype=gl.int64, is_pure=False, pack=1)
+            row: gl.constexpr = 16 if PROG else 0
+            off = ((gl.program_id(0) * 2 + CID) * 17 + i + row) * 8 + k
+            gl.store(stamp_ptr + off + tid * 0, t, mask=(tid == 0) & ((i < 16) | PROG))
 
     @gluon.jit
     def _see_s(q3_s, qhi_s, klo_s, khi_s, full, z, ph, sa, CID: gl.constexpr, LATE: gl.constexpr, D_V: gl.constexpr,
@@ -128,7 +131,7 @@ if HAVE_GLUON:
                       bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om, s_oh,
                       s_lm, zero, stamp_ptr, CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
                       D_T: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr,
-                      STAMP: gl.constexpr, STAGGER: gl.constexpr, EARLY_S: gl.constexpr):
+                      STAMP: gl.constexpr, STAGGER: gl.constexpr, EARLY_S: gl.constexpr, OSTAGE: gl.constexpr):
         """Consumer CID of the seesaw (module docstring). Ring barriers [early 0, early 1, late 0, late 1].
         Per pair, consumer 0: S a (then STAGGER lets consumer 1 issue S b, which queues behind it, so this
         softmax overlaps S b), P a at m0 to consumer 1, P a V a (frees slot 0's early half), O to m1, then P b V b
@@ -147,6 +150,8 @@ if HAVE_GLUON:
         c0: gl.constexpr = CID * DH
         oc: gl.constexpr = (1 - CID) * DH
 
+        _stamp(stamp_ptr, 0, 0, CID, STAMP, True)
+        _stamp(stamp_ptr, 0, 4, CID, STAMP, True)
         # q into shared memory, half of its columns by each consumer; both read all of it
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         offs_h = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
@@ -164,6 +169,7 @@ if HAVE_GLUON:
         gl.thread_barrier()
         mbarrier.arrive(bars.index(0), count=1)
         mbarrier.wait(bars.index(0), 0)
+        _stamp(stamp_ptr, 0, 1, CID, STAMP, True)
 
         q3_s = qlo_s._reinterpret(qlo_s.dtype, [1, 64, D_V], qlo_s.layout)
         m_i = gl.full([64], float("-inf"), gl.float32, row_l)  # running max of the log2-scaled logits
@@ -278,6 +284,7 @@ if HAVE_GLUON:
                 mbarrier.arrive(empty.index(3), count=1)
                 m_i = m1
 
+        _stamp(stamp_ptr, 0, 2, CID, STAMP, True)
         _xchg(xl.index(CID), bars, 5, l_i)  # the denominator is the sum of both consumers' shares
         mbarrier.wait(bars.index(5), 0)
         l_i = l_i + xl.index(1 - CID).load(row_l)
@@ -296,14 +303,28 @@ if HAVE_GLUON:
                 lse2 = lse2 + sp2
         o = acc / gl.convert_layout(denom, orow_l)[:, None]
         o = gl.where(gl.convert_layout(empty_row, orow_l)[:, None], 0.0, o)
-        offs_ho = hb * 64 + gl.arange(0, 64, layout=orow_l)
-        offs_d = c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, o_l))
-        gl.store(out_ptr + row * s_om + offs_ho[:, None].to(gl.int64) * s_oh + offs_d[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=(offs_ho < h_q)[:, None])
         if CID == 0:
             gl.store(maxl_ptr + row * s_lm + offs_hm, m_i * LN2_C, mask=hm)
             gl.store(lse_ptr + row * s_lm + offs_hm, gl.where(empty_row, float("inf"), lse2 * LN2_C),
                      mask=hm)
+        if OSTAGE:
+            # Both consumers are past their last S (the l exchange above), so q's buffer is free: this consumer's O
+            # half goes through its columns and out as 512-byte rows. Stored straight from the wgmma layout, it was
+            # 4-byte pieces of 8 rows an instruction, and the epilogue took ~9000 clocks, ~8 % of a program.
+            o_s = qlo_s.slice(c0, DH, dim=1)
+            o_s.store(o.to(qlo_s.dtype))
+            gl.thread_barrier()
+            st_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+            offs_hs = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, st_l))
+            offs_ds = c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, st_l))
+            gl.store(out_ptr + row * s_om + offs_hs[:, None].to(gl.int64) * s_oh + offs_ds[None, :],
+                     o_s.load(st_l).to(out_ptr.dtype.element_ty), mask=(offs_hs < h_q)[:, None])
+        else:
+            offs_ho = hb * 64 + gl.arange(0, 64, layout=orow_l)
+            offs_d = c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, o_l))
+            gl.store(out_ptr + row * s_om + offs_ho[:, None].to(gl.int64) * s_oh + offs_d[None, :],
+                     o.to(out_ptr.dtype.element_ty), mask=(offs_ho < h_q)[:, None])
+        _stamp(stamp_ptr, 0, 3, CID, STAMP, True)
 
     @gluon.jit
     def _see_copy(klo_s, khi_s, full, empty, base, valid, ph, wait, S: gl.constexpr, LATE: gl.constexpr,
@@ -368,7 +389,8 @@ if HAVE_GLUON:
                         HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
                         QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
                         PROD_REGS: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0,
-                        STAMP: gl.constexpr = 0, STAGGER: gl.constexpr = 1, EARLY_S: gl.constexpr = 1):
+                        STAMP: gl.constexpr = 0, STAGGER: gl.constexpr = 1, EARLY_S: gl.constexpr = 1,
+                        OSTAGE: gl.constexpr = 1):
         pid = gl.program_id(0)
         row = (pid // n_hb).to(gl.int64)
         hb = pid % n_hb
@@ -400,11 +422,11 @@ if HAVE_GLUON:
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
                              s_om, s_oh, s_lm, zero, stamp_ptr, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE,
-                             STAMP, STAGGER, EARLY_S)),
+                             STAMP, STAGGER, EARLY_S, OSTAGE)),
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
                              s_om, s_oh, s_lm, zero, stamp_ptr, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE,
-                             STAMP, STAGGER, EARLY_S)),
+                             STAMP, STAGGER, EARLY_S, OSTAGE)),
             (_see_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
                              BLOCK_N, D_V, D_T, CAUSAL, PROBE)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
@@ -418,7 +440,7 @@ def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, 
     # is 128), 48 for the producer (40 spills the next pair's indices; benchmarks/notes/sparse_mla_fwd.md, v4-5)
     cfg = dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=48)
     cfg.update(config or {})
-    stamp = cfg.pop("stamp", lse)  # timeline probe buffer (STAMP=1): int64 [programs, 2, 16, 8]
+    stamp = cfg.pop("stamp", lse)  # timeline probe buffer (STAMP=1): int64 [programs, 2, 17, 8] (16 pairs, program)
     n_hb = triton.cdiv(h_q, 64)
     _fwd_see_kernel[(s_q * n_hb,)](
         q, kv, idx, out, max_logits, lse, sink_arg(a), *row_args(a, n_hb),
