@@ -86,6 +86,11 @@ def timeline(a, cfg, ms):
           f"pair 1 {md(s[:, 0, 2, 0] - s[:, 0, 1, 0]):.0f}, "
           f"loop done -> exit {md(p[:, 3] - p[:, 2]):.0f}, entry -> exit {md(p[:, 3] - p[:, 0]):.0f} "
           f"(= {md(p[:, 3] - p[:, 0]) / period:.1f} periods for {n_pairs} pairs)", flush=True)
+    for c in (0, 1):  # the epilogue, from this consumer's loop done: l exchanged, O normalised, in smem, exit
+        q = st[:, c, 16, :].double()
+        print(f"    c{c} epilogue (clk from its loop done): " + " ".join(
+            f"{n} {md(q[:, k] - q[:, 2]):.0f}" for n, k in (("l", 5), ("norm", 6), ("smem", 7), ("exit", 3))),
+            flush=True)
     sm, ent, ex = p[:, 4].long(), p[:, 0], p[:, 3]
     gaps = []
     for k in sm.unique().tolist():

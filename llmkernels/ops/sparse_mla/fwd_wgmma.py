@@ -47,7 +47,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _stamp(stamp_ptr, i, k: gl.constexpr, CID: gl.constexpr, STAMP: gl.constexpr, PROG: gl.constexpr = False):
         """Timeline probe (STAMP): %clock64 of point k of pair i, by thread 0 of consumer CID, 16 pairs x 8 points;
-        PROG: point k of the program's row 16 (0 entry, 1 q in smem, 2 loop done, 3 exit, 4 %smid)."""
+        PROG: point k of the program's row 16 (0 entry, 1 q in smem, 2 loop done, 3 exit, 4 %smid, 5 l exchanged,
+        6 O normalised, 7 O in shared memory)."""
         if STAMP:
             tid = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
             asm: gl.constexpr = ("{ .reg .u32 s; mov.u32 s, %smid; cvt.u64.u32 $0, s; }" if PROG and k == 4
@@ -285,24 +286,27 @@ if HAVE_GLUON:
                 m_i = m1
 
         _stamp(stamp_ptr, 0, 2, CID, STAMP, True)
+        offs_hm = hb * 64 + gl.arange(0, 64, layout=row_l)
+        hm = offs_hm < h_q
+        if HAS_SINK:  # loaded before the exchange, whose wait covers the load's latency
+            sink2 = gl.load(sink_ptr + offs_hm, mask=hm, other=0.0) * LOG2E_C
         _xchg(xl.index(CID), bars, 5, l_i)  # the denominator is the sum of both consumers' shares
         mbarrier.wait(bars.index(5), 0)
+        _stamp(stamp_ptr, 0, 5, CID, STAMP, True)
         l_i = l_i + xl.index(1 - CID).load(row_l)
         empty_row = m_i == float("-inf")
         l_safe = gl.where(empty_row, 1.0, l_i)
         lse2 = m_i + gl.log2(l_safe)  # log2-sum-exp2 of the logits alone
         denom = l_safe
-        offs_hm = hb * 64 + gl.arange(0, 64, layout=row_l)
-        hm = offs_hm < h_q
         if HAS_SINK:
-            sink2 = gl.load(sink_ptr + offs_hm, mask=hm, other=0.0) * LOG2E_C
             d = sink2 - lse2
             sp2 = gl.maximum(d, 0.0) + gl.log2(1.0 + gl.exp2(-gl.abs(d)))  # log2(1 + 2^d) without overflow
             denom = l_safe * gl.exp2(sp2)
             if SINK_IN_LSE:
                 lse2 = lse2 + sp2
-        o = acc / gl.convert_layout(denom, orow_l)[:, None]
-        o = gl.where(gl.convert_layout(empty_row, orow_l)[:, None], 0.0, o)
+        # one reciprocal per row and one multiply per value (an empty row's factor is 0: O = 0); dividing each value
+        # cost ~2000 instructions a thread (div.full.f32 expands to ~8), ~1300 clocks of the epilogue
+        o = acc * gl.convert_layout(gl.where(empty_row, 0.0, 1.0 / denom), orow_l)[:, None]
         if CID == 0:
             gl.store(maxl_ptr + row * s_lm + offs_hm, m_i * LN2_C, mask=hm)
             gl.store(lse_ptr + row * s_lm + offs_hm, gl.where(empty_row, float("inf"), lse2 * LN2_C),
@@ -312,8 +316,10 @@ if HAVE_GLUON:
             # half goes through its columns and out as 512-byte rows. Stored straight from the wgmma layout, it was
             # 4-byte pieces of 8 rows an instruction, and the epilogue took ~9000 clocks, ~8 % of a program.
             o_s = qlo_s.slice(c0, DH, dim=1)
+            _stamp(stamp_ptr, 0, 6, CID, STAMP, True)
             o_s.store(o.to(qlo_s.dtype))
             gl.thread_barrier()
+            _stamp(stamp_ptr, 0, 7, CID, STAMP, True)
             st_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
             offs_hs = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, st_l))
             offs_ds = c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, st_l))
