@@ -91,7 +91,9 @@ CPU_CASES = {
     "s_kv<topk, causal k_stride 4, topk_length, d512": (5, 20, 1, 45, 512,
                                                          dict(q_start=40, k_stride=4, tlen=True)),
     "h17 tensor q_start, non-contiguous": (4, 50, 17, 33, 576, dict(noncontig=True, sink=True)),
-    "h70: two head blocks": (3, 30, 70, 20, 576, dict(q_start=5)),
+    # q_start 20: each row sees 21-23 of the 30 kv rows. At q_start 5 (6-8 visible) about 1 % of seeds left every row
+    # a single distinct valid index, where dq is exactly 0 and the norm-wise relative error measures rounding noise
+    "h70: two head blocks": (3, 30, 70, 20, 576, dict(q_start=20)),
 }
 
 
