@@ -165,7 +165,8 @@ def main():
             o, _, lse = fwd_out(WF, a, None)
             do = torch.randn_like(o)
             dq = torch.empty_like(a.q)
-            for g in [None, dict(DC=128), dict(DC=128, STAGES=3), dict(NB=2)]:
+            # with K=V arguments: the default and that config interleaved twice
+            for g in [None, extra, None, extra] if extra else [None, dict(DC=128), dict(DC=128, STAGES=3), dict(NB=2)]:
                 timed("bwd", h_q, f"g_ws={g}", lambda g=g: sparse_mla_bwd_launch(
                     a, o, do, lse, None, dq, deterministic=False, config=None if g is None else dict(g_ws=g)), flop)
         if "bwd" in ops:

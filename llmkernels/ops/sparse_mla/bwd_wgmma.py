@@ -296,7 +296,7 @@ if HAVE_GLUON:
                      s_kv, limit, s_im, s_dkvr, s_dqr, s_dqh, sm_scale,
                      c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                      STAGES: gl.constexpr, NB: gl.constexpr, HANDOFF: gl.constexpr, CAUSAL: gl.constexpr,
-                     DS_SCALED: gl.constexpr):
+                     DS_SCALED: gl.constexpr, DQSTAGE: gl.constexpr):
         """dQ[:, chunk] = sm_scale * sum over tiles of dS K[:, chunk], in registers (BH / 64 wgmma row blocks); the
         scratch's dS comes scaled by sm_scale already (DS_SCALED: bf16) or not (fp16: small dS would go subnormal).
         HANDOFF: also issues consumer 1's dKV reductions of the previous tile while its own wgmmas run, so that
@@ -326,14 +326,32 @@ if HAVE_GLUON:
             if n_t > 0:
                 _red_staged(idx_ptr, dkv_ptr, stg, stg_full, stg_free, row, n_t - 1, n_len, s_kv, limit, s_im,
                             s_dkvr, c, D0, DC, BN, NB, CAUSAL)
-        offs_d = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, o_l))
-        for b in gl.static_range(BH // 64):
-            heads = hb * BH + b * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
-            a = acc0 if b == 0 else acc1
-            if not DS_SCALED:
-                a = a * sm_scale
-            gl.store(dq_ptr + row * s_dqr + heads[:, None].to(gl.int64) * s_dqh + offs_d[None, :],
-                     a.to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])
+        if DQSTAGE:
+            # the producer is done and only this warpgroup reads k_s: dQ goes through its slots ([BN = 64, DC] each)
+            # and out as 16-byte row pieces, not as 4-byte pieces of 8 rows from the wgmma layout (the forward's
+            # epilogue lost ~8 % of a program to those; benchmarks/notes/sparse_mla_fwd.md, version 13)
+            gl.static_assert(BN == 64 and STAGES * 64 >= BH, "dQ staging takes one k slot per 64 heads")
+            for b in gl.static_range(BH // 64):
+                a = acc0 if b == 0 else acc1
+                if not DS_SCALED:
+                    a = a * sm_scale
+                k_s.index(b).store(a.to(k_s.dtype))
+            gl.thread_barrier()
+            st_l: gl.constexpr = gl.BlockedLayout([1, 8], [256 // DC, DC // 8], [4, 1], [1, 0])  # DC <= 256
+            offs_ds = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, st_l))
+            for b in gl.static_range(BH // 64):
+                heads = hb * BH + b * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, st_l))
+                gl.store(dq_ptr + row * s_dqr + heads[:, None].to(gl.int64) * s_dqh + offs_ds[None, :],
+                         k_s.index(b).load(st_l).to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])
+        else:
+            offs_d = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, o_l))
+            for b in gl.static_range(BH // 64):
+                heads = hb * BH + b * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
+                a = acc0 if b == 0 else acc1
+                if not DS_SCALED:
+                    a = a * sm_scale
+                gl.store(dq_ptr + row * s_dqr + heads[:, None].to(gl.int64) * s_dqh + offs_d[None, :],
+                         a.to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])
 
     @gluon.jit
     def _dkv_consumer(q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, stg, full, empty, stg_full,
@@ -404,7 +422,8 @@ if HAVE_GLUON:
                          D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                          STAGES: gl.constexpr, HAS_V: gl.constexpr, DETERMINISTIC: gl.constexpr,
                          CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr, HAS_TLEN: gl.constexpr, RED: gl.constexpr,
-                         NB: gl.constexpr, DS_SCALED: gl.constexpr, CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
+                         NB: gl.constexpr, DS_SCALED: gl.constexpr, CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr,
+                         num_warps: gl.constexpr, DQSTAGE: gl.constexpr = 1):
         c = gl.program_id(0)  # column chunk: neighbours share a row's P / dS, read once from DRAM
         r = gl.program_id(1)
         hb = gl.program_id(2)
@@ -434,7 +453,7 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_dq_consumer, (dq_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, stg, full, empty, stg_full, stg_free, row, hb, h_q,
                             n_len, s_kv, limit, s_im, s_dkvr, s_dqr, s_dqh, sm_scale,
-                            c, D0, DC, BH, BN, STAGES, NB, handoff, CAUSAL, DS_SCALED)),
+                            c, D0, DC, BH, BN, STAGES, NB, handoff, CAUSAL, DS_SCALED, DQSTAGE)),
             (_dkv_consumer, (q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, stg, full, empty, stg_full,
                              stg_free, r, row, hb,
                              h_q, sm_scale, topk, n_len, n_hb, s_kv, limit, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
