@@ -23,7 +23,7 @@ from llmkernels.ops.sparse_mla.spec import OUT_TOL, STAT_TOL, causal_indices, ma
 dev = torch.device("cuda")
 OUT = os.environ.get("OUT", "/tmp")
 SHAPES = [(128, 2048, 576), (64, 2048, 576), (16, 2048, 576), (128, 2048, 512), (128, 512, 576)]
-CONFIGS = {"dist": [None, dict(PAIR=0), dict(PAIR=0, STAGES=2), dict(SINGLES=0), dict(SINGLES=3)], "fwd": [None, dict(EARLY_S=0), dict(OSTAGE=0)]}  # None: what the public ops run
+CONFIGS = {"dist": [None, dict(PAIR=0), dict(PAIR=0, STAGES=2), dict(SINGLES=0), dict(SINGLES=3)], "fwd": [None, dict(EARLY_S=0), dict(OSTAGE=0), dict(TAIL=0), dict(NSM=5), dict(NSM=3, EARLY_S=0)]}  # None: what the public ops run
 I32_MIN, I32_MAX = -2 ** 31, 2 ** 31 - 1
 
 
@@ -146,6 +146,11 @@ def memcheck():
         q = torch.randn(s_q, h, 576, dtype=torch.bfloat16, device=dev)
         a = prepare(q, kv, idx, 0.04, attn_sink=torch.randn(h, device=dev))
         run_fwd(a, None)
+        idx2 = garbage((s_q, 300), s_kv)  # three pairs: the split path (pieces, merge), also at 5 "SMs"
+        idx2[:, 4:200] = torch.randint(0, s_kv, (s_q, 196), dtype=torch.int32, device=dev)
+        a2 = prepare(q, kv, idx2, 0.04, attn_sink=torch.randn(h, device=dev))
+        run_fwd(a2, None)
+        run_fwd(a2, dict(NSM=5))
         run_dist(a, torch.randn(s_q, h, device=dev) + 30, None)
         if h <= 64:  # programs over pairs of rows (an odd s_q: the last row alone)
             for n in (s_q, s_q - 1):

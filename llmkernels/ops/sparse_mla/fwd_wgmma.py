@@ -13,7 +13,9 @@ Each slot is gathered in two halves so it can be refilled as soon as its readers
 columns consumer s multiplies by its own P) and the late half (the other 256 columns and the rope). Measured history:
 benchmarks/notes/sparse_mla_fwd.md.
 """
+import torch
 import triton
+import triton.language as tl
 
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
@@ -128,11 +130,33 @@ if HAVE_GLUON:
         return acc, m1, l_i
 
     @gluon.jit
+    def _split_out(part_ptr, l_i, m_i, acc, xl, bars, CID: gl.constexpr, DH: gl.constexpr, row_l: gl.constexpr,
+                   o_l: gl.constexpr):
+        """SPLIT: this program's share of its row, for _tail_merge: O / l at its own max in fp32 [64, 2 DH], then
+        log2(l) + m and m (log2-scaled logits; -inf where nothing was valid), 64 of each. No sink here."""
+        _xchg(xl.index(CID), bars, 5, l_i)
+        mbarrier.wait(bars.index(5), 0)
+        l_i = l_i + xl.index(1 - CID).load(row_l)
+        empty_row = m_i == float("-inf")
+        inv = gl.where(empty_row, 0.0, 1.0 / gl.where(empty_row, 1.0, l_i))
+        o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
+        pid = gl.program_id(0).to(gl.int64)
+        h = gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
+        d = CID * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, o_l))
+        gl.store(part_ptr + pid * (64 * 2 * DH + 128) + h[:, None] * (2 * DH) + d[None, :], o)
+        if CID == 0:
+            hr = gl.arange(0, 64, layout=row_l)
+            lse2 = gl.where(empty_row, float("-inf"), m_i + gl.log2(gl.where(empty_row, 1.0, l_i)))
+            gl.store(part_ptr + pid * (64 * 2 * DH + 128) + 64 * 2 * DH + hr, lse2)
+            gl.store(part_ptr + pid * (64 * 2 * DH + 128) + 64 * 2 * DH + 64 + hr, m_i)
+
+    @gluon.jit
     def _see_consumer(q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s, xm, xl,
                       bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om, s_oh,
-                      s_lm, zero, stamp_ptr, CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
-                      D_T: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SINK_IN_LSE: gl.constexpr,
-                      STAMP: gl.constexpr, STAGGER: gl.constexpr, EARLY_S: gl.constexpr, OSTAGE: gl.constexpr):
+                      s_lm, zero, stamp_ptr, t0, part_ptr, CID: gl.constexpr, BLOCK_N: gl.constexpr,
+                      D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
+                      SINK_IN_LSE: gl.constexpr, STAMP: gl.constexpr, STAGGER: gl.constexpr, EARLY_S: gl.constexpr,
+                      OSTAGE: gl.constexpr, SPLIT: gl.constexpr):
         """Consumer CID of the seesaw (module docstring). Ring barriers [early 0, early 1, late 0, late 1].
         Per pair, consumer 0: S a (then STAGGER lets consumer 1 issue S b, which queues behind it, so this
         softmax overlaps S b), P a at m0 to consumer 1, P a V a (frees slot 0's early half), O to m1, then P b V b
@@ -177,14 +201,17 @@ if HAVE_GLUON:
         l_i = gl.zeros([64], gl.float32, row_l)  # this consumer's tiles' share of the denominator, at m_i
         acc = gl.zeros([64, DH], gl.float32, o_l)
         zero_s = gl.zeros([64, BLOCK_N], gl.float32, s_l)
-        n_pairs = gl.cdiv(n_len, 2 * BLOCK_N)
+        off = 0  # SPLIT: this program scans the row's entries [t0, n_len) only
+        if SPLIT:
+            off = t0
+        n_pairs = gl.cdiv(n_len - off, 2 * BLOCK_N)
         if EARLY_S and CID == 0:
             # FlashMLA's order: the next pair's S a is issued right behind P b V b, so the tensor cores never wait
             # for this warpgroup's loop overhead; slot 1's late half is released between S a's two halves. The
             # last pair is peeled (an in-flight S cannot be carried out of the loop) and n_len == 0 issues a dummy
             # S on whatever slot 0 holds (its result is never used), keeping the accumulator's type loop-invariant.
             has = n_pairs > 0
-            t = _ws_idx(idx_ptr, row, 0, n_len, s_im, BLOCK_N, col_l)
+            t = _ws_idx(idx_ptr, row, off, n_len, s_im, BLOCK_N, col_l)
             sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zero, 0, zero_s, 0, False, D_V, D_T, has)
             _stamp(stamp_ptr, 0, 1, CID, STAMP)
             sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zero, 0, sa, 0, True, D_V, D_T, has)
@@ -198,7 +225,7 @@ if HAVE_GLUON:
                 acc, m_i, l_i = _c0_pair(sa, t, acc, m_i, l_i, i, z, ph, klo_s, pbuf, xm, bars, empty, s_kv, limit,
                                          qk_scale, stamp_ptr, BLOCK_N, D_V, CAUSAL, STAMP)
                 zn = zero * (i + 1)
-                t = _ws_idx(idx_ptr, row, (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)
+                t = _ws_idx(idx_ptr, row, off + (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)
                 sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zn, ph ^ 1, zero_s, 0, False, D_V, D_T, True)
                 _stamp(stamp_ptr, i + 1, 1, CID, STAMP)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # P b V b done; S a still running
@@ -225,7 +252,7 @@ if HAVE_GLUON:
             z = zero * i
             sa_s = klo_s.index(CID + z)
             _stamp(stamp_ptr, i, 0, CID, STAMP)
-            t = _ws_idx(idx_ptr, row, (2 * i + CID) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after S
+            t = _ws_idx(idx_ptr, row, off + (2 * i + CID) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested later
             if STAGGER:
                 if CID == 1:  # S b queues behind S a on the tensor cores: consumer 0's softmax overlaps S b
                     mbarrier.wait(bars.index(6), ph)
@@ -286,6 +313,9 @@ if HAVE_GLUON:
                 m_i = m1
 
         _stamp(stamp_ptr, 0, 2, CID, STAMP, True)
+        if SPLIT:
+            _split_out(part_ptr, l_i, m_i, acc, xl, bars, CID, DH, row_l, o_l)
+            return
         offs_hm = hb * 64 + gl.arange(0, 64, layout=row_l)
         hm = offs_hm < h_q
         if HAS_SINK:  # loaded before the exchange, whose wait covers the load's latency
@@ -350,25 +380,28 @@ if HAVE_GLUON:
         async_copy.mbarrier_arrive(full.index(k), increment_count=False)
 
     @gluon.jit
-    def _see_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
+    def _see_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im, t0,
                       BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr,
-                      PROBE: gl.constexpr):
+                      PROBE: gl.constexpr, SPLIT: gl.constexpr):
         """4 warps: per pair of tiles (a -> slot 0, b -> slot 1) the four halves in the order the consumers free
         them: slot 0 (early, late), then slot 1. Tiles past n_len are all-invalid rows (zero-filled)."""
         g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         rl: gl.constexpr = gl.SliceLayout(1, g_l)
         cl: gl.constexpr = gl.SliceLayout(0, g_l)
-        n_pairs = gl.cdiv(n_len, 2 * BLOCK_N)
-        va, ia = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
-        vb, ib = _ws_valid(idx_ptr, row, BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+        off = 0
+        if SPLIT:
+            off = t0
+        n_pairs = gl.cdiv(n_len - off, 2 * BLOCK_N)
+        va, ia = _ws_valid(idx_ptr, row, off, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+        vb, ib = _ws_valid(idx_ptr, row, off + BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
         for i in range(n_pairs):
             ph = (i & 1) ^ 1
             base_a = kv_ptr + gl.where(va, ia, 0).to(gl.int64)[:, None] * s_kvn
             base_b = kv_ptr + gl.where(vb, ib, 0).to(gl.int64)[:, None] * s_kvn
             # the next pair's indices now, tested only after copies were issued (a load tested at once stalls the
             # producer for its L2 round trip), so its addresses are ready when its slots free
-            ia = _ws_idx(idx_ptr, row, (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
-            ib_n = _ws_idx(idx_ptr, row, (2 * i + 3) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
+            ia = _ws_idx(idx_ptr, row, off + (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
+            ib_n = _ws_idx(idx_ptr, row, off + (2 * i + 3) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
             _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, False, D_V, D_T, cl, PROBE)
             _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, True, D_V, D_T, cl, PROBE)
             _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, False, D_V, D_T, cl, PROBE)
@@ -390,18 +423,27 @@ if HAVE_GLUON:
     @gluon.jit(do_not_specialize=["zero"])
     def _fwd_see_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tlen_ptr, qs_ptr,
                         s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
-                        s_qm, s_qh, s_kvn, s_im, s_om, s_oh, s_lm, zero, stamp_ptr,
+                        s_qm, s_qh, s_kvn, s_im, s_om, s_oh, s_lm, zero, stamp_ptr, item0, n_piece, pp, part_ptr,
                         BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
                         HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
                         QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
                         PROD_REGS: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0,
                         STAMP: gl.constexpr = 0, STAGGER: gl.constexpr = 1, EARLY_S: gl.constexpr = 1,
-                        OSTAGE: gl.constexpr = 1):
+                        OSTAGE: gl.constexpr = 1, SPLIT: gl.constexpr = 0):
+        """One program per (query row, 64 heads); SPLIT: n_piece programs per item of items [item0, ...), piece p
+        scanning the row's entries [p pp 128, (p + 1) pp 128) and leaving a partial result for _tail_merge."""
         pid = gl.program_id(0)
-        row = (pid // n_hb).to(gl.int64)
-        hb = pid % n_hb
+        it = pid
+        if SPLIT:
+            it = item0 + pid // n_piece
+        row = (it // n_hb).to(gl.int64)
+        hb = it % n_hb
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
         n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+        t0 = 0
+        if SPLIT:
+            t0 = (pid % n_piece) * pp * (2 * BLOCK_N)
+            n_len = gl.maximum(gl.minimum(n_len, t0 + pp * (2 * BLOCK_N)), t0)
         klo_s, khi_s, qlo_s, qhi_s = _q_and_slots(dtype, BLOCK_N, D_V, D_T)
         full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
@@ -421,21 +463,70 @@ if HAVE_GLUON:
                 (_see_probe_consumer, (full, empty, n_len, 0, BLOCK_N)),
                 (_see_probe_consumer, (full, empty, n_len, 1, BLOCK_N)),
                 (_see_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
-                                 BLOCK_N, D_V, D_T, CAUSAL, PROBE)),
+                                 t0, BLOCK_N, D_V, D_T, CAUSAL, PROBE, SPLIT)),
             ], [4, 4], [CONS_REGS, PROD_REGS])
             return
         gl.warp_specialize([
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
-                             s_om, s_oh, s_lm, zero, stamp_ptr, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE,
-                             STAMP, STAGGER, EARLY_S, OSTAGE)),
+                             s_om, s_oh, s_lm, zero, stamp_ptr, t0, part_ptr, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK,
+                             SINK_IN_LSE, STAMP, STAGGER, EARLY_S, OSTAGE, SPLIT)),
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
-                             s_om, s_oh, s_lm, zero, stamp_ptr, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK, SINK_IN_LSE,
-                             STAMP, STAGGER, EARLY_S, OSTAGE)),
+                             s_om, s_oh, s_lm, zero, stamp_ptr, t0, part_ptr, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK,
+                             SINK_IN_LSE, STAMP, STAGGER, EARLY_S, OSTAGE, SPLIT)),
             (_see_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
-                             BLOCK_N, D_V, D_T, CAUSAL, PROBE)),
+                             t0, BLOCK_N, D_V, D_T, CAUSAL, PROBE, SPLIT)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
+
+
+@triton.jit
+def _tail_merge(part_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, item0, n_piece, n_hb, h_q, s_om, s_oh, s_lm,
+                HAS_SINK: tl.constexpr, SINK_IN_LSE: tl.constexpr, BLOCK_P: tl.constexpr, D_V: tl.constexpr):
+    """One (item, head) of the split items: merges its pieces' (O / l, log2 l + m, m) into out, max_logits and lse
+    exactly as the unsplit epilogue finishes them (sink, empty row: out 0, lse +inf)."""
+    j = tl.program_id(0)
+    h = tl.program_id(1)
+    it = item0 + j
+    row = (it // n_hb).to(tl.int64)
+    head = (it % n_hb) * 64 + h
+    if head < h_q:
+        p = tl.arange(0, BLOCK_P)
+        pm = p < n_piece
+        base = (j * n_piece + p).to(tl.int64) * (64 * D_V + 128)
+        l2 = tl.load(part_ptr + base + 64 * D_V + h, mask=pm, other=float("-inf"))
+        m = tl.load(part_ptr + base + 64 * D_V + 64 + h, mask=pm, other=float("-inf"))
+        top = tl.max(l2, axis=0)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        w = tl.exp2(l2 - top)  # 0 for pieces with nothing valid
+        tot = tl.sum(w, axis=0)
+        d = tl.arange(0, D_V)
+        o = tl.load(part_ptr + base[:, None] + h * D_V + d[None, :], mask=(pm & (w > 0))[:, None], other=0.0)
+        o = tl.sum(o * w[:, None], axis=0)
+        empty = tot == 0
+        tot = tl.where(empty, 1.0, tot)
+        lse2 = top + tl.log2(tot)
+        denom = tot
+        if HAS_SINK:
+            dd = tl.load(sink_ptr + head) * LOG2E_C - lse2
+            sp2 = tl.maximum(dd, 0.0) + tl.log2(1.0 + tl.exp2(-tl.abs(dd)))
+            denom = tot * tl.exp2(sp2)
+            if SINK_IN_LSE:
+                lse2 = lse2 + sp2
+        tl.store(out_ptr + row * s_om + head * s_oh + d, tl.where(empty, 0.0, o / denom).to(out_ptr.dtype.element_ty))
+        tl.store(maxl_ptr + row * s_lm + head, tl.max(m, axis=0) * LN2_C)
+        tl.store(lse_ptr + row * s_lm + head, tl.where(empty, float("inf"), lse2 * LN2_C))
+
+
+def tail_split(n_items: int, n_sm: int, n_pairs: int) -> tuple:
+    """(items run whole, pieces per remaining item, pairs per piece). The items of the last, partial wave (all of them
+    when there are fewer than the SMs) are split over their topk so that they fill the idle SMs: a whole program
+    per item there would leave the GPU waiting on a few SMs for a full program (~3 % at s_q 4096, h_q 64)."""
+    tail = n_items % n_sm
+    if tail == 0 or n_sm // tail < 2 or n_pairs < 2:
+        return n_items, 1, n_pairs
+    pp = triton.cdiv(n_pairs, min(n_sm // tail, n_pairs, 16))  # <= 16 pieces: _tail_merge holds them in registers
+    return n_items - tail, triton.cdiv(n_pairs, pp), pp
 
 
 def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, config=None) -> None:
@@ -448,8 +539,27 @@ def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, 
     cfg.update(config or {})
     stamp = cfg.pop("stamp", lse)  # timeline probe buffer (STAMP=1): int64 [programs, 2, 17, 8] (16 pairs, program)
     n_hb = triton.cdiv(h_q, 64)
-    _fwd_see_kernel[(s_q * n_hb,)](
-        q, kv, idx, out, max_logits, lse, sink_arg(a), *row_args(a, n_hb),
-        q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0), 0, stamp,
-        D_V=a.d_v, D_T=d_qk - a.d_v, HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse, num_warps=4,
-        **row_flags(a), **cfg)
+    n_items = s_q * n_hb
+    n_main, n_piece, pp = n_items, 1, 0
+    n_sm = cfg.pop("NSM", None) or _num_sms(q.device)  # NSM: tests split at other SM counts
+    if cfg.pop("TAIL", 1):
+        n_main, n_piece, pp = tail_split(n_items, n_sm, triton.cdiv(idx.shape[1], 2 * cfg["BLOCK_N"]))
+    args = (q, kv, idx, out, max_logits, lse, sink_arg(a), *row_args(a, n_hb), q.stride(0), q.stride(1),
+            kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0), 0, stamp)
+    flags = dict(D_V=a.d_v, D_T=d_qk - a.d_v, HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse, num_warps=4,
+                 **row_flags(a))
+    if n_main:
+        _fwd_see_kernel[(n_main,)](*args, 0, 1, 0, lse, **flags, **cfg)
+    if n_piece > 1:
+        n_tail = n_items - n_main
+        part = torch.empty(n_tail * n_piece * (64 * a.d_v + 128), dtype=torch.float32, device=q.device)
+        _fwd_see_kernel[(n_tail * n_piece,)](*args, n_main, n_piece, pp, part, **flags, **dict(cfg, STAMP=0),
+                                             SPLIT=1)
+        _tail_merge[(n_tail, 64)](part, out, max_logits, lse, sink_arg(a), n_main, n_piece, n_hb, h_q, out.stride(0),
+                                  out.stride(1), lse.stride(0), HAS_SINK=a.attn_sink is not None,
+                                  SINK_IN_LSE=sink_in_lse, BLOCK_P=triton.next_power_of_2(n_piece), D_V=a.d_v,
+                                  num_warps=4)
+
+
+def _num_sms(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
