@@ -275,6 +275,55 @@ def test_bad_inputs(device):
             fn()
 
 
+def test_tail_split_plan():
+    from llmkernels.ops.sparse_mla.fwd_wgmma import tail_split  # (whole items, pieces per item, pairs per piece)
+    assert tail_split(4096, 132, 16) == (4092, 16, 1)  # s_q 4096, h_q 64: 31 full waves + 4 items in 16 pieces
+    assert tail_split(8192, 132, 16) == (8184, 16, 1)
+    assert tail_split(24, 132, 16) == (0, 4, 4)  # fewer items than SMs: every item split (5 a SM -> 4 pieces of 4)
+    assert tail_split(264, 132, 16) == (264, 1, 16)  # full waves only
+    assert tail_split(200, 132, 16) == (200, 1, 16)  # 68 items in the last wave: not two pieces each
+    assert tail_split(8, 132, 1) == (8, 1, 1)  # one pair: nothing to split
+
+
+def test_tail_merge_matches_reference(device):
+    """fwd_wgmma._tail_merge (the merge of the split last wave) on pieces that the reference computes on slices of
+    the indices equals the reference on all of them: with a sink, an empty piece and a row with nothing valid."""
+    from llmkernels.ops.sparse_mla.fwd_wgmma import _tail_merge
+    s_q, s_kv, h_q, topk, scale = 3, 50, 70, 40, 0.06
+    q, kv, idx = _inputs(device, s_q, s_kv, h_q, topk, lo=0, hi=s_kv)
+    q, kv = q.float(), kv.float()
+    idx[1, 15:30] = -1  # row 1: its second piece has nothing valid
+    idx[2] = -1  # row 2: nothing valid at all
+    sink = torch.randn(h_q, device=device)
+    cuts = [(0, 15), (15, 30), (30, topk)]
+    n_hb, item0, n_tail, n_piece = 2, 2, 4, len(cuts)  # items 2..5: rows 1 and 2, two head blocks each
+    part = torch.full((n_tail * n_piece, 64 * 512 + 128), float("nan"), device=device)
+    for p, (a, b) in enumerate(cuts):
+        sub = torch.full_like(idx, -1)
+        sub[:, a:b] = idx[:, a:b]
+        o, m, lse = sparse_mla_fwd_ref(q, kv, sub, scale)  # O / l of the piece, its max and lse, no sink
+        lse2 = torch.where(torch.isinf(lse), float("-inf"), lse * 1.4426950408889634)
+        for j in range(n_tail):
+            row, hb = divmod(item0 + j, n_hb)
+            heads = slice(hb * 64, min(hb * 64 + 64, h_q))
+            n = heads.stop - heads.start
+            blk = part[j * n_piece + p]
+            blk[:n * 512] = o[row, heads].reshape(-1)  # rows past h_q stay NaN: the merge must not read them
+            blk[64 * 512:64 * 512 + n] = lse2[row, heads]
+            blk[64 * 512 + 64:64 * 512 + 64 + n] = m[row, heads] * 1.4426950408889634
+    out = torch.full((s_q, h_q, 512), float("nan"), device=device)
+    maxl = torch.full((s_q, h_q), float("nan"), device=device)
+    lse = torch.full((s_q, h_q), float("nan"), device=device)
+    _tail_merge[(n_tail, 64)](part, out, maxl, lse, sink, item0, n_piece, n_hb, h_q, out.stride(0), out.stride(1),
+                              lse.stride(0), HAS_SINK=True, SINK_IN_LSE=True, BLOCK_P=4, D_V=512)
+    ro, rm, rl = sparse_mla_fwd_ref(q, kv, idx, scale, attn_sink=sink)
+    # fp32 throughout: only the order of the sums differs
+    assert rel_err(out[1:], ro[1:]) < 1e-5, rel_err(out[1:], ro[1:])
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+    assert rel_err(maxl[1:], rm[1:]) < 1e-6 and rel_err(lse[1:], rl[1:]) < 1e-6
+    assert torch.isinf(lse[2]).all() and (lse[2] > 0).all() and torch.isneginf(maxl[2]).all()
+
+
 # --- GPU ------------------------------------------------------------------------------------------
 
 @gpu
