@@ -3,6 +3,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
+import triton
 import triton.language as tl
 
 from ..._validate import check_int, check_same_device, check_scale, check_tensor, check_unit_last_stride
@@ -11,6 +12,25 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 LOG2E_C = tl.constexpr(LOG2E)  # kernels (Triton and Gluon) may only read constexpr globals
 LN2_C = tl.constexpr(LN2)
+
+
+@triton.jit
+def row_finish(m2, l, sink_ptr, offs_h, hmask, HAS_SINK: tl.constexpr, SINK_IN_LSE: tl.constexpr):
+    """(empty, lse2, denom) of rows whose log2-scaled logits have max m2 and sum of exp2(s - m2) l: out = O / denom,
+    lse2 the log2-sum-exp2 (with the sink's share when SINK_IN_LSE); meaningless where empty (nothing valid)."""
+    empty = m2 == float("-inf")
+    l_safe = tl.where(empty, 1.0, l)
+    lse2 = m2 + tl.log2(l_safe)
+    denom = l_safe
+    if HAS_SINK:
+        d = tl.load(sink_ptr + offs_h, mask=hmask, other=0.0) * LOG2E_C - lse2  # +-inf at worst on non-empty rows
+        sp = tl.maximum(d, 0.0) + tl.log2(1.0 + tl.exp2(-tl.abs(d)))  # log2(1 + 2^d) without overflow
+        denom = l_safe * tl.exp2(sp)  # = sum p + exp(sink - m); +inf sink -> out 0
+        if SINK_IN_LSE:
+            lse2 = lse2 + sp
+    return empty, lse2, denom
+
+
 DTYPES = (torch.bfloat16, torch.float16)  # bf16 is the model's dtype; fp16 also runs (and is what CPU tests use)
 D_QK = (576, 512)
 D_V = 512

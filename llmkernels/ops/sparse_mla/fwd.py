@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 from ..._runtime import interpreting
-from .common import LN2_C, LOG2E_C, row_args, row_flags, sink_arg
+from .common import LN2_C, row_args, row_finish, row_flags, sink_arg
 from .attn_dist_wgmma import wgmma_usable
 from .fwd_wgmma import sparse_mla_fwd_ws_launch
 
@@ -90,19 +90,7 @@ def _fwd_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tl
         acc = acc * alpha[:, None] + tl.dot(p.to(k_lo.dtype), k_lo)  # V is the first D_V dims of the same tile
         m_i = m_new
 
-    empty = m_i == float("-inf")
-    l_safe = tl.where(empty, 1.0, l_i)
-    lse2 = m_i + tl.log2(l_safe)  # log2-sum-exp2 of the logits alone
-    denom = l_safe
-    tot2 = lse2
-    if HAS_SINK:
-        sink2 = tl.load(sink_ptr + offs_h, mask=hmask, other=0.0) * LOG2E_C
-        d = sink2 - lse2  # lse2 is finite on non-empty rows, so d is +-inf at worst (sink = +-inf)
-        sp = tl.maximum(d, 0.0) + tl.log2(1.0 + tl.exp2(-tl.abs(d)))  # log2(1 + 2^d) without overflow
-        tot2 = lse2 + sp
-        denom = l_safe * tl.exp2(sp)  # = sum p + exp(sink - m); +inf sink -> out 0
-        if SINK_IN_LSE:
-            lse2 = tot2
+    empty, lse2, denom = row_finish(m_i, l_i, sink_ptr, offs_h, hmask, HAS_SINK, SINK_IN_LSE)
     o = acc / denom[:, None]
     o = tl.where(empty[:, None], 0.0, o)
     lse = tl.where(empty, float("inf"), lse2 * LN2_C)

@@ -19,7 +19,8 @@ import triton.language as tl
 
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
-from .common import LN2_C, LOG2E_C, row_args, row_flags, sink_arg
+from ..._runtime import num_sms
+from .common import LN2_C, LOG2E_C, row_args, row_finish, row_flags, sink_arg
 
 if HAVE_GLUON:
     from .attn_dist_wgmma import _cvt2, _mma_layout, _row_limits, _ws_check, _ws_idx, _ws_valid
@@ -496,23 +497,12 @@ def _tail_merge(part_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, item0, n_piece, 
         base = (j * n_piece + p).to(tl.int64) * (64 * D_V + 128)
         l2 = tl.load(part_ptr + base + 64 * D_V + h, mask=pm, other=float("-inf"))
         m = tl.load(part_ptr + base + 64 * D_V + 64 + h, mask=pm, other=float("-inf"))
-        top = tl.max(l2, axis=0)
-        top = tl.where(top == float("-inf"), 0.0, top)
-        w = tl.exp2(l2 - top)  # 0 for pieces with nothing valid
-        tot = tl.sum(w, axis=0)
+        top = tl.max(l2, axis=0)  # -inf: no piece had anything valid
+        w = tl.exp2(l2 - tl.where(top == float("-inf"), 0.0, top))  # 0 for pieces with nothing valid
         d = tl.arange(0, D_V)
         o = tl.load(part_ptr + base[:, None] + h * D_V + d[None, :], mask=(pm & (w > 0))[:, None], other=0.0)
         o = tl.sum(o * w[:, None], axis=0)
-        empty = tot == 0
-        tot = tl.where(empty, 1.0, tot)
-        lse2 = top + tl.log2(tot)
-        denom = tot
-        if HAS_SINK:
-            dd = tl.load(sink_ptr + head) * LOG2E_C - lse2
-            sp2 = tl.maximum(dd, 0.0) + tl.log2(1.0 + tl.exp2(-tl.abs(dd)))
-            denom = tot * tl.exp2(sp2)
-            if SINK_IN_LSE:
-                lse2 = lse2 + sp2
+        empty, lse2, denom = row_finish(top, tl.sum(w, axis=0), sink_ptr, head, True, HAS_SINK, SINK_IN_LSE)
         tl.store(out_ptr + row * s_om + head * s_oh + d, tl.where(empty, 0.0, o / denom).to(out_ptr.dtype.element_ty))
         tl.store(maxl_ptr + row * s_lm + head, tl.max(m, axis=0) * LN2_C)
         tl.store(lse_ptr + row * s_lm + head, tl.where(empty, float("inf"), lse2 * LN2_C))
@@ -541,7 +531,7 @@ def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, 
     n_hb = triton.cdiv(h_q, 64)
     n_items = s_q * n_hb
     n_main, n_piece, pp = n_items, 1, 0
-    n_sm = cfg.pop("NSM", None) or _num_sms(q.device)  # NSM: tests split at other SM counts
+    n_sm = cfg.pop("NSM", None) or num_sms(q.device)  # NSM: tests split at other SM counts
     if cfg.pop("TAIL", 1):
         n_main, n_piece, pp = tail_split(n_items, n_sm, triton.cdiv(idx.shape[1], 2 * cfg["BLOCK_N"]))
     args = (q, kv, idx, out, max_logits, lse, sink_arg(a), *row_args(a, n_hb), q.stride(0), q.stride(1),
@@ -560,6 +550,3 @@ def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, 
                                   SINK_IN_LSE=sink_in_lse, BLOCK_P=triton.next_power_of_2(n_piece), D_V=a.d_v,
                                   num_warps=4)
 
-
-def _num_sms(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
