@@ -412,9 +412,13 @@ if HAVE_GLUON:
             ib = ib_n
 
     @gluon.jit
-    def _see_probe_consumer(full, empty, n_len, CID: gl.constexpr, BLOCK_N: gl.constexpr):
-        """Probe 2 (the producer alone): take each half as it lands and hand it straight back."""
-        for i in range(gl.cdiv(n_len, 2 * BLOCK_N)):
+    def _see_probe_consumer(full, empty, n_len, t0, CID: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr):
+        """Probe 2 (the producer alone): take each half as it lands and hand it straight back (as many pairs as the
+        producer gathers: a SPLIT piece scans [t0, n_len) only)."""
+        off = 0
+        if SPLIT:
+            off = t0
+        for i in range(gl.cdiv(n_len - off, 2 * BLOCK_N)):
             mbarrier.wait(full.index(CID), i & 1)
             mbarrier.wait(full.index(2 + CID), i & 1)
             mbarrier.arrive(empty.index(CID), count=1)
@@ -461,8 +465,8 @@ if HAVE_GLUON:
             mbarrier.init(bars.index(i), count=2 if i == 0 or i == 5 else 1)
         if PROBE == 2:
             gl.warp_specialize([
-                (_see_probe_consumer, (full, empty, n_len, 0, BLOCK_N)),
-                (_see_probe_consumer, (full, empty, n_len, 1, BLOCK_N)),
+                (_see_probe_consumer, (full, empty, n_len, t0, 0, BLOCK_N, SPLIT)),
+                (_see_probe_consumer, (full, empty, n_len, t0, 1, BLOCK_N, SPLIT)),
                 (_see_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
                                  t0, BLOCK_N, D_V, D_T, CAUSAL, PROBE, SPLIT)),
             ], [4, 4], [CONS_REGS, PROD_REGS])
