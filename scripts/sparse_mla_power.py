@@ -38,8 +38,13 @@ def chill(fn, flush, n=30):
 
 
 def main():
-    hs = [int(x) for x in sys.argv[1:] if x.isdigit()] or [128, 64]
-    secs = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 4.0
+    args = sys.argv[1:]
+    secs = 4.0
+    if "--seconds" in args:
+        k = args.index("--seconds")
+        secs = float(args[k + 1])
+        del args[k:k + 2]
+    hs = [int(x) for x in args] or [128, 64]
     print(subprocess.run(["nvidia-smi", "--query-gpu=name,power.limit,clocks.max.sm", "--format=csv"],
                          capture_output=True, text=True).stdout, flush=True)
     m = 8192
