@@ -6,7 +6,7 @@ import triton.language as tl
 from ..._runtime import interpreting
 from .attn_dist_wgmma import attn_dist_ws_launch, wgmma_usable
 from .common import LOG2E_C, row_args, row_flags
-from .fwd import gather, load_idx, row_limits
+from .fwd import gather, load_idx, load_q, logits, row_limits, tile_idx
 
 
 @triton.jit
@@ -21,24 +21,15 @@ def _dist_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
     hb = pid % n_hb
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = offs_h < h_q
-    q_rows = q_ptr + row * s_qm + offs_h[:, None].to(tl.int64) * s_qh
-    q_lo = tl.load(q_rows + tl.arange(0, D_V)[None, :], mask=hmask[:, None], other=0.0)
-    if D_T > 0:
-        q_hi = tl.load(q_rows + D_V + tl.arange(0, D_T)[None, :], mask=hmask[:, None], other=0.0)
+    q_lo, q_hi = load_q(q_ptr, row, offs_h, hmask, s_qm, s_qh, D_V, D_T)
     # padded heads get lse = +inf, so their probabilities are exactly 0
     lse2 = tl.load(lse_ptr + row * s_lm + offs_h * s_lh, mask=hmask, other=float("inf")) * LOG2E_C
     n_len, limit = row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
     idx_n = load_idx(idx_ptr, row, 0, n_len, s_im, BLOCK_N)
     for n0 in range(0, n_len, BLOCK_N):
-        if PREFETCH:  # indices one tile ahead, so the next gather need not wait for them
-            idx = idx_n
-            idx_n = load_idx(idx_ptr, row, n0 + BLOCK_N, n_len, s_im, BLOCK_N)
-        else:
-            idx = load_idx(idx_ptr, row, n0, n_len, s_im, BLOCK_N)
+        idx, idx_n = tile_idx(idx_ptr, row, n0, idx_n, n_len, s_im, BLOCK_N, PREFETCH)
         valid, k_lo, k_hi = gather(kv_ptr, idx, s_kv, limit, s_kvn, D_V, D_T, CAUSAL)
-        s = tl.dot(q_lo, tl.trans(k_lo))
-        if D_T > 0:
-            s = tl.dot(q_hi, tl.trans(k_hi), s)
+        s = logits(q_lo, q_hi, k_lo, k_hi, D_T)
         p = tl.exp2(s * qk_scale - lse2[:, None])
         col = tl.sum(tl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
         offs = n0 + tl.arange(0, BLOCK_N)

@@ -9,7 +9,6 @@ from .attn_dist_wgmma import wgmma_usable
 from .fwd_wgmma import sparse_mla_fwd_ws_launch
 
 
-
 @triton.jit
 def row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride,
                HAS_TLEN: tl.constexpr, CAUSAL: tl.constexpr, QS_TENSOR: tl.constexpr):
@@ -32,6 +31,38 @@ def row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride,
 def load_idx(idx_ptr, row, n0, n_len, s_im, BLOCK_N: tl.constexpr):
     offs = n0 + tl.arange(0, BLOCK_N)
     return tl.load(idx_ptr + row * s_im + offs, mask=offs < n_len, other=-1)
+
+
+@triton.jit
+def load_q(q_ptr, row, offs_h, hmask, s_qm, s_qh, D_V: tl.constexpr, D_T: tl.constexpr):
+    """q[row, offs_h] as (q[:, :D_V], the rope q[:, D_V:]; q_lo again when there is no rope), padded heads 0."""
+    q_rows = q_ptr + row * s_qm + offs_h[:, None].to(tl.int64) * s_qh
+    q_lo = tl.load(q_rows + tl.arange(0, D_V)[None, :], mask=hmask[:, None], other=0.0)
+    q_hi = q_lo
+    if D_T > 0:
+        q_hi = tl.load(q_rows + D_V + tl.arange(0, D_T)[None, :], mask=hmask[:, None], other=0.0)
+    return q_lo, q_hi
+
+
+@triton.jit
+def tile_idx(idx_ptr, row, n0, idx_n, n_len, s_im, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
+    """(indices of the tile at n0, carried value): with PREFETCH the next tile's indices are loaded one tile ahead
+    (idx_n carries them), so the next gather need not wait for them."""
+    if PREFETCH:
+        idx = idx_n
+        idx_n = load_idx(idx_ptr, row, n0 + BLOCK_N, n_len, s_im, BLOCK_N)
+    else:
+        idx = load_idx(idx_ptr, row, n0, n_len, s_im, BLOCK_N)
+    return idx, idx_n
+
+
+@triton.jit
+def logits(q_lo, q_hi, k_lo, k_hi, D_T: tl.constexpr):
+    """q k^T over d_qk, as a product over the first D_V dims plus one over the rope."""
+    s = tl.dot(q_lo, tl.trans(k_lo))
+    if D_T > 0:
+        s = tl.dot(q_hi, tl.trans(k_hi), s)
+    return s
 
 
 @triton.jit
@@ -61,10 +92,7 @@ def _fwd_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tl
     hb = pid % n_hb
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = offs_h < h_q
-    q_rows = q_ptr + row * s_qm + offs_h[:, None].to(tl.int64) * s_qh
-    q_lo = tl.load(q_rows + tl.arange(0, D_V)[None, :], mask=hmask[:, None], other=0.0)
-    if D_T > 0:
-        q_hi = tl.load(q_rows + D_V + tl.arange(0, D_T)[None, :], mask=hmask[:, None], other=0.0)
+    q_lo, q_hi = load_q(q_ptr, row, offs_h, hmask, s_qm, s_qh, D_V, D_T)
     n_len, limit = row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max of the log2-scaled logits
@@ -72,15 +100,9 @@ def _fwd_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tl
     acc = tl.zeros([BLOCK_H, D_V], tl.float32)
     idx_n = load_idx(idx_ptr, row, 0, n_len, s_im, BLOCK_N)
     for n0 in range(0, n_len, BLOCK_N):
-        if PREFETCH:  # indices one tile ahead, so the next gather need not wait for them
-            idx = idx_n
-            idx_n = load_idx(idx_ptr, row, n0 + BLOCK_N, n_len, s_im, BLOCK_N)
-        else:
-            idx = load_idx(idx_ptr, row, n0, n_len, s_im, BLOCK_N)
+        idx, idx_n = tile_idx(idx_ptr, row, n0, idx_n, n_len, s_im, BLOCK_N, PREFETCH)
         valid, k_lo, k_hi = gather(kv_ptr, idx, s_kv, limit, s_kvn, D_V, D_T, CAUSAL)
-        s = tl.dot(q_lo, tl.trans(k_lo))
-        if D_T > 0:
-            s = tl.dot(q_hi, tl.trans(k_hi), s)
+        s = logits(q_lo, q_hi, k_lo, k_hi, D_T)
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing valid yet: avoid inf - inf
