@@ -204,6 +204,32 @@ def test_indexer_kl_loss_and_grad(device):
     assert indexer_kl_loss(logits2, q, kv, idx, lse, 0.1, **kw).item() == pytest.approx(loss.item(), rel=1e-6)
 
 
+def test_indexer_kl_loss_tensor_parallel(device):
+    """Head shards: the all-reduced attn_dist passed as attn_dist gives the loss of all heads on every shard; a
+    shard's own distribution alone would not."""
+    q, kv, idx = _inputs(device, 5, 40, 6, 24)
+    kw = dict(q_start=30, k_stride=1)
+    _, _, lse = sparse_mla(q, kv, idx, 0.1, **kw)
+    logits = torch.randn(5, 24, device=device)
+    full = indexer_kl_loss(logits, q, kv, idx, lse, 0.1, **kw)
+    shards = [(q[:, h:h + 3], lse[:, h:h + 3]) for h in (0, 3)]
+    dist = sum(sparse_mla_attn_dist(qs, kv, idx, ls, 0.1, **kw) for qs, ls in shards)
+    for qs, ls in shards:
+        lg = logits.clone().requires_grad_()
+        loss = indexer_kl_loss(lg, qs, kv, idx, ls, 0.1, attn_dist=dist, **kw)
+        assert abs(loss.item() - full.item()) <= 1e-5 * max(1.0, abs(full.item()))  # fp32 sums in another order
+        lg_r = logits.clone().requires_grad_()
+        indexer_kl_loss_ref(lg_r, qs, kv, idx, ls, 0.1, attn_dist=dist, **kw).backward()
+        loss.backward()
+        assert rel_err(lg.grad, lg_r.grad) <= 1e-4
+    alone = indexer_kl_loss(logits, *shards[0][:1], kv, idx, shards[0][1], 0.1, **kw)
+    assert abs(alone.item() - full.item()) > 1e-3 * abs(full.item())  # one shard's p is not the full p
+    with pytest.raises(TypeError, match="attn_dist"):
+        indexer_kl_loss(logits, q, kv, idx, lse, 0.1, attn_dist=dist.half(), **kw)
+    with pytest.raises(ValueError, match="attn_dist"):
+        indexer_kl_loss(logits, q, kv, idx, lse, 0.1, attn_dist=dist[:, :5], **kw)
+
+
 # --- torch.compile / custom-op plumbing: CPU ------------------------------------------------------
 
 def test_torch_compile_fullgraph(device):

@@ -164,12 +164,17 @@ class _KLLoss(torch.autograd.Function):
 
 
 def indexer_kl_loss(index_logits: Tensor, q: Tensor, kv: Tensor, indices: Tensor, lse: Tensor, sm_scale: float,
-                    q_start: IntOrTensor = None, k_stride: int = 1, topk_length: Optional[Tensor] = None) -> Tensor:
+                    q_start: IntOrTensor = None, k_stride: int = 1, topk_length: Optional[Tensor] = None,
+                    attn_dist: Optional[Tensor] = None) -> Tensor:
     """Sum over rows of KL(p || softmax(index_logits over the valid entries)), a 0-dim fp32 tensor.
 
     p is the row's attention distribution (:func:`sparse_mla_attn_dist`) L1-normalised; rows with no valid
     index contribute 0. Differentiable w.r.t. index_logits [s_q, topk] (fp32/bf16/fp16) only; the
     attention side is a constant target.
+
+    attn_dist: optional fp32 [s_q, topk] distribution to use instead of computing it from q's heads. Under tensor
+    parallelism (q and lse hold a shard of the heads) pass the all-reduced sum of the shards'
+    :func:`sparse_mla_attn_dist`: computed from one shard, p would be that shard's distribution alone.
     """
     a = prepare(q, kv, indices, sm_scale, 512, None, topk_length, q_start, k_stride)
     _check_lse(lse, a.q)
@@ -178,9 +183,16 @@ def indexer_kl_loss(index_logits: Tensor, q: Tensor, kv: Tensor, indices: Tensor
         index_logits = index_logits[:, 0]
     check_shape("index_logits", index_logits, a.indices.shape, "[s_q, topk], like indices")
     check_same_device(q=a.q, index_logits=index_logits)
+    if attn_dist is not None:
+        check_tensor("attn_dist", attn_dist, dtypes=(torch.float32,))
+        check_shape("attn_dist", attn_dist, a.indices.shape, "[s_q, topk], like indices")
+        check_same_device(q=a.q, attn_dist=attn_dist)
     with torch.no_grad():
-        dist = sparse_mla_attn_dist_op(a.q.detach(), a.kv.detach(), a.indices, lse.detach(), a.sm_scale,
-                                       a.topk_length, a.q_start_t, a.q_start_int, a.causal, a.k_stride)
+        if attn_dist is not None:
+            dist = attn_dist.detach()
+        else:
+            dist = sparse_mla_attn_dist_op(a.q.detach(), a.kv.detach(), a.indices, lse.detach(), a.sm_scale,
+                                           a.topk_length, a.q_start_t, a.q_start_int, a.causal, a.k_stride)
         mass = dist.sum(dim=-1, keepdim=True)
         p = dist / torch.where(mass > 0, mass, torch.ones_like(mass))
         valid = _valid_mask(a)

@@ -68,14 +68,16 @@ def sparse_mla_attn_dist_ref(q, kv, indices, lse, sm_scale: float, q_start: IntO
 
 
 def indexer_kl_loss_ref(index_logits, q, kv, indices, lse, sm_scale: float, q_start: IntOrTensor = None,
-                        k_stride: int = 1, topk_length=None):
-    """sum over rows of KL(p || softmax(index_logits over valid t)); p = L1-normalised attention distribution.
+                        k_stride: int = 1, topk_length=None, attn_dist=None):
+    """sum over rows of KL(p || softmax(index_logits over valid t)); p = L1-normalised attention distribution
+    (attn_dist when given, e.g. the all-reduced one of tensor-parallel head shards).
 
     Rows with no valid index (or zero attention mass) contribute 0. Differentiable w.r.t. index_logits.
     """
     valid = valid_mask(indices, kv.shape[0], q_start, k_stride, topk_length)
     with torch.no_grad():
-        dist = sparse_mla_attn_dist_ref(q, kv, indices, lse, sm_scale, q_start, k_stride, topk_length)
+        dist = attn_dist.float() if attn_dist is not None else sparse_mla_attn_dist_ref(
+            q, kv, indices, lse, sm_scale, q_start, k_stride, topk_length)
         mass = dist.sum(dim=-1, keepdim=True)
         p = dist / torch.where(mass > 0, mass, torch.ones_like(mass))
     logits = index_logits.float().masked_fill(~valid, float("-inf"))
