@@ -111,7 +111,7 @@ def _ceil(a: int, b: int) -> int:
 
 
 def to_blocked(scales: torch.Tensor) -> torch.Tensor:
-    """[R, C] scales -> the cuBLASLt/CUTLASS 128x4 swizzled layout, flattened (zero padded to R%128, C%4).
+    """[R, C] scales -> the cuBLASLt/CUTLASS 128x4 swizzled layout, flattened (zero padded up to multiples of 128 rows, 4 columns).
 
     Tile (i, j) of 128 rows x 4 columns is stored contiguously (tiles row-major); inside a tile, row r and
     column c sit at (r % 32) * 16 + (r // 32) * 4 + c. This is the layout torch._scaled_mm takes for NVFP4.

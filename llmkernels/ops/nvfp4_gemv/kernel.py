@@ -777,6 +777,14 @@ def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
     return y
 
 
+def _asm_decode_usable(x) -> bool:
+    """The dot kernel's inline-PTX decode: mul.rn.f16x2 (sm_53+) for fp16, mul.rn.bf16x2 (sm_90+) for bf16; elsewhere
+    (bf16 before Hopper, the interpreter) the element-wise decode."""
+    if interpreting() or x.device.type != "cuda":
+        return False
+    return x.dtype == torch.float16 or torch.cuda.get_device_capability(x.device)[0] >= 9
+
+
 def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
     """x [T, K] (unit last stride), w8 uint8 [N, K/2], s8 uint8 [N, K/16], gs fp32 [1] -> y [T, N].
 
@@ -800,7 +808,7 @@ def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
         x, w8, s8, gs, bias if bias is not None else gs, y, part,
         T, N, KH, per, x.stride(0), w8.stride(0), s8.stride(0), y.stride(0),
         BN=BN, BKH=BKH, TP=max(16, triton.next_power_of_2(T)), PARTIAL=split > 1, HAS_BIAS=bias is not None,
-        FIX_NAN=interpreting(), USE_ASM=(not interpreting()) if use_asm is None else use_asm,
+        FIX_NAN=interpreting(), USE_ASM=_asm_decode_usable(x) if use_asm is None else use_asm,
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2))
     if split > 1:
         _reduce_linear(part, y, gs, bias)
