@@ -41,6 +41,17 @@ def check_same_device(kernel: bool = True, **tensors) -> None:
                          f"Triton interpreter, TRITON_INTERPRET=1)")
 
 
+def check_interpreter_dtype(**tensors) -> None:
+    """Refuse bf16 under the Triton interpreter (the CPU path): its tl.dot on bf16 operands returns wrong values in
+    triton 3.6 (errors of 1e8 and more), so these kernels would answer garbage rather than fail."""
+    if not interpreting():
+        return
+    for n, t in tensors.items():
+        if t is not None and t.dtype == torch.bfloat16:
+            raise TypeError(f"{n} is bfloat16, which the Triton interpreter (CPU, no CUDA device) multiplies wrongly "
+                            f"in tl.dot; use float16 on the CPU, or run on a CUDA GPU")
+
+
 def check_unit_last_stride(name: str, t: torch.Tensor) -> None:
     if t.numel() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name} must have a unit stride in its last dim, got strides {tuple(t.stride())}")

@@ -3,7 +3,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..._validate import check_same_device, check_scale, check_shape, check_tensor, check_unit_last_stride
+from ..._validate import check_interpreter_dtype, check_same_device, check_scale, check_shape, check_tensor, check_unit_last_stride
 from .kernel import masked_decode_fwd
 
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -92,5 +92,6 @@ def masked_decode(
         raise TypeError(f"kv_len must be None, an int or an int tensor [B], got {type(kv_len).__name__}")
     scale = D ** -0.5 if sm_scale is None else check_scale("sm_scale", sm_scale)
     check_same_device(q=q, k=k, v=v, drop_mask=drop_mask, kv_len=kv_lens)
+    check_interpreter_dtype(q=q)
     out, lse = _masked_decode_op(q, k, v, drop_mask, kv_lens, kv_len_int, scale)
     return (out.unsqueeze(2) if squeeze else out), lse

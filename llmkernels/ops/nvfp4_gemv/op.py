@@ -3,7 +3,7 @@ from typing import Optional, Union
 
 import torch
 
-from ..._validate import check_bool, check_same_device, check_scale, check_shape, check_tensor
+from ..._validate import check_bool, check_interpreter_dtype, check_same_device, check_scale, check_shape, check_tensor
 from .format import BLOCK, SCALE_DTYPES, as_bytes, nvfp4_quantize
 from .kernel import MAX_FUSED_T, dequant_launch, gemv_launch, linear_launch
 
@@ -168,6 +168,8 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     check_same_device(x=x, packed=p, scales=scales, global_scale=gs, bias=bias)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
+    if x2.shape[0] <= MAX_FUSED_T:  # the fused kernel's tl.dot; more tokens go through torch
+        check_interpreter_dtype(x=x)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     y = _linear_op(x2, packed, scales, gs, bias.contiguous() if bias is not None else None)

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._validate import check_int, check_same_device, check_scale, check_tensor, check_unit_last_stride
+from ..._validate import check_int, check_interpreter_dtype, check_same_device, check_scale, check_tensor, check_unit_last_stride
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -103,6 +103,7 @@ def prepare(q, kv, indices, sm_scale, d_v: int = D_V, attn_sink=None, topk_lengt
     elif q_start is not None:
         q_start_int = check_int("q_start", q_start, lo=0)
     check_same_device(q=q, kv=kv, indices=indices, attn_sink=attn_sink, topk_length=topk_length, q_start=q_start_t)
+    check_interpreter_dtype(q=q)
     return SparseArgs(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start is not None,
                       q_start_int, q_start_t, k_stride)
 
