@@ -54,10 +54,10 @@ def _bench(args) -> int:
         return 2
     from .bench.harness import Progress, merge_records, run_op_bench
     from .bench.report import device_slug, plot, table
-    from .registry import spec_modules
+    from .registry import resolve, spec_modules
     benches = [b for mod in spec_modules(args.ops) for b in mod.benches()]
     if args.ops:
-        benches = [b for b in benches if b.op in args.ops]
+        benches = [b for b in benches if b.op in resolve(args.ops)]
     total = sum(len(b.cases(args.quick)) * len(b.impls) for b in benches)
     progress = Progress(total)
     records = []

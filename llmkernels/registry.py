@@ -12,11 +12,25 @@ SPECS = {
 }
 
 
+# public function names (the README's) -> the ops above whose checks and benchmarks cover them
+ALIASES = {
+    "sparse_mla": ("sparse_mla_fwd", "sparse_mla_attn_dist"), "indexer_kl_loss": ("sparse_mla_fwd",),
+    "flash_mla_sparse_fwd": ("sparse_mla_fwd",), "merge_attention_states": ("masked_decode",),
+    "nvfp4_quantize": ("nvfp4_gemv",), "NVFP4Linear": ("nvfp4_linear",),
+}
+
+
+def resolve(names=None):
+    """Op names (registry keys) for names that are registry keys or aliases; all when None or empty."""
+    if not names:
+        return list(SPECS)
+    unknown = [n for n in names if n not in SPECS and n not in ALIASES]
+    if unknown:
+        raise SystemExit(f"unknown op(s) {unknown}; known: {sorted(SPECS)} (also {sorted(ALIASES)})")
+    return list(dict.fromkeys(o for n in names for o in ALIASES.get(n, (n,))))
+
+
 def spec_modules(names=None):
-    """Distinct spec modules for the given op names (all when None), in registry order."""
-    if names:
-        unknown = [n for n in names if n not in SPECS]
-        if unknown:
-            raise SystemExit(f"unknown op(s) {unknown}; known: {sorted(SPECS)}")
-    wanted = [SPECS[n] for n in (names or SPECS)]
+    """Distinct spec modules for the given op names or aliases (all when None), in registry order."""
+    wanted = [SPECS[n] for n in resolve(names)]
     return [importlib.import_module(m) for m in dict.fromkeys(wanted)]

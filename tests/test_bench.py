@@ -61,3 +61,14 @@ def test_run_op_bench_ceilings_around_the_cases(fake_device):
     del fake_device[:]
     harness.run_op_bench(_bench("op_b"), log=logs.append)
     assert "gemm" not in fake_device and not any(c.startswith("sleep") for c in fake_device)
+
+
+def test_registry_resolves_public_names():
+    from llmkernels.registry import SPECS, resolve
+    assert resolve(None) == list(SPECS) and resolve([]) == list(SPECS)
+    assert resolve(["sparse_mla"]) == ["sparse_mla_fwd", "sparse_mla_attn_dist"]
+    assert resolve(["merge_attention_states", "masked_decode", "nvfp4_linear"]) == ["masked_decode", "nvfp4_linear"]
+    for name in SPECS:  # every registry key resolves to itself
+        assert resolve([name]) == [name]
+    with pytest.raises(SystemExit, match="unknown op"):
+        resolve(["sparse_mla", "nosuch"])
