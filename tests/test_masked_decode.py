@@ -148,6 +148,18 @@ def test_merge_with_empty_parts(device):
     assert rel_err(mo, ro) <= 1e-5 and rel_err(ml, rl) <= 1e-6  # fp32 in and out: rounding only
 
 
+def test_merge_plus_inf_parts_contribute_nothing(device):
+    """lse = +inf (sparse_mla's row with no valid index) is a part with no key, like -inf."""
+    outs = torch.randn(3, 4, 2, 64, device=device)
+    lses = torch.randn(3, 4, 2, device=device)
+    lses[0, :2] = math.inf
+    lses[:, 3, 1] = math.inf  # a row no part saw
+    mo, ml = merge_attention_states(outs, lses)
+    ro, rl = merge_attention_states_ref(outs, lses.masked_fill(lses == math.inf, -math.inf))
+    assert not mo.isnan().any() and torch.all(mo[3, 1] == 0) and ml[3, 1] == -math.inf
+    assert rel_err(mo, ro) <= 1e-5 and rel_err(ml, rl) <= 1e-6  # fp32 in and out: rounding only
+
+
 @pytest.mark.parametrize("S,D", [(3, 64), (70, 128), (40, 256)])
 def test_merge_one_shot_and_looped(device, S, D):
     # S * D <= 8192 merges all parts at once, larger merges loop over parts: both paths, empty parts holding NaN
@@ -225,6 +237,13 @@ def test_merge_bad_inputs(device):
         merge_attention_states(torch.randn(2, 3, 8).to(torch.int32), torch.randn(2, 3))
     with pytest.raises(ValueError, match="at least one"):
         merge_attention_states([], [])
+    o, l = torch.randn(3, 8), torch.randn(3)
+    with pytest.raises(ValueError, match=r"outs\[1\] has shape"):
+        merge_attention_states([o, torch.randn(4, 8)], [l, l])
+    with pytest.raises(TypeError, match=r"lses must be a tensor"):
+        merge_attention_states([o, o], None)
+    with pytest.raises(ValueError, match="D >= 1"):
+        merge_attention_states(torch.randn(2, 3, 0), torch.randn(2, 3))
 
 
 # ---- GPU tests ----

@@ -2,10 +2,13 @@
 
 CPU: Triton interpreter, fp16 (the interpreter's bf16 dot is wrong), tiny shapes. GPU (@gpu): bf16, larger.
 """
+import math
+
 import pytest
 import torch
 
-from llmkernels import flash_mla_sparse_fwd, indexer_kl_loss, sparse_mla, sparse_mla_attn_dist
+from llmkernels import (flash_mla_sparse_fwd, indexer_kl_loss, merge_attention_states, sparse_mla,
+                        sparse_mla_attn_dist)
 from llmkernels.checking import rel_err
 from llmkernels.ops.sparse_mla.attn_dist import attn_dist_launch
 from llmkernels.ops.sparse_mla.common import prepare
@@ -74,6 +77,22 @@ def test_fwd_invalid_values_over_int32_range(device):
     got, ref = _both(q, kv, idx, 0.08)
     _check_fwd(got, ref, q.dtype)
     assert torch.all(got[2][3] == float("inf"))
+
+
+def test_fwd_index_shards_merge(device):
+    """Splitting a row's indices over two calls (context parallel) and merging gives the one-call result; a shard
+    with no valid index for a row (lse +inf) contributes nothing, and a row no shard saw merges to out 0, lse -inf."""
+    q, kv, idx = _inputs(device, 5, 50, 3, 40, lo=0, hi=50)
+    idx[1, :20] = -1  # shard 0 sees nothing of row 1
+    idx[2] = -1  # no shard sees row 2
+    one = sparse_mla(q, kv, idx, 0.1)
+    parts = [sparse_mla(q, kv, idx[:, a:b].contiguous(), 0.1) for a, b in ((0, 20), (20, 40))]
+    mo, ml = merge_attention_states([p[0] for p in parts], [p[2] for p in parts])
+    assert parts[0][2][1].isinf().all() and not mo.isnan().any()
+    assert rel_err(mo, one[0]) <= OUT_TOL[q.dtype]  # each shard's out is rounded to q's dtype before the merge
+    keep = torch.arange(5, device=device) != 2
+    assert rel_err(ml[keep], one[2][keep]) <= STAT_TOL
+    assert torch.all(mo[2] == 0) and torch.all(ml[2] == -math.inf) and torch.all(one[2][2] == math.inf)
 
 
 def test_fwd_noncontiguous_and_3d_indices(device):

@@ -26,6 +26,25 @@ def _(outs, lses):
     return outs.new_empty(outs.shape[1:]), lses.new_empty(lses.shape[1:], dtype=torch.float32)
 
 
+def _stacked(name: str, parts, dtypes) -> torch.Tensor:
+    """One tensor [S, ...] from a tensor or a sequence of S same-shape tensors on one device."""
+    if isinstance(parts, torch.Tensor):
+        check_tensor(name, parts, dtypes=dtypes)
+        return parts
+    if not isinstance(parts, (list, tuple)):
+        raise TypeError(f"{name} must be a tensor [S, ...] or a list / tuple of S tensors, got {type(parts).__name__}")
+    if not parts:
+        raise ValueError(f"{name} must hold at least one partial result")
+    for i, t in enumerate(parts):
+        check_tensor(f"{name}[{i}]", t, dtypes=dtypes)
+        if t.shape != parts[0].shape:
+            raise ValueError(f"{name}[{i}] has shape {tuple(t.shape)} but {name}[0] has {tuple(parts[0].shape)}")
+        if t.dtype != parts[0].dtype:
+            raise TypeError(f"{name}[{i}] is {t.dtype} but {name}[0] is {parts[0].dtype}")
+    check_same_device(kernel=False, **{f"{name}[{i}]": t for i, t in enumerate(parts)})
+    return torch.stack(parts)
+
+
 def merge_attention_states(
     outs: Union[torch.Tensor, Sequence[torch.Tensor]], lses: Union[torch.Tensor, Sequence[torch.Tensor]]
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -35,28 +54,18 @@ def merge_attention_states(
         outs: S partial outputs, each [..., D] (a sequence, or one tensor [S, ..., D]), fp16/bf16/fp32,
             each normalised over its own keys (as every op of this library returns).
         lses: the matching log-sum-exp of the logits (natural log), each [...] (or [S, ...]); -inf marks
-            a part that saw no key.
+            a part that saw no key, and so does +inf (how sparse_mla marks a row with no valid index).
     Returns:
         (out [..., D] in the dtype of outs, lse [...] fp32): exactly what one pass over the union of the
-        keys gives. Rows where every part is -inf get out 0 and lse -inf.
+        keys gives. Rows where every part saw no key get out 0 and lse -inf.
     """
-    if not isinstance(outs, torch.Tensor):
-        outs = list(outs)
-        if not outs:
-            raise ValueError("outs must hold at least one partial result")
-        for i, o in enumerate(outs):
-            check_tensor(f"outs[{i}]", o, dtypes=_OUT_DTYPES)
-        outs = torch.stack(outs)
-    if not isinstance(lses, torch.Tensor):
-        lses = list(lses)
-        for i, l in enumerate(lses):
-            check_tensor(f"lses[{i}]", l)
-        lses = torch.stack(lses) if lses else None
-    check_tensor("outs", outs, dtypes=_OUT_DTYPES)
-    check_tensor("lses", lses, dtypes=(torch.float32, torch.float16, torch.bfloat16))
-    if outs.dim() < 2 or outs.shape[0] == 0:
-        raise ValueError(f"outs must be [S, ..., D] with S >= 1, got shape {tuple(outs.shape)}")
+    outs = _stacked("outs", outs, _OUT_DTYPES)
+    lses = _stacked("lses", lses, (torch.float32, torch.float16, torch.bfloat16))
+    if outs.dim() < 2 or outs.shape[0] == 0 or outs.shape[-1] == 0:
+        raise ValueError(f"outs must be [S, ..., D] with S >= 1 and D >= 1, got shape {tuple(outs.shape)}")
     if tuple(lses.shape) != tuple(outs.shape[:-1]):
         raise ValueError(f"lses must have shape {tuple(outs.shape[:-1])} (outs without its last dim), got {tuple(lses.shape)}")
     check_same_device(outs=outs, lses=lses)
-    return _merge_op(outs.contiguous(), lses.float().contiguous())
+    lses = lses.float()
+    lses = torch.where(lses == float("inf"), float("-inf"), lses)  # +inf: sparse_mla's "no valid index" (a copy)
+    return _merge_op(outs.contiguous(), lses.contiguous())
