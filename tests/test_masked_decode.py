@@ -79,6 +79,11 @@ def test_kv_len_tensor_is_clamped(device):
     o, lse = masked_decode(x["q"], x["k"], x["v"], x["drop"], kv_len=lens)
     ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"], torch.tensor([0, 30]))
     assert torch.all(lse[0] == -math.inf) and rel_err(o, ro) <= OUT_TOL[torch.float16]
+    # int64 lengths past the int32 range clamp to L too (narrowed first, 2**32 + 3 would read as 3)
+    o64, _ = masked_decode(x["q"], x["k"], x["v"], x["drop"],
+                           kv_len=torch.tensor([2 ** 32 + 3, 2 ** 40], dtype=torch.int64, device=device))
+    ro64, _ = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"], torch.tensor([30, 30]))
+    assert rel_err(o64, ro64) <= OUT_TOL[torch.float16]
 
 
 def test_4d_query_and_no_mask(device):

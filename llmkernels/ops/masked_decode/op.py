@@ -82,7 +82,8 @@ def masked_decode(
     elif isinstance(kv_len, torch.Tensor):
         check_tensor("kv_len", kv_len, dtypes=(torch.int32, torch.int64))
         check_shape("kv_len", kv_len, (B,), "one length per sequence")
-        kv_lens = kv_len.to(torch.int32).contiguous()
+        # clamped before narrowing (an int64 length of 2**32 + 3 would wrap to 3); on the device, no sync
+        kv_lens = (kv_len.clamp(0, L) if kv_len.dtype == torch.int64 else kv_len).to(torch.int32).contiguous()
         kv_len_int = L
     elif isinstance(kv_len, int) and not isinstance(kv_len, bool):
         if not 0 <= kv_len <= L:
