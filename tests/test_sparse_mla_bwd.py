@@ -94,6 +94,8 @@ CPU_CASES = {
     # q_start 20: each row sees 21-23 of the 30 kv rows. At q_start 5 (6-8 visible) about 1 % of seeds left every row
     # a single distinct valid index, where dq is exactly 0 and the norm-wise relative error measures rounding noise
     "h70: two head blocks": (3, 30, 70, 20, 576, dict(q_start=20)),
+    # q_start + row past the int32 range: the causal limit must not wrap (it did in the Triton passes)
+    "q_start 2**31-1": (4, 30, 2, 20, 576, dict(q_start=2 ** 31 - 1)),
 }
 
 
@@ -178,6 +180,28 @@ def test_lse_gradient_and_sink():
     assert rel_err(dq, qf.grad) < TOL[torch.float16]
     assert rel_err(dkv, kvf.grad[:, 0]) < TOL[torch.float16]
     assert sink_err(ds, sk.grad, sk, lse, x["dout"], x["out"], dlse) < TOL[torch.float16]
+
+
+@interpreter_only
+def test_infinite_sink_gradient():
+    """A sink of +inf takes the whole softmax (out 0, lse +inf): its gradient is 0, not exp(inf - inf) = NaN, and the
+    other heads' gradients are unaffected (against autograd through the fp32 reference)."""
+    from llmkernels import sparse_mla
+    x = make(4, 30, 3, 16, 576, torch.float16, torch.device("cpu"), q_start=20)
+    sink = torch.tensor([0.3, float("inf"), -0.5])
+    w = torch.randn(4, 3, 512)
+    got, ref = [], []
+    for fn, out in ((sparse_mla, got), (sparse_mla_fwd_ref, ref)):
+        q = (x["q"] if fn is sparse_mla else x["q"].float()).clone().requires_grad_()
+        kv = (x["kv"] if fn is sparse_mla else x["kv"].float()).clone().requires_grad_()
+        sk = sink.clone().requires_grad_()
+        o, _, lse = fn(q, kv, x["indices"], 0.07, attn_sink=sk, q_start=20)
+        ((o.float() * w).sum() + lse.masked_fill(lse.isinf(), 0).sum()).backward()
+        out += [q.grad, kv.grad, sk.grad, o, lse]
+    assert torch.all(got[3][:, 1] == 0) and torch.all(got[4][:, 1] == float("inf"))
+    assert not any(t.isnan().any() for t in got[:3]) and got[2][1] == 0
+    assert rel_err(got[0], ref[0]) < TOL[torch.float16] and rel_err(got[1], ref[1]) < TOL[torch.float16]
+    assert rel_err(got[2], ref[2]) < TOL[torch.float16]
 
 
 @interpreter_only

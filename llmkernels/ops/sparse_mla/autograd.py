@@ -26,8 +26,10 @@ def sparse_mla_bwd_op(
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dkv, delta = sparse_mla_bwd_launch(a, out, dout, lse, dlse, dq, deterministic=deterministic)
     if attn_sink is not None:
-        # d sink_h = -sum_i exp(sink_h - lse_ih) * Delta_ih (Delta already holds - dlse); lse = +inf rows give 0
-        d_sink = -(torch.exp(attn_sink[None, :] - lse) * delta).sum(0)
+        # d sink_h = -sum_i exp(sink_h - lse_ih) * Delta_ih (Delta already holds - dlse); lse = +inf rows give 0.
+        # A sink of +inf takes the whole softmax (share 1, out 0): exp(inf - inf) would be NaN
+        share = torch.where(attn_sink[None, :] == float("inf"), 1.0, torch.exp(attn_sink[None, :] - lse))
+        d_sink = -(share * delta).sum(0)
     else:
         d_sink = delta.new_empty(0)
     return dq, (dkv if dkv_fp32 else dkv.to(kv.dtype)), d_sink

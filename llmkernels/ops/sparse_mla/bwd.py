@@ -33,7 +33,7 @@ def _row_limits(i, qs_ptr, tlen_ptr, topk, q_start, k_stride, causal, qs_t, has_
     qs = q_start
     if qs_t:
         qs = tl.load(qs_ptr)
-    num = qs + i + 1 - k_stride
+    num = qs + i.to(tl.int64) + 1 - k_stride  # int64: q_start near 2**31 must not wrap (as the forward's row)
     limit = tl.where(num < 0, -1, num // tl.maximum(k_stride, 1))  # num >= 0 where used, so // is a floor
     return n, tl.where(causal != 0, limit, 2147483647)
 
