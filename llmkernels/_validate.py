@@ -52,6 +52,17 @@ def check_interpreter_dtype(**tensors) -> None:
                             f"in tl.dot; use float16 on the CPU, or run on a CUDA GPU")
 
 
+def check_no_self_overlap(name: str, t: torch.Tensor) -> None:
+    """An output written element by element must not alias itself (expand, as_strided): each dim's stride must step
+    past everything the smaller-stride dims span (conservative: such a layout never overlaps)."""
+    reach = 0
+    for st, n in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n > 1):
+        if st <= reach:
+            raise ValueError(f"{name} must not overlap itself (shape {tuple(t.shape)}, strides {t.stride()}): "
+                             f"each element is written once")
+        reach += st * (n - 1)
+
+
 def check_unit_last_stride(name: str, t: torch.Tensor) -> None:
     if t.numel() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name} must have a unit stride in its last dim, got strides {tuple(t.stride())}")

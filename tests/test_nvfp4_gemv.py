@@ -288,6 +288,9 @@ def test_gemv_bad_inputs(device):
         nvfp4_gemv(a, b, sfa, sfb, alpha=float("nan"))
     with pytest.raises(TypeError, match="static_weights must be a bool"):
         nvfp4_gemv(a, b, sfa, sfb, static_weights=1)
+    # an out whose elements share memory would be written several times over
+    with pytest.raises(ValueError, match="out must not overlap"):
+        nvfp4_gemv(a, b, sfa, sfb, out=torch.empty(1, 1, 1, dtype=torch.float16, device=device).expand(8, 1, 1))
 
 
 # ---- linear ------------------------------------------------------------------------------------
@@ -363,6 +366,24 @@ def test_linear_bad_inputs(device):
         from_blocked(torch.zeros(10, dtype=torch.uint8), 3, 3)
     with pytest.raises(TypeError, match="linear must be"):
         NVFP4Linear.from_linear(torch.nn.Conv1d(1, 1, 1))
+    with pytest.raises(ValueError, match="positive multiple of 16"):  # K = 0
+        nvfp4_linear(xx[:, :0], p[:, :0], s[:, :0], gs)
+    w = torch.randn(4, 32, device=device)
+    with pytest.raises(ValueError, match="global_scale must be a number or a one-element"):
+        nvfp4_quantize(w, torch.ones(2, device=device))
+    with pytest.raises(TypeError, match="global_scale must be a number"):
+        nvfp4_quantize(w, "0.1")
+    pw, sw, gw = nvfp4_quantize(w)
+    with pytest.raises(ValueError, match="global_scale must be a number or a one-element"):
+        nvfp4_dequantize(pw, sw, torch.ones(16, device=device))  # would broadcast per position
+    with pytest.raises(TypeError, match="dtype must be a floating"):
+        nvfp4_dequantize(pw, sw, gw, dtype="float32")
+    with pytest.raises(ValueError, match="rows must be >= 0"):
+        from_blocked(torch.zeros(0, dtype=torch.uint8), -1, -1)
+    with pytest.raises(ValueError, match="in_features must be >= 16"):
+        NVFP4Linear(-16, 4)
+    with pytest.raises(TypeError, match="bias must be a bool"):
+        NVFP4Linear(32, 4, bias="no")
 
 
 def test_torch_compile_fullgraph(device):

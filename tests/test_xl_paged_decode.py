@@ -187,6 +187,14 @@ def test_bad_inputs(i, device):
         run(x, **kw)
 
 
+def test_flags_must_be_bools(device):
+    x = make_inputs(2, 4, 2, 64, 16, [20, 9], "nhd", torch.float16, device)
+    with pytest.raises(TypeError, match="return_lse must be a bool"):
+        run(x, return_lse="yes")
+    with pytest.raises(TypeError, match="validate must be a bool"):
+        run(x, validate=None)  # would skip the check silently
+
+
 def test_legacy_layout_checks(device):
     x = make_inputs(2, 4, 2, 64, 16, [20, 9], "legacy", torch.float16, device)
     k = x["k_cache"]

@@ -8,7 +8,7 @@ from typing import Tuple, Union
 
 import torch
 
-from ..._validate import check_same_device, check_tensor
+from ..._validate import check_int, check_same_device, check_tensor
 
 BLOCK = 16  # values per scale
 E2M1_MAX = 6.0
@@ -44,6 +44,19 @@ def quantize_e2m1(x: torch.Tensor) -> torch.Tensor:
     return code | (((x < 0) & (code > 0)).long() << 3)  # no negative zero: -0.1 -> +0
 
 
+def _global_scale(value, device) -> torch.Tensor:
+    """A user's global_scale (a real number or a one-element floating tensor) as an fp32 0-d tensor on device."""
+    if isinstance(value, torch.Tensor):
+        if not value.is_floating_point() or value.numel() != 1:
+            raise ValueError(f"global_scale must be a number or a one-element floating tensor, got a {value.dtype} "
+                             f"tensor of shape {tuple(value.shape)}")
+        check_same_device(kernel=False, global_scale=value, w=torch.empty(0, device=device))
+        return value.to(device=device, dtype=torch.float32).reshape(())
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"global_scale must be a number or a one-element floating tensor, got {type(value).__name__}")
+    return torch.tensor(float(value), dtype=torch.float32, device=device)
+
+
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     """int codes [..., K] (K even) -> uint8 [..., K/2] with element 2i in the low nibble."""
     c = codes.to(torch.uint8).unflatten(-1, (-1, 2))
@@ -71,7 +84,7 @@ def nvfp4_quantize(w: torch.Tensor, global_scale: Union[None, float, torch.Tenso
         amax = wf.abs().amax() if wf.numel() else wf.new_zeros(())
         gs = torch.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
     else:
-        gs = torch.as_tensor(global_scale, dtype=torch.float32, device=w.device).reshape(())
+        gs = _global_scale(global_scale, w.device)
         if not bool(torch.isfinite(gs)) or float(gs) <= 0:
             raise ValueError(f"global_scale must be a finite positive number, got {float(gs)}")
     blocks = wf.reshape(N, K // BLOCK, BLOCK)
@@ -100,9 +113,12 @@ def nvfp4_dequantize(packed: torch.Tensor, scales: torch.Tensor,
         raise ValueError(f"scales must have shape {(N, K // BLOCK)} (one per {BLOCK} values of packed), "
                          f"got {tuple(scales.shape)}")
     check_same_device(kernel=False, packed=p, scales=scales)  # pure torch: any device
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    gs = None if global_scale is None else _global_scale(global_scale, p.device)
     vals = unpack_e2m1(p).reshape(N, K // BLOCK, BLOCK) * scales.float()[..., None]
-    if global_scale is not None:
-        vals = vals * torch.as_tensor(global_scale, dtype=torch.float32, device=p.device)
+    if gs is not None:
+        vals = vals * gs
     return vals.reshape(N, K).to(dtype)
 
 
@@ -130,6 +146,7 @@ def to_blocked(scales: torch.Tensor) -> torch.Tensor:
 def from_blocked(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """Inverse of to_blocked: the flat swizzled scales -> [rows, cols]."""
     check_tensor("blocked", blocked)
+    rows, cols = check_int("rows", rows, lo=0), check_int("cols", cols, lo=0)
     Rp, Cp = _ceil(rows, 128) * 128, _ceil(cols, 4) * 4
     if blocked.numel() != Rp * Cp:
         raise ValueError(f"blocked must hold {Rp * Cp} scales for a [{rows}, {cols}] matrix (padded to "

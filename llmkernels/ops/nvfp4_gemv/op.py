@@ -3,7 +3,8 @@ from typing import Optional, Union
 
 import torch
 
-from ..._validate import check_bool, check_interpreter_dtype, check_same_device, check_scale, check_shape, check_tensor
+from ..._validate import (check_bool, check_int, check_interpreter_dtype, check_no_self_overlap, check_same_device,
+                          check_scale, check_shape, check_tensor)
 from .format import BLOCK, SCALE_DTYPES, as_bytes, nvfp4_quantize
 from .kernel import MAX_FUSED_T, dequant_launch, gemv_launch, linear_launch
 
@@ -63,6 +64,7 @@ def _check_gemv(a, b, sfa, sfb, out):
     if out is not None:
         check_tensor("out", out, dtypes=(torch.float16,), ndim=3)
         check_shape("out", out, (M, 1, L), "[M, 1, L]")
+        check_no_self_overlap("out", out)
     check_same_device(a=a, b=b, sfa=sfa, sfb=sfb, out=out)
 
 
@@ -151,8 +153,8 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     K = x.shape[-1]
     if K != 2 * KH:
         raise ValueError(f"x's last dim ({K}) must equal 2 * packed.shape[1] ({2 * KH})")
-    if K % BLOCK != 0:
-        raise ValueError(f"K (={K}) must be a multiple of {BLOCK} (one scale per {BLOCK} values)")
+    if K % BLOCK != 0 or K == 0:
+        raise ValueError(f"K (={K}) must be a positive multiple of {BLOCK} (one scale per {BLOCK} values)")
     check_shape("scales", scales, (N, K // BLOCK), "[N, K/16]")
     if global_scale is None or not isinstance(global_scale, torch.Tensor):
         gs_val = 1.0 if global_scale is None else check_scale("global_scale", global_scale)
@@ -181,6 +183,9 @@ class NVFP4Linear(torch.nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None):
         super().__init__()
+        check_int("in_features", in_features, lo=BLOCK)
+        check_int("out_features", out_features, lo=1)
+        check_bool("bias", bias)
         if in_features % BLOCK != 0:
             raise ValueError(f"in_features (={in_features}) must be a multiple of {BLOCK}")
         self.in_features, self.out_features = in_features, out_features

@@ -3,7 +3,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..._validate import check_interpreter_dtype, check_same_device, check_scale, check_tensor, check_unit_last_stride
+from ..._validate import check_bool, check_interpreter_dtype, check_same_device, check_scale, check_tensor, check_unit_last_stride
 from .kernel import xl_paged_decode_fwd
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -151,6 +151,7 @@ def xl_paged_decode(
     check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
                       context_lens=context_lens, u=u, bd=bd)
     check_interpreter_dtype(q=q)
+    return_lse, validate = check_bool("return_lse", return_lse), check_bool("validate", validate)
     if validate:
         max_len = block_tables.shape[1] * bs if bd is None else min(block_tables.shape[1] * bs, bd.shape[-1])
         _validate_table(block_tables, context_lens, nb, bs, max_len)
