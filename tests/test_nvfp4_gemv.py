@@ -66,6 +66,12 @@ def test_quantize_ties_to_even_and_saturation():
     assert unpack_e2m1(p)[0].tolist() == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, 0.0, -1.0, -4.0, 0.0, 0.0, 0.5,
                                           1.0, 2.0]
     assert int((p[0, 4] & 0xF)) == 0  # -0.25 encodes as code 0, not 8
+    # a global scale too small for w: block scales saturate at e4m3's 448 (never NaN) and values clip to +-6
+    big = torch.randn(4, 32) * 100
+    p, s, g = nvfp4_quantize(big, global_scale=1e-3)
+    assert torch.all(s.float() <= 448) and torch.all(s.float() == 448) and not s.float().isnan().any()
+    d = nvfp4_dequantize(p, s, g)
+    assert torch.isfinite(d).all() and d.abs().max() <= 6 * 448 * 1e-3 * (1 + 1e-6)
 
 
 def test_quantize_error_bound():
@@ -215,9 +221,10 @@ def test_gemv_nan_scale_and_overflow(device):
     x = make_inputs(M, K, L, device, n_pad=1)
     sfa = x["sfa"].clone()
     sfa.view(torch.uint8)[2, 1, 0] = 0x7F  # e4m3fn NaN
+    sfa.view(torch.uint8)[4, 3, 0] = 0xFF  # and the negative NaN (not -480)
     x["sfa"] = sfa
     c = _gemv(x)
-    assert torch.isnan(c[2]).all() and not torch.isnan(c[[0, 1, 3, 4, 5]]).any()
+    assert torch.isnan(c[[2, 4]]).all() and not torch.isnan(c[[0, 1, 3, 5]]).any()
     y = make_inputs(M, K, L, device, n_pad=1, scale_bytes=(0x7E, 0x7E))  # 448 * 448 * 36: beyond fp16
     ref = _ref(y)
     c = _gemv(y)
@@ -326,9 +333,16 @@ def test_linear_split_k_poisoned(device):
 
 def test_dequant_kernel_poisoned(device):
     x = make_linear_inputs(1, 37, 96, torch.float16, device)
-    w = torch.full((37, 96), float("nan"), dtype=torch.float16, device=device)
+    buf = torch.full((37, 112), float("nan"), dtype=torch.float16, device=device)
+    w = buf[:, :96]  # a row-strided view: a store past a row's end would land in the 16 poisoned columns after it
     dequant_launch(x["packed"], x["scales"].view(torch.uint8), x["gs"].reshape(1), w)
     assert torch.equal(w, nvfp4_dequantize(x["packed"], x["scales"], x["gs"], dtype=torch.float16))
+    assert torch.isnan(buf[:, 96:]).all()
+    # NaN scales (0x7f and 0xff) decode to NaN in the dequantize kernel too
+    s8 = x["scales"].view(torch.uint8).clone()
+    s8[3, 2], s8[5, 0] = 0x7F, 0xFF
+    dequant_launch(x["packed"], s8, x["gs"].reshape(1), w)
+    assert torch.isnan(w[3, 32:48]).all() and torch.isnan(w[5, :16]).all() and not torch.isnan(w[[0, 1, 2, 4]]).any()
 
 
 def test_nvfp4_linear_module(device):

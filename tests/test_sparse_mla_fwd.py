@@ -202,10 +202,13 @@ def test_attn_dist_writes_every_entry(device):
     assert rel_err(out, sparse_mla_attn_dist_ref(q, kv, idx, lse, 0.1)) <= STAT_TOL
 
 
-def test_indexer_kl_loss_and_grad(device):
+@pytest.mark.parametrize("tlen", [False, True])
+def test_indexer_kl_loss_and_grad(device, tlen):
     q, kv, idx = _inputs(device, 6, 35, 6, 29)
     idx[2] = -1  # contributes 0
     kw = dict(q_start=20, k_stride=1)
+    if tlen:  # entries past topk_length are invalid for the loss as for the attention (strictly inside (0, topk))
+        kw["topk_length"] = torch.tensor([5, 28, 9, 1, 17, 12], dtype=torch.int32, device=device)
     _, _, lse = sparse_mla(q, kv, idx, 0.1, **kw)
     logits = torch.randn(6, 29, device=device, requires_grad=True)
     loss = indexer_kl_loss(logits, q, kv, idx, lse, 0.1, **kw)
