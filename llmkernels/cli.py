@@ -55,9 +55,8 @@ def _bench(args) -> int:
     from .bench.harness import Progress, merge_records, run_op_bench
     from .bench.report import device_slug, plot, table
     from .registry import resolve, spec_modules
-    benches = [b for mod in spec_modules(args.ops) for b in mod.benches()]
-    if args.ops:
-        benches = [b for b in benches if b.op in resolve(args.ops)]
+    ops = resolve(args.ops)
+    benches = [b for mod in spec_modules(ops) for b in mod.benches() if b.op in ops]
     total = sum(len(b.cases(args.quick)) * len(b.impls) for b in benches)
     progress = Progress(total)
     records = []

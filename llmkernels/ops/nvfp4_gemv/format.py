@@ -44,17 +44,17 @@ def quantize_e2m1(x: torch.Tensor) -> torch.Tensor:
     return code | (((x < 0) & (code > 0)).long() << 3)  # no negative zero: -0.1 -> +0
 
 
-def _global_scale(value, device) -> torch.Tensor:
-    """A user's global_scale (a real number or a one-element floating tensor) as an fp32 0-d tensor on device."""
+def _global_scale(value, name: str, t: torch.Tensor) -> torch.Tensor:
+    """A user's global_scale (a real number or a one-element floating tensor on t's device) as fp32 0-d there."""
     if isinstance(value, torch.Tensor):
         if not value.is_floating_point() or value.numel() != 1:
             raise ValueError(f"global_scale must be a number or a one-element floating tensor, got a {value.dtype} "
                              f"tensor of shape {tuple(value.shape)}")
-        check_same_device(kernel=False, global_scale=value, w=torch.empty(0, device=device))
-        return value.to(device=device, dtype=torch.float32).reshape(())
+        check_same_device(kernel=False, **{"global_scale": value, name: t})
+        return value.to(torch.float32).reshape(())
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"global_scale must be a number or a one-element floating tensor, got {type(value).__name__}")
-    return torch.tensor(float(value), dtype=torch.float32, device=device)
+    return torch.tensor(float(value), dtype=torch.float32, device=t.device)
 
 
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
@@ -84,7 +84,7 @@ def nvfp4_quantize(w: torch.Tensor, global_scale: Union[None, float, torch.Tenso
         amax = wf.abs().amax() if wf.numel() else wf.new_zeros(())
         gs = torch.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
     else:
-        gs = _global_scale(global_scale, w.device)
+        gs = _global_scale(global_scale, "w", w)
         if not bool(torch.isfinite(gs)) or float(gs) <= 0:
             raise ValueError(f"global_scale must be a finite positive number, got {float(gs)}")
     blocks = wf.reshape(N, K // BLOCK, BLOCK)
@@ -115,7 +115,7 @@ def nvfp4_dequantize(packed: torch.Tensor, scales: torch.Tensor,
     check_same_device(kernel=False, packed=p, scales=scales)  # pure torch: any device
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    gs = None if global_scale is None else _global_scale(global_scale, p.device)
+    gs = None if global_scale is None else _global_scale(global_scale, "packed", p)
     vals = unpack_e2m1(p).reshape(N, K // BLOCK, BLOCK) * scales.float()[..., None]
     if gs is not None:
         vals = vals * gs
@@ -127,7 +127,8 @@ def _ceil(a: int, b: int) -> int:
 
 
 def to_blocked(scales: torch.Tensor) -> torch.Tensor:
-    """[R, C] scales -> the cuBLASLt/CUTLASS 128x4 swizzled layout, flattened (zero padded up to multiples of 128 rows, 4 columns).
+    """[R, C] scales -> the cuBLASLt/CUTLASS 128x4 swizzled layout, flattened (zero padded up to multiples of 128
+    rows and 4 columns).
 
     Tile (i, j) of 128 rows x 4 columns is stored contiguously (tiles row-major); inside a tile, row r and
     column c sit at (r % 32) * 16 + (r // 32) * 4 + c. This is the layout torch._scaled_mm takes for NVFP4.

@@ -6,7 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._validate import check_int, check_interpreter_dtype, check_same_device, check_scale, check_tensor, check_unit_last_stride
+from ..._validate import (check_int, check_interpreter_dtype, check_same_device, check_scale, check_tensor,
+                          check_unit_last_stride)
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453

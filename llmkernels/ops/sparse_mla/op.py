@@ -182,11 +182,10 @@ def indexer_kl_loss(index_logits: Tensor, q: Tensor, kv: Tensor, indices: Tensor
     if index_logits.dim() == 3 and index_logits.shape[1] == 1:
         index_logits = index_logits[:, 0]
     check_shape("index_logits", index_logits, a.indices.shape, "[s_q, topk], like indices")
-    check_same_device(q=a.q, index_logits=index_logits)
     if attn_dist is not None:
         check_tensor("attn_dist", attn_dist, dtypes=(torch.float32,))
         check_shape("attn_dist", attn_dist, a.indices.shape, "[s_q, topk], like indices")
-        check_same_device(q=a.q, attn_dist=attn_dist)
+    check_same_device(q=a.q, index_logits=index_logits, attn_dist=attn_dist)
     with torch.no_grad():
         if attn_dist is not None:
             dist = attn_dist.detach()

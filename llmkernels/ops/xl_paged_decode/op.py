@@ -3,7 +3,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..._validate import check_bool, check_interpreter_dtype, check_same_device, check_scale, check_tensor, check_unit_last_stride
+from ..._validate import (check_bool, check_interpreter_dtype, check_same_device, check_scale, check_tensor,
+                          check_unit_last_stride)
 from .kernel import xl_paged_decode_fwd
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
