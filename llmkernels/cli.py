@@ -56,7 +56,11 @@ def _bench(args) -> int:
     from .bench.report import device_slug, plot, table
     from .registry import resolve, spec_modules
     ops = resolve(args.ops)
-    benches = [b for mod in spec_modules(ops) for b in mod.benches() if b.op in ops]
+    if args.eager:
+        from .bench.eager import benches as eager_benches
+        benches = eager_benches(ops)
+    else:
+        benches = [b for mod in spec_modules(ops) for b in mod.benches() if b.op in ops]
     total = sum(len(b.cases(args.quick)) * len(b.impls) for b in benches)
     progress = Progress(total)
     records = []
@@ -84,6 +88,8 @@ def main(argv=None) -> int:
     b.add_argument("ops", nargs="*")
     b.add_argument("--out", default="benchmarks/results", help="folder for <device>.json and <device>.png")
     b.add_argument("--quick", action="store_true", help="a few shapes only")
+    b.add_argument("--eager", action="store_true",
+                   help="wall time per call of 300 back-to-back eager calls at a small shape (host cost), with peers")
     args = ap.parse_args(argv)
     return {"info": _info, "check": _check, "bench": _bench}[args.cmd](args)
 

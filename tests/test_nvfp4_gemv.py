@@ -266,6 +266,32 @@ def test_custom_kernel_entry(device):
     data = (x["a"], x["b"], x["sfa"], x["sfb"], None, None, x["c"])
     c = custom_kernel(data)
     assert c is x["c"] and rel_err(c, _ref(x)) <= GEMV_TOL
+    with pytest.raises(TypeError, match="data must be a tuple"):
+        custom_kernel(None)
+    with pytest.raises(ValueError, match="data must hold 7 items"):
+        custom_kernel(data[:6])
+
+
+@pytest.mark.parametrize("gs", [float("nan"), float("inf"), -1.0, 0.0], ids=["nan", "inf", "negative", "zero"])
+def test_global_scale_rules(device, gs):
+    """One rule for every nvfp4 function that can read the global scale on the host: finite and positive."""
+    w = torch.randn(4, 32, device=device)
+    p, s, _ = nvfp4_quantize(w)
+    x = torch.randn(2, 32, device=device).half()
+    for call in (lambda g: nvfp4_quantize(w, g), lambda g: nvfp4_dequantize(p, s, g)):
+        for g in (gs, torch.tensor(gs, device=device)):
+            with pytest.raises(ValueError, match="global_scale must be a finite positive number"):
+                call(g)
+    with pytest.raises(ValueError, match="global_scale must be"):
+        nvfp4_linear(x, p, s, gs)
+
+
+def test_k_zero_refused_everywhere(device):
+    with pytest.raises(ValueError, match="positive multiple of 16"):
+        nvfp4_quantize(torch.randn(4, 0, device=device))
+    with pytest.raises(ValueError, match="positive multiple of 16"):
+        nvfp4_dequantize(torch.zeros(4, 0, dtype=torch.uint8, device=device),
+                         torch.zeros(4, 0, device=device).to(torch.float8_e4m3fn))
 
 
 def test_gemv_bad_inputs(device):

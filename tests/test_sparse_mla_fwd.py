@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from llmkernels import (flash_mla_sparse_fwd, indexer_kl_loss, merge_attention_states, sparse_mla,
-                        sparse_mla_attn_dist)
+                        sparse_mla_attn_dist, sparse_mla_bwd)
 from llmkernels.checking import rel_err
 from llmkernels.ops.sparse_mla.attn_dist import attn_dist_launch
 from llmkernels.ops.sparse_mla.common import prepare
@@ -285,6 +285,20 @@ def test_opcheck(device):
 
 
 # --- bad inputs ----------------------------------------------------------------------------------
+
+def test_huge_q_start(device):
+    """A q_start past s_kv * k_stride bounds nothing: same result as q_start = s_kv (no int64 overflow, no torch
+    "Expected a value of type 'int'" error from the custom op); a k_stride past int32 gets a clear error."""
+    q, kv, idx = _inputs(device, 3, 20, 4, 17)
+    for qs in (2 ** 63, 2 ** 63 - 1, 2 ** 40):
+        for got, want in zip(sparse_mla(q, kv, idx, 0.1, q_start=qs), sparse_mla(q, kv, idx, 0.1, q_start=20)):
+            assert torch.equal(got, want)
+    out, _, lse = sparse_mla(q, kv, idx, 0.1)
+    dq, dkv = sparse_mla_bwd(q, kv, out, torch.randn_like(out), idx, lse, 0.1, q_start=2 ** 63)
+    assert dq.isfinite().all() and dkv.isfinite().all()
+    with pytest.raises(ValueError, match="k_stride must be <="):
+        sparse_mla(q, kv, idx, 0.1, q_start=3, k_stride=2 ** 63)
+
 
 def test_bad_inputs(device):
     q, kv, idx = _inputs(device, 3, 20, 4, 17)

@@ -36,7 +36,9 @@ class Case:
     bytes: int
     flops: Optional[int] = None
     bound: str = "memory"  # "memory": floor = bytes / copy rate; "compute": floor = flops / GEMM rate
-    timing: str = "do_bench"  # "do_bench" (L2 flushed by triton before each rep) or "graph" (rotated inputs)
+    # "do_bench" (L2 flushed by triton before each rep), "graph" (rotated inputs, CUDA-graph replay) or "eager"
+    # (wall time per call of back-to-back eager calls: what a caller outside a graph pays, host included)
+    timing: str = "do_bench"
 
 
 @dataclass
@@ -113,8 +115,25 @@ def rotation_sets(nbytes: int) -> int:
     return min(max(3, math.ceil(3 * l2 / max(nbytes, 1))), 64)
 
 
+def _eager_ms(fn: Callable[[], object], calls: int = 300, rounds: int = 5) -> float:
+    """Median over rounds of the wall time per call of `calls` back-to-back eager calls (synchronised at both ends)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3 / calls)
+    return sorted(times)[rounds // 2]
+
+
 def time_impl(impl: Impl, case: Case) -> tuple:
     """Returns (ms, timing mode actually used)."""
+    if case.timing == "eager":
+        return _eager_ms(impl.build(case.make_inputs())), "eager"
     if case.timing == "graph":
         sets = rotation_sets(case.bytes)
         fns = [impl.build(case.make_inputs()) for _ in range(sets)]

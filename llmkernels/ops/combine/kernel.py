@@ -21,7 +21,8 @@ def merge_row(
     stride_os, stride_or, stride_ls, stride_lr, stride_out_r,
     HAS_LSE_OUT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ONE_SHOT: tl.constexpr,
 ):
-    """Merge the S partial (out, lse) of one row; rows whose parts are all -inf get out 0, lse -inf."""
+    """Merge the S partial (out, lse) of one row; rows whose parts are all -inf get out 0, lse -inf; a NaN lse
+    makes the row NaN (out and lse)."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     if ONE_SHOT:  # S <= BLOCK_S and D <= BLOCK_D: lse and out of every part in one round trip to memory
@@ -34,7 +35,7 @@ def merge_row(
         m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
         w = tl.exp2(ls * 1.4426950408889634 - m_safe)
         total = tl.sum(w, axis=0)
-        inv = tl.where(total > 0, 1.0 / total, 0.0)
+        inv = tl.where(total == 0, 0.0, 1.0 / total)  # NaN total (a NaN part) stays NaN
         o = tl.where((w > 0)[:, None], o.to(tl.float32), 0.0)  # a part with zero weight may hold anything
         tl.store(out_ptr + row * stride_out_r + offs_d, (tl.sum(o * w[:, None], axis=0) * inv).to(
             out_ptr.dtype.element_ty), mask=dmask)
@@ -53,7 +54,7 @@ def merge_row(
                          other=float("-inf"))
             denom += tl.exp2(ls * 1.4426950408889634 - m_safe)
         total = tl.sum(denom, axis=0)
-        inv = tl.where(total > 0, 1.0 / total, 0.0)
+        inv = tl.where(total == 0, 0.0, 1.0 / total)
         for d0 in range(0, D, BLOCK_D):
             dmask = d0 + offs_d < D
             acc = tl.zeros([BLOCK_D], tl.float32)
@@ -68,7 +69,7 @@ def merge_row(
             tl.store(out_ptr + row * stride_out_r + d0 + offs_d, (acc * inv).to(out_ptr.dtype.element_ty),
                      mask=dmask)
     if HAS_LSE_OUT:
-        lse = tl.where(total > 0, (m_safe + tl.log2(total)) / 1.4426950408889634, float("-inf"))
+        lse = tl.where(total == 0, float("-inf"), (m_safe + tl.log2(total)) / 1.4426950408889634)
         tl.store(lse_out_ptr + row, lse)
 
 

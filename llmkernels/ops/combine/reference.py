@@ -5,7 +5,7 @@ def merge_attention_states_ref(outs: torch.Tensor, lses: torch.Tensor):
     """fp32 reference. outs [S, ..., D], lses [S, ...] (natural log). Returns (out [..., D], lse [...]).
 
     Parts whose lse is -inf (or +inf: sparse_mla's row with no valid index) contribute nothing; if no part
-    contributes the result is out 0, lse -inf.
+    contributes the result is out 0, lse -inf. A NaN lse makes its row NaN.
     """
     outs = outs.float()
     lses = lses.float()
@@ -14,6 +14,8 @@ def merge_attention_states_ref(outs: torch.Tensor, lses: torch.Tensor):
     m_safe = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
     w = torch.exp(lses - m_safe)  # [S, ...]
     denom = w.sum(dim=0)
-    out = (w.unsqueeze(-1) * outs).sum(dim=0) / torch.where(denom > 0, denom, torch.ones_like(denom)).unsqueeze(-1)
-    lse = torch.where(denom > 0, m_safe + torch.log(denom), torch.full_like(m, float("-inf")))
+    empty = denom == 0  # no part saw a key (a NaN lse makes denom NaN: the row stays NaN)
+    out = (w.unsqueeze(-1) * outs.masked_fill((w == 0).unsqueeze(-1), 0.0)).sum(dim=0)
+    out = out / torch.where(empty, torch.ones_like(denom), denom).unsqueeze(-1)
+    lse = torch.where(empty, torch.full_like(m, float("-inf")), m_safe + torch.log(denom))
     return out, lse

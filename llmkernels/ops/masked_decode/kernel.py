@@ -54,8 +54,9 @@ def row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, 
     m_i, l_i, acc = _attend(q, k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh,
                             drop_ptr + b * s_mb + h * s_mh, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
                             BLOCK_G, D, BLOCK_N, HAS_DROP)
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
+    # l == 0 only when nothing was kept; a NaN logit makes l NaN, and NaN flows into out and lse (not "empty")
+    o = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]
+    lse = tl.where(l_i == 0, float("-inf"), (m_i + tl.log2(l_i)) * 0.6931471805599453)
     rows = r * G + offs_g
     tl.store(o_ptr + rows[:, None] * s_or + split * s_os + offs_d[None, :], o, mask=(offs_g < G)[:, None])
     tl.store(lse_ptr + rows * s_lr + split, lse, mask=offs_g < G)

@@ -6,6 +6,7 @@ def masked_decode_ref(q, k, v, drop_mask=None, kv_len=None, sm_scale=None):
 
     q [B, Hq, D]; k, v [B, Hkv, L, D]; drop_mask [B, Hkv, L] bool, True = token dropped;
     kv_len None | int | int tensor [B] (clamped to [0, L]). Returns (out [B, Hq, D] fp32, lse [B, Hq] fp32).
+    A row with nothing kept gets out 0, lse -inf; a NaN in q or a kept K/V row makes the row NaN.
     """
     B, Hq, D = q.shape
     Hkv, L = k.shape[1], k.shape[2]
@@ -22,5 +23,5 @@ def masked_decode_ref(q, k, v, drop_mask=None, kv_len=None, sm_scale=None):
     s = s.masked_fill(~keep[:, :, None, :], float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # -inf where nothing is kept
     p = torch.exp(s - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
-    out = torch.einsum("bhgl,bhld->bhgd", p, v.float())
+    out = torch.einsum("bhgl,bhld->bhgd", p, v.float().masked_fill(~keep[..., None], 0.0))  # dropped: never read
     return out.reshape(B, Hq, D), lse.reshape(B, Hq)

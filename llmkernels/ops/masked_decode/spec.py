@@ -111,12 +111,41 @@ def _flashinfer_available():
     return None
 
 
-def _flashinfer(x):
+_PAGE = 16
+
+
+def _flashinfer_decode(x):
+    """FlashInfer's batch decode over a paged HND cache (16-token pages), planned here, outside the timed region.
+    It has no per-token mask: it attends to every token (dense), so it is a peer of the kept=1.0 rows only."""
     import flashinfer
-    # FlashInfer's decode has no per-(batch, head, token) mask: it attends to every token (dense).
     q = x["q"]
-    k, v = x["k"].transpose(1, 2).contiguous(), x["v"].transpose(1, 2).contiguous()  # [B, L, Hkv, D]
-    return lambda: [flashinfer.single_decode_with_kv_cache(q[b], k[b], v[b]) for b in range(q.shape[0])]
+    B, Hkv, L, D = x["k"].shape
+    # [B, Hkv, L, D] -> pages [B * L / 16, Hkv, 16, D] (a serving engine's cache is paged already: not timed)
+    pages = lambda t: t.reshape(B, Hkv, L // _PAGE, _PAGE, D).transpose(1, 2).reshape(-1, Hkv, _PAGE, D)  # noqa
+    cache = (pages(x["k"]), pages(x["v"]))
+    per_seq = L // _PAGE
+    indptr = torch.arange(B + 1, dtype=torch.int32, device=q.device) * per_seq
+    indices = torch.arange(B * per_seq, dtype=torch.int32, device=q.device)
+    last = torch.full((B,), _PAGE, dtype=torch.int32, device=q.device)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(128 << 20, dtype=torch.uint8, device=q.device),
+                                                      kv_layout="HND")
+    w.plan(indptr, indices, last, q.shape[1], Hkv, D, _PAGE, q_data_type=q.dtype, kv_data_type=q.dtype)
+    return lambda: w.run(q, cache)
+
+
+def _flashinfer_sparse(x):
+    """FlashInfer's per-KV-head block-sparse attention with one-token column blocks: exactly the kept tokens. Batch
+    folds into the heads (q [B * Hq, 1, D], k [B * Hkv, L, D], no copy); planned here, outside the timed region."""
+    import flashinfer
+    q, k, v, drop = x["q"], x["k"], x["v"], x["drop"]
+    B, Hkv, L, D = k.shape
+    keep = ~drop.reshape(B * Hkv, 1, L)
+    w = flashinfer.VariableBlockSparseAttentionWrapper(torch.zeros(128 << 20, dtype=torch.uint8, device=q.device))
+    w.plan(keep, torch.ones(B * Hkv, 1, dtype=torch.int32, device=q.device),
+           torch.ones(B * Hkv, L, dtype=torch.int32, device=q.device), B * q.shape[1], B * Hkv, D,
+           q_data_type=q.dtype, kv_data_type=k.dtype)
+    qf, kf, vf = q.reshape(-1, 1, D), k.reshape(B * Hkv, L, D), v.reshape(B * Hkv, L, D)
+    return lambda: w.run(qf, kf, vf)
 
 
 def benches():
@@ -125,5 +154,6 @@ def benches():
         Impl("torch-eager", _eager, max_bytes=3 << 30),
         Impl("sdpa-bool-mask", _sdpa),
         Impl("flex-attention", _flex, flex_available),
-        Impl("flashinfer-dense", _flashinfer, _flashinfer_available),
+        Impl("flashinfer-decode-dense", _flashinfer_decode, _flashinfer_available),
+        Impl("flashinfer-block-sparse", _flashinfer_sparse, _flashinfer_available),
     ])]

@@ -57,6 +57,18 @@ def _global_scale(value, name: str, t: torch.Tensor) -> torch.Tensor:
     return torch.tensor(float(value), dtype=torch.float32, device=t.device)
 
 
+def check_global_scale(gs: torch.Tensor) -> None:
+    """The rule every nvfp4 function applies to a global scale it can read on the host: finite and positive."""
+    v = float(gs)
+    if not (0 < v < float("inf")):
+        raise ValueError(f"global_scale must be a finite positive number, got {v}")
+
+
+def check_k(K: int, what: str) -> None:
+    if K % BLOCK != 0 or K == 0:
+        raise ValueError(f"K (={what}) must be a positive multiple of {BLOCK} (one scale per {BLOCK} values)")
+
+
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     """int codes [..., K] (K even) -> uint8 [..., K/2] with element 2i in the low nibble."""
     c = codes.to(torch.uint8).unflatten(-1, (-1, 2))
@@ -71,12 +83,12 @@ def nvfp4_quantize(w: torch.Tensor, global_scale: Union[None, float, torch.Tenso
     w ~ e2m1 * scale * global_scale. By default global_scale = amax(|w|) / (6 * 448), so the largest block
     scale lands at the top of the e4m3 range; each block scale is amax(block) / (6 * global_scale) rounded to
     e4m3 (nearest), and each value is rounded to the nearest E2M1 value of w / (scale * global_scale) (ties to
-    even, saturating at +-6). Blocks whose scale rounds to 0 quantize to 0. w must be finite.
+    even, saturating at +-6). Blocks whose scale rounds to 0 quantize to 0. w must be finite, K > 0, and a given
+    global_scale finite and positive.
     """
     check_tensor("w", w, dtypes=(torch.float32, torch.bfloat16, torch.float16), ndim=2)
     N, K = w.shape
-    if K % BLOCK != 0:
-        raise ValueError(f"w's K (={K}) must be a multiple of {BLOCK} (one scale per {BLOCK} values)")
+    check_k(K, f"w.shape[1] = {K}")
     wf = w.float()
     if not bool(torch.isfinite(wf).all()):
         raise ValueError("w must be finite (no NaN or inf)")
@@ -85,8 +97,7 @@ def nvfp4_quantize(w: torch.Tensor, global_scale: Union[None, float, torch.Tenso
         gs = torch.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
     else:
         gs = _global_scale(global_scale, "w", w)
-        if not bool(torch.isfinite(gs)) or float(gs) <= 0:
-            raise ValueError(f"global_scale must be a finite positive number, got {float(gs)}")
+        check_global_scale(gs)
     blocks = wf.reshape(N, K // BLOCK, BLOCK)
     bscale = (blocks.abs().amax(-1) / (E2M1_MAX * gs)).clamp(max=E4M3_MAX)
     scales = bscale.to(torch.float8_e4m3fn)
@@ -101,14 +112,14 @@ def nvfp4_dequantize(packed: torch.Tensor, scales: torch.Tensor,
                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """packed [N, K/2] (uint8 or float4_e2m1fn_x2), scales [N, K/16] float8_e4m3fn -> [N, K] in dtype.
 
-    Computed in fp32 (e2m1 * scale is exact there) times global_scale, then rounded once to dtype.
+    Computed in fp32 (e2m1 * scale is exact there) times global_scale (finite and positive), then rounded once to
+    dtype. K must be a positive multiple of 16.
     """
     p = as_bytes("packed", packed)
     check_tensor("packed", p, ndim=2)
     check_tensor("scales", scales, dtypes=SCALE_DTYPES, ndim=2)
     N, K = p.shape[0], 2 * p.shape[1]
-    if K % BLOCK != 0:
-        raise ValueError(f"K (=2 * packed.shape[1] = {K}) must be a multiple of {BLOCK}")
+    check_k(K, f"2 * packed.shape[1] = {K}")
     if tuple(scales.shape) != (N, K // BLOCK):
         raise ValueError(f"scales must have shape {(N, K // BLOCK)} (one per {BLOCK} values of packed), "
                          f"got {tuple(scales.shape)}")
@@ -116,6 +127,8 @@ def nvfp4_dequantize(packed: torch.Tensor, scales: torch.Tensor,
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     gs = None if global_scale is None else _global_scale(global_scale, "packed", p)
+    if gs is not None:
+        check_global_scale(gs)  # a host sync for a device tensor; this function is pure torch anyway
     vals = unpack_e2m1(p).reshape(N, K // BLOCK, BLOCK) * scales.float()[..., None]
     if gs is not None:
         vals = vals * gs

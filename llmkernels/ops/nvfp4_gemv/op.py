@@ -5,7 +5,7 @@ import torch
 
 from ..._validate import (check_bool, check_int, check_interpreter_dtype, check_no_self_overlap, check_same_device,
                           check_scale, check_shape, check_tensor)
-from .format import BLOCK, SCALE_DTYPES, as_bytes, nvfp4_quantize
+from .format import BLOCK, SCALE_DTYPES, as_bytes, check_k, nvfp4_quantize
 from .kernel import MAX_FUSED_T, dequant_launch, gemv_launch, linear_launch
 
 _X_DTYPES = (torch.float16, torch.bfloat16)
@@ -54,8 +54,7 @@ def _check_gemv(a, b, sfa, sfb, out):
     check_tensor("sfb", sfb, dtypes=SCALE_DTYPES, ndim=3)
     M, KH, L = a.shape
     K = 2 * KH
-    if K % BLOCK != 0 or K == 0:
-        raise ValueError(f"K (= 2 * a.shape[1] = {K}) must be a positive multiple of {BLOCK} (one scale per {BLOCK})")
+    check_k(K, f"2 * a.shape[1] = {K}")
     if b.shape[0] < 1 or tuple(b.shape[1:]) != (KH, L):
         raise ValueError(f"b must be [N >= 1, K/2={KH}, L={L}] (row 0 is the vector), got {tuple(b.shape)}")
     check_shape("sfa", sfa, (M, K // BLOCK, L), f"[M, K/16, L] with K={K}")
@@ -105,6 +104,11 @@ def custom_kernel(data):
 
     The permuted (128x4-swizzled) scales are not needed: the plain sfa/sfb are read directly.
     """
+    if not isinstance(data, (tuple, list)):
+        raise TypeError(f"data must be a tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c), got "
+                        f"{type(data).__name__}")
+    if len(data) != 7:
+        raise ValueError(f"data must hold 7 items (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c), got {len(data)}")
     a, b, sfa, sfb, _, _, c = data
     return nvfp4_gemv(a, b, sfa, sfb, out=c)
 
@@ -137,7 +141,8 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     Args:
         x: [..., K] fp16 or bf16 activations (the leading dims are flattened into T tokens).
         packed: [N, K/2] uint8 or float4_e2m1fn_x2; scales: [N, K/16] float8_e4m3fn (plain layout).
-        global_scale: fp32 tensor with one element (read on the device, no host sync) or a float; None = 1.
+        global_scale: a finite positive float, or an fp32 tensor with one element (read on the device, no host
+            sync, so its value is not checked: a negative one negates y, a NaN makes y NaN); None = 1.
         bias: optional [N] (any float dtype; added in fp32).
     Returns [..., N] in x's dtype. T <= 16 runs one fused kernel that reads the weights once for all tokens
     (decode in registers, tensor-core dot, fp32 accumulation); larger T dequantizes W * global_scale to x's
@@ -153,11 +158,12 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     K = x.shape[-1]
     if K != 2 * KH:
         raise ValueError(f"x's last dim ({K}) must equal 2 * packed.shape[1] ({2 * KH})")
-    if K % BLOCK != 0 or K == 0:
-        raise ValueError(f"K (={K}) must be a positive multiple of {BLOCK} (one scale per {BLOCK} values)")
+    check_k(K, f"x.shape[-1] = {K}")
     check_shape("scales", scales, (N, K // BLOCK), "[N, K/16]")
     if global_scale is None or not isinstance(global_scale, torch.Tensor):
         gs_val = 1.0 if global_scale is None else check_scale("global_scale", global_scale)
+        if gs_val <= 0:
+            raise ValueError(f"global_scale must be a finite positive number, got {gs_val}")
         gs = torch.full((1,), gs_val, dtype=torch.float32, device=x.device)
     else:
         check_tensor("global_scale", global_scale, dtypes=(torch.float32,))

@@ -195,6 +195,24 @@ def _linear_dense_bf16(x):
     return lambda: torch.nn.functional.linear(x["x"], w)
 
 
+def _torchao_available():
+    try:
+        from torchao.quantization import Int4WeightOnlyConfig, quantize_  # noqa: F401
+    except Exception as e:  # ImportError, or a torchao built for another torch
+        return f"torchao is not usable here ({type(e).__name__}: {str(e)[:80]})"
+    return None
+
+
+def _linear_torchao_int4(x):
+    """torchao's int4 weight-only linear (tinygemm, group 128: 4.1 bits per weight) on the same (dequantized) W."""
+    from torchao.quantization import Int4WeightOnlyConfig, quantize_
+    w = nvfp4_dequantize(x["packed"], x["scales"], x["gs"], dtype=torch.bfloat16)
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=torch.bfloat16, device=w.device)
+    lin.weight.data.copy_(w)
+    quantize_(lin, Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d"))
+    return lambda: lin(x["x"])
+
+
 def benches():
     return [
         OpBench("nvfp4_gemv", _gemv_cases, [
@@ -208,5 +226,6 @@ def benches():
             Impl("llmkernels", _linear_ours),
             Impl("torch-dequant-bf16-linear", _linear_dequant_torch),
             Impl("torch-bf16-dense", _linear_dense_bf16),
+            Impl("torchao-int4", _linear_torchao_int4, _torchao_available),
         ]),
     ]

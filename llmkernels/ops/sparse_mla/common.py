@@ -18,8 +18,9 @@ LN2_C = tl.constexpr(LN2)
 @triton.jit
 def row_finish(m2, l, sink_ptr, offs_h, hmask, HAS_SINK: tl.constexpr, SINK_IN_LSE: tl.constexpr):
     """(empty, lse2, denom) of rows whose log2-scaled logits have max m2 and sum of exp2(s - m2) l: out = O / denom,
-    lse2 the log2-sum-exp2 (with the sink's share when SINK_IN_LSE); meaningless where empty (nothing valid)."""
-    empty = m2 == float("-inf")
+    lse2 the log2-sum-exp2 (with the sink's share when SINK_IN_LSE); meaningless where empty (nothing valid).
+    A NaN logit makes l, and so lse2 and denom, NaN."""
+    empty = (m2 == float("-inf")) & (l == 0)  # all-NaN logits: max -inf on the GPU (max drops NaN), l NaN
     l_safe = tl.where(empty, 1.0, l)
     lse2 = m2 + tl.log2(l_safe)
     denom = l_safe
@@ -30,6 +31,13 @@ def row_finish(m2, l, sink_ptr, offs_h, hmask, HAS_SINK: tl.constexpr, SINK_IN_L
         if SINK_IN_LSE:
             lse2 = lse2 + sp
     return empty, lse2, denom
+
+
+@triton.jit
+def nan_max(m, l):
+    """max_logits as stored: the running max m, NaN where the sum l is (the GPU's max drops NaN logits; their exp2
+    makes l NaN). l * 0 is 0 for every finite l, and l is finite unless a logit was NaN."""
+    return m + l * 0.0
 
 
 DTYPES = (torch.bfloat16, torch.float16)  # bf16 is the model's dtype; fp16 also runs (and is what CPU tests use)
@@ -94,7 +102,7 @@ def prepare(q, kv, indices, sm_scale, d_v: int = D_V, attn_sink=None, topk_lengt
         if topk_length.shape[0] != s_q:
             raise ValueError(f"topk_length must be [s_q={s_q}], got shape {tuple(topk_length.shape)}")
         topk_length = topk_length.contiguous()
-    k_stride = check_int("k_stride", k_stride, lo=1)
+    k_stride = check_int("k_stride", k_stride, lo=1, hi=2**31 - 1)
     q_start_t, q_start_int = None, 0
     if isinstance(q_start, torch.Tensor):
         check_tensor("q_start", q_start, dtypes=(torch.int32,))
@@ -102,7 +110,8 @@ def prepare(q, kv, indices, sm_scale, d_v: int = D_V, attn_sink=None, topk_lengt
             raise ValueError(f"q_start must be an int or a one-element int32 tensor, got shape {tuple(q_start.shape)}")
         q_start_t = q_start.reshape(1)
     elif q_start is not None:
-        q_start_int = check_int("q_start", q_start, lo=0)
+        # from s_kv * k_stride on, every row's causal limit is >= s_kv - 1: the same as that value, and it fits int64
+        q_start_int = min(check_int("q_start", q_start, lo=0), kv.shape[0] * k_stride)
     check_same_device(q=q, kv=kv, indices=indices, attn_sink=attn_sink, topk_length=topk_length, q_start=q_start_t)
     check_interpreter_dtype(q=q)
     return SparseArgs(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start is not None,

@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 from ..._runtime import interpreting
-from .common import LN2_C, row_args, row_finish, row_flags, sink_arg
+from .common import LN2_C, nan_max, row_args, row_finish, row_flags, sink_arg
 from .attn_dist_wgmma import wgmma_usable
 from .fwd_wgmma import sparse_mla_fwd_ws_launch
 
@@ -119,7 +119,7 @@ def _fwd_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tl
     offs_d = tl.arange(0, D_V)
     tl.store(out_ptr + row * s_om + offs_h[:, None].to(tl.int64) * s_oh + offs_d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=hmask[:, None])
-    tl.store(maxl_ptr + row * s_lm + offs_h, m_i * LN2_C, mask=hmask)
+    tl.store(maxl_ptr + row * s_lm + offs_h, nan_max(m_i, l_i) * LN2_C, mask=hmask)
     tl.store(lse_ptr + row * s_lm + offs_h, lse, mask=hmask)
 
 

@@ -20,7 +20,7 @@ import triton.language as tl
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
 from ..._runtime import num_sms
-from .common import LN2_C, LOG2E_C, row_args, row_finish, row_flags, sink_arg
+from .common import LN2_C, LOG2E_C, nan_max, row_args, row_finish, row_flags, sink_arg
 
 if HAVE_GLUON:
     from .attn_dist_wgmma import _cvt2, _mma_layout, _row_limits, _ws_check, _ws_idx, _ws_valid
@@ -138,7 +138,7 @@ if HAVE_GLUON:
         _xchg(xl.index(CID), bars, 5, l_i)
         mbarrier.wait(bars.index(5), 0)
         l_i = l_i + xl.index(1 - CID).load(row_l)
-        empty_row = m_i == float("-inf")
+        empty_row = (m_i == float("-inf")) & (l_i == 0)  # not all-NaN logits (max -inf, l NaN): those stay NaN
         inv = gl.where(empty_row, 0.0, 1.0 / gl.where(empty_row, 1.0, l_i))
         o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
         pid = gl.program_id(0).to(gl.int64)
@@ -149,7 +149,7 @@ if HAVE_GLUON:
             hr = gl.arange(0, 64, layout=row_l)
             lse2 = gl.where(empty_row, float("-inf"), m_i + gl.log2(gl.where(empty_row, 1.0, l_i)))
             gl.store(part_ptr + pid * (64 * 2 * DH + 128) + 64 * 2 * DH + hr, lse2)
-            gl.store(part_ptr + pid * (64 * 2 * DH + 128) + 64 * 2 * DH + 64 + hr, m_i)
+            gl.store(part_ptr + pid * (64 * 2 * DH + 128) + 64 * 2 * DH + 64 + hr, m_i + l_i * 0.0)  # NaN if l is
 
     @gluon.jit
     def _see_consumer(q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s, xm, xl,
@@ -325,7 +325,7 @@ if HAVE_GLUON:
         mbarrier.wait(bars.index(5), 0)
         _stamp(stamp_ptr, 0, 5, CID, STAMP, True)
         l_i = l_i + xl.index(1 - CID).load(row_l)
-        empty_row = m_i == float("-inf")
+        empty_row = (m_i == float("-inf")) & (l_i == 0)  # nothing valid; all-NaN logits (max -inf, l NaN) stay NaN
         l_safe = gl.where(empty_row, 1.0, l_i)
         lse2 = m_i + gl.log2(l_safe)  # log2-sum-exp2 of the logits alone
         denom = l_safe
@@ -339,7 +339,7 @@ if HAVE_GLUON:
         # cost ~2000 instructions a thread (div.full.f32 expands to ~8), ~1300 clocks of the epilogue
         o = acc * gl.convert_layout(gl.where(empty_row, 0.0, 1.0 / denom), orow_l)[:, None]
         if CID == 0:
-            gl.store(maxl_ptr + row * s_lm + offs_hm, m_i * LN2_C, mask=hm)
+            gl.store(maxl_ptr + row * s_lm + offs_hm, (m_i + l_i * 0.0) * LN2_C, mask=hm)  # common.nan_max
             gl.store(lse_ptr + row * s_lm + offs_hm, gl.where(empty_row, float("inf"), lse2 * LN2_C),
                      mask=hm)
         if OSTAGE:
@@ -508,7 +508,7 @@ def _tail_merge(part_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, item0, n_piece, 
         o = tl.sum(o * w[:, None], axis=0)
         empty, lse2, denom = row_finish(top, tl.sum(w, axis=0), sink_ptr, head, True, HAS_SINK, SINK_IN_LSE)
         tl.store(out_ptr + row * s_om + head * s_oh + d, tl.where(empty, 0.0, o / denom).to(out_ptr.dtype.element_ty))
-        tl.store(maxl_ptr + row * s_lm + head, tl.max(m, axis=0) * LN2_C)
+        tl.store(maxl_ptr + row * s_lm + head, nan_max(tl.max(m, axis=0), tl.sum(w, axis=0)) * LN2_C)
         tl.store(lse_ptr + row * s_lm + head, tl.where(empty, float("inf"), lse2 * LN2_C))
 
 

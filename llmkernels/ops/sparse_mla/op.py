@@ -149,9 +149,10 @@ class _KLLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, index_logits, p, valid):
         logits = index_logits.float().masked_fill(~valid, float("-inf"))
-        has = (p.sum(dim=-1, keepdim=True) > 0)  # rows with no valid index (or no mass) contribute 0
+        # rows with no valid index (or no mass) contribute 0; "!= 0" rather than "> 0" keeps a NaN p NaN
+        has = p.sum(dim=-1, keepdim=True) != 0
         logq = torch.log_softmax(torch.where(has, logits, torch.zeros_like(logits)), dim=-1)
-        pos = p > 0
+        pos = p != 0
         terms = torch.where(pos, p * (torch.log(torch.where(pos, p, torch.ones_like(p))) - logq), torch.zeros_like(p))
         ctx.save_for_backward(torch.where(has, logq.exp(), torch.zeros_like(logq)), p)
         ctx.dtype = index_logits.dtype
@@ -193,6 +194,6 @@ def indexer_kl_loss(index_logits: Tensor, q: Tensor, kv: Tensor, indices: Tensor
             dist = sparse_mla_attn_dist_op(a.q.detach(), a.kv.detach(), a.indices, lse.detach(), a.sm_scale,
                                            a.topk_length, a.q_start_t, a.q_start_int, a.causal, a.k_stride)
         mass = dist.sum(dim=-1, keepdim=True)
-        p = dist / torch.where(mass > 0, mass, torch.ones_like(mass))
+        p = dist / torch.where(mass == 0, torch.ones_like(mass), mass)
         valid = _valid_mask(a)
     return _KLLoss.apply(index_logits, p, valid)

@@ -33,6 +33,7 @@ def _logits(q, kv, indices, valid, sm_scale):
     kv2 = kv.reshape(kv.shape[0], -1).float()
     idx = torch.where(valid, indices.reshape(valid.shape).long(), torch.zeros_like(valid, dtype=torch.long))
     kg = kv2[idx] if kv2.shape[0] > 0 else kv2.new_zeros(*idx.shape, kv2.shape[-1])  # [s_q, topk, d_qk]
+    kg = kg.masked_fill(~valid[..., None], 0.0)  # invalid entries are never read (row 0 may hold NaN)
     s = torch.einsum("ihd,ijd->ihj", q.float(), kg) * sm_scale
     return s.masked_fill(~valid[:, None, :], float("-inf")), kg
 
@@ -79,9 +80,10 @@ def indexer_kl_loss_ref(index_logits, q, kv, indices, lse, sm_scale: float, q_st
         dist = attn_dist.float() if attn_dist is not None else sparse_mla_attn_dist_ref(
             q, kv, indices, lse, sm_scale, q_start, k_stride, topk_length)
         mass = dist.sum(dim=-1, keepdim=True)
-        p = dist / torch.where(mass > 0, mass, torch.ones_like(mass))
+        p = dist / torch.where(mass == 0, torch.ones_like(mass), mass)  # a NaN mass stays NaN
     logits = index_logits.float().masked_fill(~valid, float("-inf"))
     row_ok = valid.any(dim=-1, keepdim=True)
     logq = torch.log_softmax(torch.where(row_ok, logits, torch.zeros_like(logits)), dim=-1)
-    terms = torch.where(p > 0, p * (torch.log(torch.where(p > 0, p, torch.ones_like(p))) - logq), torch.zeros_like(p))
+    pos = p != 0  # NaN counts: it must reach the loss
+    terms = torch.where(pos, p * (torch.log(torch.where(pos, p, torch.ones_like(p))) - logq), torch.zeros_like(p))
     return terms.sum()

@@ -135,8 +135,10 @@ def _flash_mla_available():
 
 def _flash_mla(x):
     from flash_mla import flash_mla_sparse_fwd as fm
-    # FlashMLA has no causal option: causality is already in the indices (-1 beyond the visible range)
-    return lambda: fm(x["q"], x["kv"], x["indices"][:, None, :], x["sm_scale"])
+    # FlashMLA has no causal option: causality is already in the indices (-1 beyond the visible range). On Hopper
+    # the sgl-flash-mla wheel runs its sm_90 kernel only with use_legacy=True (h_q 64 / 128).
+    legacy = torch.cuda.get_device_capability(x["q"].device)[0] == 9
+    return lambda: fm(x["q"], x["kv"], x["indices"][:, None, :], x["sm_scale"], use_legacy=legacy)
 
 
 def benches():

@@ -188,8 +188,8 @@ def _split_kernel(
                                       bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, offs_d,
                                       dmask, D, BLOCK_D, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, HAS_BD, True,
                                       False)
-        o = acc / tl.where(l_i > 0, l_i, 1.0)
-        lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
+        o = acc / tl.where(l_i == 0, 1.0, l_i)  # l == 0: nothing attended; NaN l (a NaN logit) stays NaN
+        lse = tl.where(l_i == 0, float("-inf"), (m_i + tl.log2(l_i)) * 0.6931471805599453)
         row = s * Hkv + hk
         tl.store(o_ptr + row * s_or + split * s_os + offs_d, o, mask=dmask)
         tl.store(lse_ptr + row * s_lr + split, lse)
@@ -219,8 +219,8 @@ def _split_kernel(
                                   bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d,
                                   dmask, D, BLOCK_D, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, K_NATIVE, HAS_BD,
                                   DOT_PREC, True)
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        lse = tl.where(l_i > 0, (m_i + tl.log2(l_i)) * 0.6931471805599453, float("-inf"))
+        o = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]
+        lse = tl.where(l_i == 0, float("-inf"), (m_i + tl.log2(l_i)) * 0.6931471805599453)
         rows = (s * Hkv + hk) * G + offs_g
         tl.store(o_ptr + rows[:, None] * s_or + split * s_os + offs_d[None, :], o, mask=qmask)
         tl.store(lse_ptr + rows * s_lr + split, lse, mask=gmask)

@@ -29,7 +29,7 @@ def xl_paged_decode_ref(q, k_cache, v_cache, block_tables, context_lens, u=None,
 
     logit_j = scale * ((q + u) . k_j + bd[s, h, j]) over attended tokens j (see `attended`); context
     lengths are clamped to [0, max_blocks * block_size] and to bd's last dim when bd is given. A row
-    with no attended token gets out 0 and lse -inf.
+    with no attended token gets out 0 and lse -inf; a NaN in an attended token's inputs makes its row NaN.
     """
     S, H, D = q.shape
     k, v = cache_as_nhd(k_cache, v_cache)
@@ -42,7 +42,7 @@ def xl_paged_decode_ref(q, k_cache, v_cache, block_tables, context_lens, u=None,
     blk, ok = attended(block_tables, context_lens, nb, bs, max_len)
     off = (torch.arange(max_len, device=q.device) % bs)[None, :].expand_as(blk)
     kg = k[blk, off].float()  # [S, L, Hkv, D]
-    vg = v[blk, off].float()
+    vg = v[blk, off].float().masked_fill(~ok[:, :, None, None], 0.0)  # unattended slots are never read
     qf = q.float() if u is None else q.float() + u.float()
     logits = torch.einsum("skgd,slkd->skgl", qf.reshape(S, hkv, G, D), kg).reshape(S, H, max_len)
     if bd is not None:
