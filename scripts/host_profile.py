@@ -1,0 +1,96 @@
+"""Where an eager call's host time goes: per op, a cProfile of back-to-back calls (top functions by own time), and
+the unit costs of the pieces (torch.empty, a Triton launch by argument count, a torch.library custom op).
+
+    python scripts/host_profile.py [--calls 300] [--top 14] [op ...]     (GPU machine)
+"""
+import argparse
+import cProfile
+import pstats
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from llmkernels.bench.eager import benches
+
+
+def per_call_us(fn, calls=2000):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e6 / calls
+
+
+@triton.jit
+def _k4(a, b, n, m, BLOCK: tl.constexpr):
+    pass
+
+
+@triton.jit
+def _k24(a, b, c, d, e, f, i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17,
+         BLOCK: tl.constexpr, F1: tl.constexpr, F2: tl.constexpr):
+    pass
+
+
+@torch.library.custom_op("hostprobe::alloc", mutates_args=())
+def _alloc_op(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@_alloc_op.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def units():
+    x = torch.empty(1024, device="cuda")
+    ints = list(range(3, 21))
+    rows = [
+        ("torch.empty(1024)", lambda: torch.empty(1024, device="cuda")),
+        ("torch.empty_like", lambda: torch.empty_like(x)),
+        ("triton launch, 4 args", lambda: _k4[(1,)](x, x, 5, 7, BLOCK=16)),
+        ("triton launch, 24 args + 3 constexpr", lambda: _k24[(1,)](x, x, x, x, x, x, *ints, BLOCK=16, F1=True,
+                                                                    F2=False)),
+        ("custom op returning empty_like", lambda: _alloc_op(x)),
+        ("same body, plain call", lambda: torch.empty_like(x)),
+        ("torch.cuda.current_stream()", lambda: torch.cuda.current_stream()),
+        ("x.stride(), x.shape, x.dtype", lambda: (x.stride(), x.shape, x.dtype)),
+    ]
+    print("\nunit costs (us per call)")
+    for name, fn in rows:
+        print(f"  {name:<42} {per_call_us(fn):7.2f}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("ops", nargs="*")
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--top", type=int, default=14)
+    args = ap.parse_args()
+    for b in benches(args.ops or None):
+        impl = next(i for i in b.impls if i.name == "llmkernels-eager")
+        for case in b.cases(False):
+            fn = impl.build(case.make_inputs())
+            us = per_call_us(fn, args.calls)
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(args.calls):
+                fn()
+            pr.disable()
+            torch.cuda.synchronize()
+            print(f"\n=== {b.op} {case.shape}: {us:.1f} us per eager call")
+            st = pstats.Stats(pr)
+            rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:args.top]
+            for (file, line, func), (cc, nc, tt, ct, _) in rows:
+                print(f"  {tt * 1e6 / args.calls:7.1f} us own {ct * 1e6 / args.calls:7.1f} cum  x{nc // args.calls:<3}"
+                      f" {file.split('site-packages/')[-1].split('llmkernels/')[-1]}:{line} {func}")
+    units()
+
+
+if __name__ == "__main__":
+    main()
