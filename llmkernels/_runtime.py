@@ -52,6 +52,16 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> tuple:
+    return torch.cuda.get_device_capability(device_index)
+
+
+def capability(device: torch.device) -> tuple:
+    """A CUDA device's compute capability (cached: the query costs microseconds on every launch otherwise)."""
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def num_sms(device: torch.device) -> int:
     """Multiprocessor count (a small stand-in under the interpreter, to keep grids tiny)."""
     if device.type != "cuda":

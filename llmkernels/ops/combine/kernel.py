@@ -3,7 +3,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._runtime import interpreting
+from ..._launch import Launch
+from ..._runtime import capability, interpreting
 
 @triton.jit
 def pdl_enter(USE_GDC: tl.constexpr):
@@ -13,6 +14,13 @@ def pdl_enter(USE_GDC: tl.constexpr):
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def _lse2(ptr, mask):
+    """Parts' lse (any float dtype) as log2; +inf (sparse_mla's row with no valid index) is a part with no key."""
+    ls = tl.load(ptr, mask=mask, other=float("-inf")).to(tl.float32)
+    return tl.where(ls == float("inf"), float("-inf"), ls) * 1.4426950408889634
 
 
 @triton.jit
@@ -28,12 +36,12 @@ def merge_row(
     if ONE_SHOT:  # S <= BLOCK_S and D <= BLOCK_D: lse and out of every part in one round trip to memory
         smask = offs_s < S
         dmask = offs_d < D
-        ls = tl.load(lse_ptr + row * stride_lr + offs_s * stride_ls, mask=smask, other=float("-inf"))
+        ls = _lse2(lse_ptr + row * stride_lr + offs_s * stride_ls, smask)
         o = tl.load(o_ptr + row * stride_or + offs_s[:, None] * stride_os + offs_d[None, :],
                     mask=smask[:, None] & dmask[None, :], other=0.0)
-        m_all = tl.max(ls * 1.4426950408889634, axis=0)
+        m_all = tl.max(ls, axis=0)
         m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-        w = tl.exp2(ls * 1.4426950408889634 - m_safe)
+        w = tl.exp2(ls - m_safe)
         total = tl.sum(w, axis=0)
         inv = tl.where(total == 0, 0.0, 1.0 / total)  # NaN total (a NaN part) stays NaN
         o = tl.where((w > 0)[:, None], o.to(tl.float32), 0.0)  # a part with zero weight may hold anything
@@ -43,16 +51,12 @@ def merge_row(
         # pass 1: max and sum of exp over all splits (base 2)
         m = tl.full([BLOCK_S], float("-inf"), tl.float32)
         for s0 in range(0, S, BLOCK_S):
-            ls = tl.load(lse_ptr + row * stride_lr + (s0 + offs_s) * stride_ls, mask=s0 + offs_s < S,
-                         other=float("-inf"))
-            m = tl.maximum(m, ls * 1.4426950408889634)
+            m = tl.maximum(m, _lse2(lse_ptr + row * stride_lr + (s0 + offs_s) * stride_ls, s0 + offs_s < S))
         m_all = tl.max(m, axis=0)
         m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
         denom = tl.zeros([BLOCK_S], tl.float32)
         for s0 in range(0, S, BLOCK_S):
-            ls = tl.load(lse_ptr + row * stride_lr + (s0 + offs_s) * stride_ls, mask=s0 + offs_s < S,
-                         other=float("-inf"))
-            denom += tl.exp2(ls * 1.4426950408889634 - m_safe)
+            denom += tl.exp2(_lse2(lse_ptr + row * stride_lr + (s0 + offs_s) * stride_ls, s0 + offs_s < S) - m_safe)
         total = tl.sum(denom, axis=0)
         inv = tl.where(total == 0, 0.0, 1.0 / total)
         for d0 in range(0, D, BLOCK_D):
@@ -60,8 +64,7 @@ def merge_row(
             acc = tl.zeros([BLOCK_D], tl.float32)
             for s0 in range(0, S, BLOCK_S):
                 smask = s0 + offs_s < S
-                ls = tl.load(lse_ptr + row * stride_lr + (s0 + offs_s) * stride_ls, mask=smask, other=float("-inf"))
-                w = tl.exp2(ls * 1.4426950408889634 - m_safe)
+                w = tl.exp2(_lse2(lse_ptr + row * stride_lr + (s0 + offs_s) * stride_ls, smask) - m_safe)
                 # skip loading parts with zero weight: an empty split may hold no finite partial output
                 o = tl.load(o_ptr + row * stride_or + (s0 + offs_s)[:, None] * stride_os + (d0 + offs_d)[None, :],
                             mask=smask[:, None] & dmask[None, :] & (w > 0)[:, None], other=0.0)
@@ -97,7 +100,23 @@ def combine_blocks(S: int, D: int):
 
 def pdl_enabled(device: torch.device) -> bool:
     """Programmatic dependent launch: Hopper+ GPUs only (not the interpreter)."""
-    return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
+    return device.type == "cuda" and not interpreting() and capability(device)[0] >= 9
+
+
+class CombinePlan:
+    """The merge launch for R rows of S parts of width D; strides (part, row of o_part; part, row of lse_part; row of
+    out) fixed. Called with the tensors: o_part, lse_part, out, lse_out (None when has_lse_out is False)."""
+
+    def __init__(self, R: int, S: int, D: int, strides: tuple, has_lse_out: bool, device: torch.device):
+        BLOCK_S, BLOCK_D, one_shot = combine_blocks(S, D)
+        pdl = pdl_enabled(device)
+        self.empty, self.ints = R == 0, (S, D, *strides)
+        self.launch = Launch(_combine_kernel, (R,), HAS_LSE_OUT=has_lse_out, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D,
+                             ONE_SHOT=one_shot, USE_GDC=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}))
+
+    def __call__(self, o_part, lse_part, out, lse_out) -> None:
+        if not self.empty:
+            self.launch(o_part, lse_part, out, lse_out if lse_out is not None else lse_part, *self.ints)
 
 
 def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse_out) -> None:
@@ -110,14 +129,5 @@ def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse
     lse_part [R, S] natural log; out [R, D] with unit last stride; lse_out [R] fp32 contiguous or None.
     """
     R, S, D = o_part.shape
-    if R == 0:
-        return
-    BLOCK_S, BLOCK_D, one_shot = combine_blocks(S, D)
-    pdl = pdl_enabled(o_part.device)
-    _combine_kernel[(R,)](
-        o_part, lse_part, out, lse_out if lse_out is not None else lse_part,
-        S, D,
-        o_part.stride(1), o_part.stride(0), lse_part.stride(1), lse_part.stride(0), out.stride(0),
-        HAS_LSE_OUT=lse_out is not None, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D, ONE_SHOT=one_shot, USE_GDC=pdl, num_warps=4,
-        **({"launch_pdl": True} if pdl else {}),
-    )
+    strides = (o_part.stride(1), o_part.stride(0), lse_part.stride(1), lse_part.stride(0), out.stride(0))
+    CombinePlan(R, S, D, strides, lse_out is not None, o_part.device)(o_part, lse_part, out, lse_out)

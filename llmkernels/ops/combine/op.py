@@ -3,27 +3,49 @@ from typing import Sequence, Tuple, Union
 
 import torch
 
+from ..._launch import PlanCache, current_device, direct_ok, tkey, tracing
 from ..._validate import check_same_device, check_tensor
-from .kernel import combine
+from .kernel import CombinePlan
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+def _plan(outs: torch.Tensor) -> CombinePlan:
+    """outs [S, ..., D] contiguous, lses [S, ...] contiguous: rows (...) x parts S, read in place."""
+    S, D = outs.shape[0], outs.shape[-1]
+    R = outs[0].numel() // D if D else 0
+    return CombinePlan(R, S, D, (R * D, D, R, 1, D), True, outs.device)
+
+
+def _run(plan: CombinePlan, outs: torch.Tensor, lses: torch.Tensor):
+    lead = outs.shape[1:-1]
+    out = torch.empty(outs.shape[1:], dtype=outs.dtype, device=outs.device)
+    lse = torch.empty(lead, dtype=torch.float32, device=outs.device)
+    plan(outs, lses, out, lse)
+    return out, lse
+
+
 @torch.library.custom_op("llmkernels::merge_attention_states", mutates_args=())
 def _merge_op(outs: torch.Tensor, lses: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    S, D = outs.shape[0], outs.shape[-1]
-    lead = outs.shape[1:-1]
-    o3 = outs.reshape(S, -1, D).transpose(0, 1)  # (row, split, d) view, no copy
-    l2 = lses.reshape(S, -1).transpose(0, 1)
-    out = torch.empty(lead + (D,), dtype=outs.dtype, device=outs.device)
-    lse = torch.empty(lead, dtype=torch.float32, device=outs.device)
-    combine(o3, l2, out.view(-1, D), lse.view(-1))
-    return out, lse
+    return _run(_plan(outs), outs, lses)
 
 
 @_merge_op.register_fake
 def _(outs, lses):
     return outs.new_empty(outs.shape[1:]), lses.new_empty(lses.shape[1:], dtype=torch.float32)
+
+
+def _key(parts):
+    if isinstance(parts, (list, tuple)):
+        return tuple(tkey(t) for t in parts)
+    return tkey(parts)
+
+
+def _stack(parts) -> torch.Tensor:
+    return parts.contiguous() if isinstance(parts, torch.Tensor) else torch.stack(parts)
+
+
+_CHECKED = PlanCache()  # key of a call's raw arguments -> its plan, once that call passed every check
 
 
 def _stacked(name: str, parts, dtypes) -> torch.Tensor:
@@ -57,8 +79,14 @@ def merge_attention_states(
             a part that saw no key, and so does +inf (how sparse_mla marks a row with no valid index).
     Returns:
         (out [..., D] in the dtype of outs, lse [...] fp32): exactly what one pass over the union of the
-        keys gives. Rows where every part saw no key get out 0 and lse -inf.
+        keys gives. Rows where every part saw no key get out 0 and lse -inf; a NaN lse makes its row NaN.
     """
+    if not tracing():
+        key = (_key(outs), _key(lses), current_device())
+        plan = _CHECKED.get(key)
+        if plan is not None and direct_ok(*_tensors(outs), *_tensors(lses)):
+            return _run(plan, _stack(outs), _stack(lses))
+    raw = (outs, lses)
     outs = _stacked("outs", outs, _OUT_DTYPES)
     lses = _stacked("lses", lses, (torch.float32, torch.float16, torch.bfloat16))
     if outs.dim() < 2 or outs.shape[0] == 0 or outs.shape[-1] == 0:
@@ -66,6 +94,11 @@ def merge_attention_states(
     if tuple(lses.shape) != tuple(outs.shape[:-1]):
         raise ValueError(f"lses must have shape {tuple(outs.shape[:-1])} (outs without its last dim), got {tuple(lses.shape)}")
     check_same_device(outs=outs, lses=lses)
-    lses = lses.float()
-    lses = torch.where(lses == float("inf"), float("-inf"), lses)  # +inf: sparse_mla's "no valid index" (a copy)
-    return _merge_op(outs.contiguous(), lses.contiguous())
+    outs, lses = outs.contiguous(), lses.contiguous()  # the kernel reads lse in any float dtype, +inf as -inf
+    if not tracing() and direct_ok(*_tensors(raw[0]), *_tensors(raw[1])):
+        return _run(_CHECKED.put(key, _plan(outs)), outs, lses)
+    return _merge_op(outs, lses)
+
+
+def _tensors(parts):
+    return parts if isinstance(parts, (list, tuple)) else (parts,)

@@ -3,9 +3,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._runtime import interpreting, num_sms
-from ..combine.kernel import combine, pdl_enabled, pdl_enter
-from .steal_gluon import HAVE_GLUON, steal_launch
+from ..._launch import Launch, PlanCache, current_device, tkey
+from ..._runtime import num_sms
+from ..combine.kernel import CombinePlan, pdl_enabled, pdl_enter
 
 
 @triton.jit
@@ -79,7 +79,7 @@ def _split_kernel(
     b = r // Hkv
     h = r % Hkv
     if HAS_LENS:
-        length = tl.minimum(tl.maximum(tl.load(lens_ptr + b), 0), L)
+        length = tl.minimum(tl.maximum(tl.load(lens_ptr + b), 0), L).to(tl.int32)  # int32 or int64 lengths
     else:
         length = kv_len
     if INTERLEAVE:  # the splits of a row take its tiles in turn: they read neighbouring tiles at the same time
@@ -104,57 +104,6 @@ CONFIG = {"block_n": 128, "num_warps": 4, "num_stages": 2, "waves": 2, "pdl": Tr
 MASKED_CONFIG = {**CONFIG, "block_n": 64, "num_stages": 3}
 
 
-# Opt-in on sm_90 (config={"kernel": "steal"}): the Gluon work-stealing kernel (steal_gluon.py), 2 programs per SM,
-# 64-token tiles in a 3-slot ring, 128 registers a thread at launch so two CTAs fit. Not the default: about 1 point
-# above the interleaved Triton kernel at B=1 dense, but 80 % in some GPU memory states (notes, rounds 7-8).
-STEAL_CONFIG = {"BLOCK_N": 64, "STAGES": 3, "PROD_REGS": 56, "maxnreg": 128, "waves": 2}
-
-
-def steal_usable(q, k, v) -> bool:
-    """Where the Gluon kernel applies: sm_90, D 64 or 128, at most 64 query heads per kv head, K/V rows 16-byte
-    aligned (cp.async)."""
-    if not HAVE_GLUON or interpreting() or q.device.type != "cuda":
-        return False
-    if torch.cuda.get_device_capability(q.device) != (9, 0) or q.shape[2] not in (64, 128):
-        return False
-    if q.shape[1] // k.shape[1] > 64:
-        return False
-    esz = k.element_size()
-    return all(x % 16 == 0 for t in (k, v) for x in (t.stride(0) * esz, t.stride(1) * esz, t.stride(2) * esz,
-                                                       t.data_ptr()))
-
-
-_STREAM_COUNTERS = {}  # (device, stream) -> int32 zeros: eager calls on one stream run one after the other
-_CAPTURE_POOL = {}  # device -> [int32 zeros, next free offset]: one slice per call captured into a CUDA graph
-_POOL_INTS = 1 << 18
-
-
-def _counters(device: torch.device, rows: int):
-    """Zeroed tile counters [2 * rows] for the Gluon kernel, or None (use the Triton kernel).
-
-    Every launch leaves its counters at zero again. Eager calls share one buffer per stream (stream order keeps
-    them apart). A call captured into a CUDA graph gets its own slice of a pool zeroed before capture (graphs may
-    be replayed concurrently on other streams), never reused; when the pool is used up, or a graph is captured
-    before any eager call made the pool, the call uses the Triton kernel.
-    """
-    n = 2 * rows
-    if torch.cuda.is_current_stream_capturing():
-        pool = _CAPTURE_POOL.get(device)
-        if pool is None or pool[1] + n > pool[0].numel():
-            return None
-        off = pool[1]
-        pool[1] += triton.cdiv(n, 32) * 32
-        return pool[0][off:off + n]
-    if device not in _CAPTURE_POOL:
-        _CAPTURE_POOL[device] = [torch.zeros(_POOL_INTS, dtype=torch.int32, device=device), 0]
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
-    buf = _STREAM_COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _STREAM_COUNTERS[key] = buf
-    return buf
-
-
 def _plan(B: int, Hkv: int, L: int, device: torch.device, waves: int):
     """Split L so that B * Hkv * splits ~ waves * SMs, with chunks of >= 512 tokens (multiples of 16)."""
     # rounded down: one program too many starts a second wave (round(3 * 132 / 8) = 50 splits = 400 > 396 slots)
@@ -163,45 +112,58 @@ def _plan(B: int, Hkv: int, L: int, device: torch.device, waves: int):
     return triton.cdiv(max(L, 1), chunk), chunk
 
 
+class DecodePlan:
+    """The launches of one masked_decode call shape: split kernel + merge, everything but the tensors fixed.
+
+    q [B, Hq, D] (unit last stride); k, v [B, Hkv, L, D]; drop_mask bool or None; kv_lens int32/int64 [B] contiguous
+    or None; out [B, Hq, D] and lse [B, Hq] contiguous. config may override the keys of CONFIG (no mask) /
+    MASKED_CONFIG (with a drop mask)."""
+
+    def __init__(self, q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, config=None):
+        cfg = {**(CONFIG if drop_mask is None else MASKED_CONFIG), **(config or {})}
+        B, Hq, D = q.shape
+        Hkv, L = k.shape[1], k.shape[2]
+        self.empty = B == 0 or Hq == 0
+        block_n = cfg["block_n"] if D <= 128 else cfg["block_n"] // 2  # same tile bytes at D=256
+        splits, chunk = _plan(B, Hkv, L if kv_lens is not None else kv_len, q.device, cfg["waves"])
+        self.part = (B * Hq, splits, D)
+        ms = drop_mask.stride() if drop_mask is not None else (0, 0, 0)
+        pdl = pdl_enabled(q.device)
+        self.ints = (Hkv, L, kv_len, chunk, sm_scale * 1.4426950408889634, q.stride(0), q.stride(1),
+                     *k.stride()[:3], *v.stride()[:3], *ms, splits * D, D, splits)
+        self.split = Launch(_split_kernel, (splits, B * Hkv), G=Hq // Hkv,
+                            BLOCK_G=max(16, triton.next_power_of_2(Hq // Hkv)), D=D, BLOCK_N=block_n,
+                            HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl,
+                            INTERLEAVE=cfg["interleave"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                            **({"launch_pdl": True} if pdl and cfg["pdl"] else {}))
+        self.merge = CombinePlan(B * Hq, splits, D, (D, splits * D, 1, splits, D), True, q.device)
+
+    def __call__(self, q, k, v, drop_mask, kv_lens, out, lse) -> None:
+        if self.empty:
+            return
+        # one scratch buffer for the parts' out and lse (one allocation instead of two)
+        R, S, D = self.part
+        scratch = torch.empty(R * S * (D + 1), dtype=torch.float32, device=q.device)
+        o_part, lse_part = scratch[:R * S * D], scratch[R * S * D:]
+        self.split(q, k, v, drop_mask.view(torch.uint8) if drop_mask is not None else q,
+                   kv_lens if kv_lens is not None else q, o_part, lse_part, *self.ints)
+        self.merge(o_part, lse_part, out, lse)
+
+
+_PLANS = PlanCache()
+
+
+def decode_plan(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float) -> DecodePlan:
+    """The cached plan for these (already checked) arguments."""
+    key = (tkey(q), tkey(k), tkey(v), tkey(drop_mask), tkey(kv_lens), kv_len, sm_scale, current_device())
+    plan = _PLANS.get(key)
+    return plan if plan is not None else _PLANS.put(key, DecodePlan(q, k, v, drop_mask, kv_lens, kv_len, sm_scale))
+
+
 def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, out, lse, config=None):
     """q [B, Hq, D] (unit last stride); k, v [B, Hkv, L, D]; writes out [B, Hq, D] and lse [B, Hq] (contiguous).
-
-    config may override the keys of CONFIG (no mask) / MASKED_CONFIG (with a drop mask); {"kernel": "steal"} runs
-    the Gluon work-stealing kernel where steal_usable says so (else the Triton kernel).
-    """
+    config (tests, sweeps) overrides launch keys and bypasses the plan cache."""
     assert out.is_contiguous() and lse.is_contiguous()
-    steal = bool(config) and config.get("kernel") == "steal"
-    cfg = {**(CONFIG if drop_mask is None else MASKED_CONFIG),
-           **{key: val for key, val in (config or {}).items() if key != "kernel"}}
-    B, Hq, D = q.shape
-    Hkv, L = k.shape[1], k.shape[2]
-    G = Hq // Hkv
-    if B == 0 or Hq == 0:
-        return
-    block_n = cfg["block_n"] if D <= 128 else cfg["block_n"] // 2  # same tile bytes at D=256
-    span = L if kv_lens is not None else kv_len
-    drop = drop_mask.view(torch.uint8) if drop_mask is not None else q
-    ms = drop_mask.stride() if drop_mask is not None else (0, 0, 0)
-    pdl = pdl_enabled(q.device)
-    ctr = _counters(q.device, B * Hkv) if steal and steal_usable(q, k, v) else None
-    if ctr is not None:  # the steal kernel's own keys (config may override them), the rest stays with Triton's
-        cfg = {key: (config or {}).get(key, val) for key, val in STEAL_CONFIG.items()}
-    splits, chunk = _plan(B, Hkv, span, q.device, cfg["waves"])
-    o_part = torch.empty(B * Hq, splits, D, dtype=torch.float32, device=q.device)
-    lse_part = torch.empty(B * Hq, splits, dtype=torch.float32, device=q.device)
-    if ctr is not None:
-        steal_launch(q, k, v, drop_mask, kv_lens, kv_len, sm_scale * 1.4426950408889634, o_part, lse_part, ctr, pdl,
-                     {key: val for key, val in cfg.items() if key != "waves"})
-    else:
-        _split_kernel[(splits, B * Hkv)](
-            q, k, v, drop, kv_lens if kv_lens is not None else q, o_part, lse_part,
-            Hkv, L, kv_len, chunk, sm_scale * 1.4426950408889634,
-            q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], *ms,
-            o_part.stride(0), o_part.stride(1), lse_part.stride(0),
-            G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n,
-            HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl,
-            INTERLEAVE=cfg["interleave"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-            **({"launch_pdl": True} if pdl and cfg["pdl"] else {}),
-        )
-    combine(o_part, lse_part, out.view(B * Hq, D), lse.view(B * Hq))
+    plan = DecodePlan(q, k, v, drop_mask, kv_lens, kv_len, sm_scale, config) if config else \
+        decode_plan(q, k, v, drop_mask, kv_lens, kv_len, sm_scale)
+    plan(q, k, v, drop_mask, kv_lens, out, lse)

@@ -9,7 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._runtime import interpreting, num_sms
+from ..._launch import launch
+from ..._runtime import capability, interpreting, num_sms
 from ..combine.kernel import pdl_enabled, pdl_enter
 
 
@@ -697,7 +698,7 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
     part = torch.empty(split, L, M, dtype=torch.float32, device=a8.device) if split > 1 else out
     if use_asm is None:
         use_asm = not interpreting()
-    _gemv_kernel[grid](
+    launch(_gemv_kernel, grid,
         a64, sa8, b64, sb8, out, part, alpha if split == 1 else 1.0,
         M, L, KB, per, n_mtiles,
         a64.stride(0), a64.stride(1), *sa8.stride(), *b64.stride()[:1], *sb8.stride(), out.stride(0), out.stride(2),
@@ -711,7 +712,7 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1), **({"launch_pdl": True} if pdl else {}))
     if split > 1:
         blk = 256
-        _reduce_kernel[(triton.cdiv(M, blk), L)](part, out, part, part, alpha, L, M, out.stride(2), out.stride(0),
+        launch(_reduce_kernel, (triton.cdiv(M, blk), L), part, out, part, part, alpha, L, M, out.stride(2), out.stride(0),
                                                  SPLIT=split, BLOCK=blk, HAS_SCALE_PTR=False, HAS_BIAS=False,
                                                  USE_GDC=pdl, **({"launch_pdl": True} if pdl else {}))
     return out
@@ -738,7 +739,7 @@ def _reduce_linear(part, y, gs, bias):
     """y [T, N] = global scale * sum over splits of part [S, T, N] (+ bias), in a fixed order."""
     S, T, N = part.shape
     blk = 256
-    _reduce_kernel[(triton.cdiv(N, blk), T)](part, y, gs, bias if bias is not None else gs, 1.0, T, N, y.stride(0), 1,
+    launch(_reduce_kernel, (triton.cdiv(N, blk), T), part, y, gs, bias if bias is not None else gs, 1.0, T, N, y.stride(0), 1,
                                              SPLIT=S, BLOCK=blk, HAS_SCALE_PTR=True, HAS_BIAS=bias is not None)
 
 
@@ -747,7 +748,7 @@ MMA_MAX_T = 16  # tokens of the register-fed mma kernel: one or two groups of 8 
 
 def _mma_usable(x, w8, y) -> bool:
     """sm_90+ (mma.sync, mul.rn.bf16x2), at most 16 tokens, 8-byte aligned rows of weights and activations."""
-    if interpreting() or x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] < 9:
+    if interpreting() or x.device.type != "cuda" or capability(x.device)[0] < 9:
         return False
     return (x.shape[0] <= MMA_MAX_T and x.stride(1) == 1 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0
             and w8.stride(0) % 8 == 0 and w8.data_ptr() % 8 == 0 and y.stride(1) == 1)
@@ -767,7 +768,7 @@ def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
     per = -(-(-(-KW // split)) // step) * step
     split = max(1, -(-KW // per))
     part = torch.empty(split, T, N, dtype=torch.float32, device=x.device) if split > 1 else y
-    _linear_mma_kernel[(tiles, split)](
+    launch(_linear_mma_kernel, (tiles, split),
         x.view(torch.int64), w8.view(torch.int64), s8, gs, bias if bias is not None else gs, y, part,
         T, N, KW, per, x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), y.stride(0), 1,
         W=c["W"], U=c["U"], NT=1 if T <= 8 else 2, PARTIAL=split > 1, HAS_BIAS=bias is not None,
@@ -782,7 +783,7 @@ def _asm_decode_usable(x) -> bool:
     (bf16 before Hopper, the interpreter) the element-wise decode."""
     if interpreting() or x.device.type != "cuda":
         return False
-    return x.dtype == torch.float16 or torch.cuda.get_device_capability(x.device)[0] >= 9
+    return x.dtype == torch.float16 or capability(x.device)[0] >= 9
 
 
 def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
@@ -804,7 +805,7 @@ def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
     per = -(-(-(-KH // cfg["split"])) // BKH) * BKH
     split = max(1, -(-KH // per))
     part = torch.empty(split, T, N, dtype=torch.float32, device=x.device) if split > 1 else y
-    _linear_kernel[(triton.cdiv(N, BN), split)](
+    launch(_linear_kernel, (triton.cdiv(N, BN), split),
         x, w8, s8, gs, bias if bias is not None else gs, y, part,
         T, N, KH, per, x.stride(0), w8.stride(0), s8.stride(0), y.stride(0),
         BN=BN, BKH=BKH, TP=max(16, triton.next_power_of_2(T)), PARTIAL=split > 1, HAS_BIAS=bias is not None,
@@ -822,7 +823,7 @@ def dequant_launch(w8, s8, gs, out):
         return out
     w8, s8 = _unit_k(w8), _unit_k(s8)
     BN, BKH = 32, 128
-    _dequant_kernel[(triton.cdiv(N, BN), triton.cdiv(KH, BKH))](
+    launch(_dequant_kernel, (triton.cdiv(N, BN), triton.cdiv(KH, BKH)),
         w8, s8, gs, out, N, KH, w8.stride(0), s8.stride(0), out.stride(0), BN=BN, BKH=BKH,
         FIX_NAN=interpreting(), num_warps=4)
     return out

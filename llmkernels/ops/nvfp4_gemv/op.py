@@ -3,6 +3,7 @@ from typing import Optional, Union
 
 import torch
 
+from ..._launch import PlanCache, current_device, direct_ok, skey, tkey, tracing
 from ..._validate import (check_bool, check_int, check_interpreter_dtype, check_no_self_overlap, check_same_device,
                           check_scale, check_shape, check_tensor)
 from .format import BLOCK, SCALE_DTYPES, as_bytes, check_k, nvfp4_quantize
@@ -90,12 +91,31 @@ def nvfp4_gemv(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.T
     K must be a multiple of 16 (any M and L). Products and block sums are exact; blocks are accumulated in fp32;
     the result is rounded once to fp16 (overflow gives +-inf; a NaN scale (0x7f/0xff) makes its output NaN).
     """
+    key = None
+    if not tracing():
+        key = (tkey(a), tkey(b), tkey(sfa), tkey(sfb), tkey(out), skey(alpha), skey(static_weights), current_device())
+        al = _CHECKED_GEMV.get(key)
+        if al is not None and direct_ok(a, b, sfa, sfb, out):
+            return _gemv(a, b, sfa, sfb, out, al, static_weights)
     _check_gemv(a, b, sfa, sfb, out)
     al = 1.0 if alpha is None else check_scale("alpha", alpha)
     check_bool("static_weights", static_weights)
+    if key is not None and direct_ok(a, b, sfa, sfb, out):  # the custom op would only run _gemv: call it
+        return _gemv(a, b, sfa, sfb, out, _CHECKED_GEMV.put(key, al), static_weights)
     if out is None:
         return _gemv_op(a, b, sfa, sfb, al, static_weights)
     _gemv_out_op(a, b, sfa, sfb, al, out, static_weights)
+    return out
+
+
+_CHECKED_GEMV = PlanCache()  # key of a call's raw arguments -> its alpha, once that call passed every check
+
+
+def _gemv(a, b, sfa, sfb, out, alpha: float, static_weights: bool):
+    if out is None:
+        return gemv_launch(_u8(a), _u8(b), _u8(sfa), _u8(sfb), _new_out(a), alpha, static_weights=static_weights)
+    gemv_launch(_u8(a), _u8(b), _u8(sfa), _u8(sfb), out, alpha, static_weights=static_weights)
+    torch.autograd.graph.increment_version(out)  # as the dispatcher does for an op that mutates out
     return out
 
 
@@ -118,6 +138,14 @@ def custom_kernel(data):
 @torch.library.custom_op("llmkernels::nvfp4_linear", mutates_args=())
 def _linear_op(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
                bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return _linear(x, packed, scales, global_scale, bias)
+
+
+def _linear(x, packed, scales, global_scale, bias):
+    """x [T, K] (any row stride, unit last stride), global_scale fp32 [1]; bias made contiguous here."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    bias = bias.contiguous() if bias is not None else None
     T, N = x.shape[0], packed.shape[0]
     w8, s8 = _u8(packed), _u8(scales)
     if T <= MAX_FUSED_T:
@@ -148,6 +176,15 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     (decode in registers, tensor-core dot, fp32 accumulation); larger T dequantizes W * global_scale to x's
     dtype (one rounding; the bias is rounded to x's dtype too) and calls cuBLAS.
     """
+    key = None
+    if not tracing():
+        gk = tkey(global_scale) if isinstance(global_scale, torch.Tensor) else skey(global_scale)
+        key = (tkey(x), tkey(packed), tkey(scales), gk, tkey(bias), current_device())
+        hit = _CHECKED_LINEAR.get(key)
+        gs_t = global_scale if isinstance(global_scale, torch.Tensor) else None
+        if hit is not None and direct_ok(x, packed, scales, bias, gs_t):
+            gs = hit if type(hit) is torch.Tensor else global_scale.reshape(1)
+            return _linear(x.reshape(-1, x.shape[-1]), packed, scales, gs, bias).reshape(*x.shape[:-1], -1)
     check_tensor("x", x, dtypes=_X_DTYPES)
     if x.dim() < 1:
         raise ValueError("x must have at least one dim [..., K]")
@@ -180,8 +217,16 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         check_interpreter_dtype(x=x)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
+    gs_t = global_scale if isinstance(global_scale, torch.Tensor) else None
+    if key is not None and direct_ok(x, packed, scales, bias, gs_t):  # the custom op would only run _linear
+        # a number's fp32 tensor is kept with the plan (made once); a tensor's is the caller's, reshaped per call
+        _CHECKED_LINEAR.put(key, gs if gs_t is None else True)
+        return _linear(x2, packed, scales, gs, bias).reshape(*lead, N)
     y = _linear_op(x2, packed, scales, gs, bias.contiguous() if bias is not None else None)
     return y.reshape(*lead, N)
+
+
+_CHECKED_LINEAR = PlanCache()  # key of a call's raw arguments -> its fp32 global scale (or True: the caller's tensor)
 
 
 class NVFP4Linear(torch.nn.Module):

@@ -3,6 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._launch import launch
 from ..._runtime import interpreting
 from .attn_dist_wgmma import attn_dist_ws_launch, wgmma_usable
 from .common import LOG2E_C, row_args, row_flags
@@ -72,7 +73,7 @@ def attn_dist_launch(a, lse, out, config=None) -> None:
     cfg.setdefault("PREFETCH", False)
     bh = cfg.pop("BLOCK_H")
     n_hb = triton.cdiv(h_q, bh)
-    _dist_kernel[(s_q * n_hb,)](
+    launch(_dist_kernel, (s_q * n_hb,),
         q, kv, idx, lse, out, *row_args(a, n_hb),
         q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0),
         BLOCK_H=bh, D_V=a.d_v, D_T=d_qk - a.d_v, ATOMIC=n_hb > 1, **row_flags(a), **cfg)

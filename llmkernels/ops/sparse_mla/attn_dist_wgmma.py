@@ -12,7 +12,8 @@ import triton
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
 
-from ..._runtime import interpreting, num_sms
+from ..._launch import launch
+from ..._runtime import capability, interpreting, num_sms
 from .common import LOG2E_C, row_args, row_flags
 
 if HAVE_GLUON:
@@ -374,7 +375,7 @@ def wgmma_usable(a) -> bool:
     q, kv = a.q, a.kv
     if not HAVE_GLUON or interpreting() or q.device.type != "cuda":
         return False
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
+    if capability(q.device) != (9, 0):
         return False
     return rows_16b(q, (0, 1)) and rows_16b(kv, (0,))
 
@@ -397,14 +398,14 @@ def attn_dist_ws_launch(a, lse, out, config=None) -> None:
         # PAIR = 1: pairs of rows, then SINGLES single-row programs (default: one per SM) to even out the last wave
         singles = min(s_q, cfg.pop("SINGLES", num_sms(q.device)))
         n_pairs = (s_q - singles) // 2
-        _dist_pair_kernel[(s_q - n_pairs,)](
+        launch(_dist_pair_kernel, (s_q - n_pairs,),
             q, kv, idx, lse, out, *row_args(a, 1),
             q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0), s_q,
             n_pairs, D_V=a.d_v, D_T=d_qk - a.d_v, num_warps=4, **row_flags(a), **cfg)
         return
     cfg.pop("SINGLES", None)
     n_hb = triton.cdiv(h_q, 128 if split else 64)
-    _dist_ws_kernel[(s_q * n_hb,)](
+    launch(_dist_ws_kernel, (s_q * n_hb,),
         q, kv, idx, lse, out, *row_args(a, n_hb),
         q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0),
         D_V=a.d_v, D_T=d_qk - a.d_v, SPLIT_HEADS=split, ATOMIC=split or n_hb > 1, num_warps=4, **row_flags(a),

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._launch import launch
 from ..._runtime import interpreting
 from .attn_dist_wgmma import rows_16b, wgmma_usable
 from .bwd_wgmma import grads_ws_heads, grads_ws_launch, probs_ws_launch
@@ -248,7 +249,7 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
                             keys if deterministic else dummy, row0, nr, deterministic, scaled_ds=scaled_ds,
                             config=cfg.get("p_ws"))
         else:
-            _probs_kernel[(nr, triton.cdiv(h_q, cfg["p_bh"]))](
+            launch(_probs_kernel, (nr, triton.cdiv(h_q, cfg["p_bh"])),
                 q, kv, out, dout, idx, lse, dl, qs_t, tlen, p_buf, ds_buf, delta, keys if deterministic else dummy,
                 row0, h_q, s_kv, topk, args.q_start_int, args.k_stride, *flags, int(dlse is not None),
                 args.sm_scale * LOG2E,
@@ -262,7 +263,7 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
             grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0, nr, cfg["g_bh"], deterministic,
                             scaled_ds, config=cfg.get("g_ws"))
         for d0, dc, n_c, has_v in ([] if use_ws2 else column_parts(dv, d_qk, cfg["g_dc"])):
-            _grads_kernel[(n_c, nr, n_hb)](
+            launch(_grads_kernel, (n_c, nr, n_hb),
                 q, kv, dout, idx, qs_t, tlen, p_buf, ds_buf, dq, target,
                 row0, h_q, s_kv, topk, args.q_start_int, args.k_stride, *flags, args.sm_scale, n_hb,
                 q.stride(0), q.stride(1), kv.stride(0), dout.stride(0), dout.stride(1), idx.stride(0),
@@ -274,7 +275,7 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
             k = keys[: nr * topk]
             sorted_keys, perm = torch.sort(k, stable=True)  # stable: listings of a kv row stay in (row, slot) order
             rowptr = torch.searchsorted(sorted_keys, kv_ids)
-            _reduce_kernel[(s_kv,)](contrib, perm, rowptr, dkv_fp32, topk, n_hb,
+            launch(_reduce_kernel, (s_kv,), contrib, perm, rowptr, dkv_fp32, topk, n_hb,
                                     D_QK=d_qk, DV=dv, DR=dr, FIRST=row0 == 0, E=8, num_warps=4)
     return dkv_fp32, delta
 

@@ -12,6 +12,7 @@ import triton
 
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
+from ..._launch import launch
 from .common import LOG2E, LOG2E_C, column_parts
 
 if HAVE_GLUON:
@@ -205,7 +206,7 @@ def probs_ws_launch(args, out, dout, lse, dl, has_dlse: bool, p_buf, ds_buf, del
     cfg.update(config or {})
     n_hb = triton.cdiv(h_q, 64)
     dummy = idx
-    _probs_ws_kernel[(nr * n_hb,)](
+    launch(_probs_ws_kernel, (nr * n_hb,),
         q, kv, out, dout, idx, lse, dl, args.q_start_t if args.q_start_t is not None else dummy,
         args.topk_length if args.topk_length is not None else dummy, p_buf, ds_buf, delta, keys,
         row0, n_hb, h_q, kv.shape[0], idx.shape[1], args.q_start_int, args.k_stride, args.sm_scale * LOG2E,
@@ -488,7 +489,7 @@ def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, b
     n_hb = triton.cdiv(h_q, bh)
     dummy = idx
     for d0, dcp, n_c, has_v in column_parts(args.d_v, d_qk, cfg.pop("DC")):
-        _grads_ws_kernel[(n_c, nr, n_hb)](
+        launch(_grads_ws_kernel, (n_c, nr, n_hb),
             q, kv, dout, idx, args.q_start_t if args.q_start_t is not None else dummy,
             args.topk_length if args.topk_length is not None else dummy, p_buf, ds_buf, dq, target,
             row0, h_q, kv.shape[0], idx.shape[1], args.q_start_int, args.k_stride, n_hb, args.sm_scale,

@@ -1,11 +1,12 @@
 """Argument checks and canonical form shared by the sparse MLA forward, attention distribution and backward."""
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Union
 
 import torch
 import triton
 import triton.language as tl
 
+from ..._launch import current_device, skey, tkey
 from ..._validate import (check_int, check_interpreter_dtype, check_same_device, check_scale, check_tensor,
                           check_unit_last_stride)
 
@@ -116,6 +117,26 @@ def prepare(q, kv, indices, sm_scale, d_v: int = D_V, attn_sink=None, topk_lengt
     check_interpreter_dtype(q=q)
     return SparseArgs(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start is not None,
                       q_start_int, q_start_t, k_stride)
+
+
+def call_key(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start, k_stride) -> tuple:
+    """The plan key of prepare's raw arguments (see _launch.py): a call with this key passed the same checks."""
+    qs = tkey(q_start) if isinstance(q_start, torch.Tensor) else skey(q_start)
+    return (tkey(q), tkey(kv), tkey(indices), skey(sm_scale), skey(d_v), tkey(attn_sink), tkey(topk_length), qs,
+            skey(k_stride), current_device())
+
+
+def bare(a: SparseArgs) -> SparseArgs:
+    """A checked call's canonical scalars, without its tensors (a cache must not keep them alive)."""
+    return replace(a, q=None, kv=None, indices=None, attn_sink=None, topk_length=None, q_start_t=None)
+
+
+def rebind(a: SparseArgs, q, kv, indices, attn_sink, topk_length, q_start) -> SparseArgs:
+    """prepare's result for raw arguments whose call_key equals that of the call `a` came from (no checks)."""
+    return replace(a, q=q, kv=kv[:, 0] if kv.dim() == 3 else kv, indices=indices[:, 0] if indices.dim() == 3 else indices,
+                   attn_sink=attn_sink.contiguous() if attn_sink is not None else None,
+                   topk_length=topk_length.contiguous() if topk_length is not None else None,
+                   q_start_t=q_start.reshape(1) if isinstance(q_start, torch.Tensor) else None)
 
 
 def row_args(a: SparseArgs, n_hb: int) -> tuple:

@@ -3,6 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._launch import launch
 from ..._runtime import interpreting
 from .common import LN2_C, nan_max, row_args, row_finish, row_flags, sink_arg
 from .attn_dist_wgmma import wgmma_usable
@@ -157,7 +158,7 @@ def sparse_mla_fwd_launch(a, out, max_logits, lse, sink_in_lse: bool = True, con
     cfg.setdefault("PREFETCH", False)
     bh = cfg.pop("BLOCK_H")
     n_hb = triton.cdiv(h_q, bh)
-    _fwd_kernel[(s_q * n_hb,)](
+    launch(_fwd_kernel, (s_q * n_hb,),
         q, kv, idx, out, max_logits, lse, sink_arg(a), *row_args(a, n_hb),
         q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0),
         BLOCK_H=bh, D_V=a.d_v, D_T=d_qk - a.d_v, HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse,

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
+from ..._launch import launch
 from ..._runtime import num_sms
 from .common import LN2_C, LOG2E_C, nan_max, row_args, row_finish, row_flags, sink_arg
 
@@ -543,13 +544,13 @@ def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, 
     flags = dict(D_V=a.d_v, D_T=d_qk - a.d_v, HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse, num_warps=4,
                  **row_flags(a))
     if n_main:
-        _fwd_see_kernel[(n_main,)](*args, 0, 1, 0, lse, **flags, **cfg)
+        launch(_fwd_see_kernel, (n_main,), *args, 0, 1, 0, lse, **flags, **cfg)
     if n_piece > 1:
         n_tail = n_items - n_main
         part = torch.empty(n_tail * n_piece * (64 * a.d_v + 128), dtype=torch.float32, device=q.device)
-        _fwd_see_kernel[(n_tail * n_piece,)](*args, n_main, n_piece, pp, part, **flags, **dict(cfg, STAMP=0),
+        launch(_fwd_see_kernel, (n_tail * n_piece,), *args, n_main, n_piece, pp, part, **flags, **dict(cfg, STAMP=0),
                                              SPLIT=1)
-        _tail_merge[(n_tail, 64)](part, out, max_logits, lse, sink_arg(a), n_main, n_piece, n_hb, h_q, out.stride(0),
+        launch(_tail_merge, (n_tail, 64), part, out, max_logits, lse, sink_arg(a), n_main, n_piece, n_hb, h_q, out.stride(0),
                                   out.stride(1), lse.stride(0), HAS_SINK=a.attn_sink is not None,
                                   SINK_IN_LSE=sink_in_lse, BLOCK_P=triton.next_power_of_2(n_piece), D_V=a.d_v,
                                   num_warps=4)

@@ -4,9 +4,10 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from ..._launch import PlanCache, direct_ok, tkey, tracing
 from ..._validate import check_same_device, check_shape, check_tensor
 from .attn_dist import attn_dist_launch
-from .common import SparseArgs, prepare
+from .common import SparseArgs, bare, call_key, prepare, rebind
 from .fwd import sparse_mla_fwd_launch
 
 
@@ -20,15 +21,52 @@ def _fwd_outputs(q, d_v):
             q.new_empty((s_q, h_q), dtype=torch.float32))
 
 
+def _fwd(a: SparseArgs, sink_in_lse: bool):
+    out, max_logits, lse = _fwd_outputs(a.q, a.d_v)
+    sparse_mla_fwd_launch(a, out, max_logits, lse, sink_in_lse=sink_in_lse)
+    return out, max_logits, lse
+
+
+def _dist(a: SparseArgs, lse):
+    out = torch.zeros(a.indices.shape, dtype=torch.float32, device=a.q.device)  # the kernel adds into it
+    attn_dist_launch(a, lse, out)
+    return out
+
+
+# key of a call's raw arguments -> its canonical scalars (common.bare), once that call passed every check
+_CHECKED = {"fwd": PlanCache(), "flash": PlanCache(), "dist": PlanCache()}
+
+
+def _checked(kind, raw, extra=(), extra_tensors=()):
+    """The checked canonical arguments of an eager call whose key a direct call has seen, else (key, None)."""
+    if tracing():
+        return None, None
+    key = call_key(*raw) + extra
+    a0 = _CHECKED[kind].get(key)
+    q, kv, indices, _, _, attn_sink, topk_length, q_start, _ = raw
+    if a0 is None or not direct_ok(q, kv, indices, attn_sink, topk_length, *extra_tensors,
+                                   q_start if isinstance(q_start, Tensor) else None):
+        return key, None
+    return key, rebind(a0, q, kv, indices, attn_sink, topk_length, q_start)
+
+
+def _direct(kind, key, a, raw, extra_tensors=()) -> bool:
+    """After the checks: whether this call runs directly (recording its key) or through the custom op."""
+    q, kv, indices, _, _, attn_sink, topk_length, q_start, _ = raw
+    if key is None or not direct_ok(q, kv, indices, attn_sink, topk_length, *extra_tensors,
+                                    q_start if isinstance(q_start, Tensor) else None):
+        return False
+    _CHECKED[kind].put(key, bare(a))
+    return True
+
+
 @torch.library.custom_op("llmkernels::sparse_mla_fwd", mutates_args=())
 def sparse_mla_fwd_op(q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, d_v: int,
                       attn_sink: Optional[Tensor], topk_length: Optional[Tensor], q_start_t: Optional[Tensor],
                       q_start_int: int, causal: bool, k_stride: int) -> Tuple[Tensor, Tensor, Tensor]:
     """Canonical forms from common.prepare: q [s_q,h_q,d_qk], kv [s_kv,d_qk], indices [s_q,topk] int32."""
-    out, max_logits, lse = _fwd_outputs(q, d_v)
-    a = _args(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start_t, q_start_int, causal, k_stride)
-    sparse_mla_fwd_launch(a, out, max_logits, lse, sink_in_lse=True)
-    return out, max_logits, lse
+    return _fwd(_args(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start_t, q_start_int, causal,
+                      k_stride), True)
 
 
 @sparse_mla_fwd_op.register_fake
@@ -39,10 +77,7 @@ def _(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start_t, q_start_
 @torch.library.custom_op("llmkernels::flash_mla_sparse_fwd", mutates_args=())
 def _flash_mla_op(q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, d_v: int,
                   attn_sink: Optional[Tensor], topk_length: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
-    out, max_logits, lse = _fwd_outputs(q, d_v)
-    a = _args(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, None, 0, False, 1)
-    sparse_mla_fwd_launch(a, out, max_logits, lse, sink_in_lse=False)
-    return out, max_logits, lse
+    return _fwd(_args(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, None, 0, False, 1), False)
 
 
 @_flash_mla_op.register_fake
@@ -54,10 +89,8 @@ def _(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
 def sparse_mla_attn_dist_op(q: Tensor, kv: Tensor, indices: Tensor, lse: Tensor, sm_scale: float,
                             topk_length: Optional[Tensor], q_start_t: Optional[Tensor], q_start_int: int,
                             causal: bool, k_stride: int) -> Tensor:
-    out = torch.zeros(indices.shape, dtype=torch.float32, device=q.device)  # the kernel adds into it
-    a = _args(q, kv, indices, sm_scale, 512, None, topk_length, q_start_t, q_start_int, causal, k_stride)
-    attn_dist_launch(a, lse, out)
-    return out
+    return _dist(_args(q, kv, indices, sm_scale, 512, None, topk_length, q_start_t, q_start_int, causal, k_stride),
+                 lse)
 
 
 @sparse_mla_attn_dist_op.register_fake
@@ -92,7 +125,13 @@ def sparse_mla(q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, d_v: int
     Batches: concatenate the sequences' tokens (q rows, kv rows), add each sequence's kv offset to its
     valid indices, and express causality in the indices (-1) when sequences start at different positions.
     """
-    a = prepare(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start, k_stride)
+    raw = (q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start, k_stride)
+    key, a = _checked("fwd", raw)
+    if a is not None:
+        return _fwd(a, True)
+    a = prepare(*raw)
+    if _direct("fwd", key, a, raw):  # inference: the custom op would only run _fwd (autograd needs the op)
+        return _fwd(a, True)
     return sparse_mla_fwd_op(a.q, a.kv, a.indices, a.sm_scale, a.d_v, a.attn_sink, a.topk_length,
                              a.q_start_t, a.q_start_int, a.causal, a.k_stride)
 
@@ -106,7 +145,13 @@ def flash_mla_sparse_fwd(q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float
     of the returned lse and max_logits (natural log; +inf / -inf for rows with no valid index).
     No autograd: use :func:`sparse_mla` for training.
     """
-    a = prepare(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+    raw = (q, kv, indices, sm_scale, d_v, attn_sink, topk_length, None, 1)
+    key, a = _checked("flash", raw)
+    if a is not None:
+        return _fwd(a, False)
+    a = prepare(*raw)
+    if _direct("flash", key, a, raw):
+        return _fwd(a, False)
     return _flash_mla_op(a.q, a.kv, a.indices, a.sm_scale, a.d_v, a.attn_sink, a.topk_length)
 
 
@@ -125,8 +170,14 @@ def sparse_mla_attn_dist(q: Tensor, kv: Tensor, indices: Tensor, lse: Tensor, sm
     give 0). Nothing of size [s_q, h_q, topk] is built. Over a shard of heads (tensor parallelism) it
     returns that shard's partial sum: summing the shards' results (all-reduce) gives the full distribution.
     """
-    a = prepare(q, kv, indices, sm_scale, 512, None, topk_length, q_start, k_stride)
+    raw = (q, kv, indices, sm_scale, 512, None, topk_length, q_start, k_stride)
+    key, a = _checked("dist", raw, (tkey(lse),), (lse,))
+    if a is not None:
+        return _dist(a, lse)
+    a = prepare(*raw)
     _check_lse(lse, a.q)
+    if _direct("dist", key, a, raw, (lse,)):
+        return _dist(a, lse)
     return sparse_mla_attn_dist_op(a.q, a.kv, a.indices, lse, a.sm_scale, a.topk_length, a.q_start_t,
                                    a.q_start_int, a.causal, a.k_stride)
 

@@ -3,8 +3,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._launch import Launch, PlanCache, current_device, tkey
 from ..._runtime import num_sms
-from ..combine.kernel import combine, pdl_enabled, pdl_enter
+from ..combine.kernel import CombinePlan, pdl_enabled, pdl_enter
 
 
 @triton.jit
@@ -268,53 +269,76 @@ def _alloc_partials(rows: int, splits: int, D: int, device):
             torch.empty(rows, splits, dtype=torch.float32, device=device))
 
 
+class XLPlan:
+    """The launches of one xl_paged_decode call shape (split kernel + merge), everything but the tensors fixed.
+
+    q [S, H, D] unit last stride; u None, [S, H, D] or [H, D]; bd None or [S, H, >= 1] any strides; k/v caches in
+    either layout (see op.py); block_tables [S, max_blocks] int32; context_lens [S] int32 contiguous; out [S, H, D]
+    and lse [S, H] contiguous."""
+
+    def __init__(self, q, k_cache, v_cache, block_tables, u, bd, scale: float, config=None):
+        S, H, D = q.shape
+        legacy = k_cache.dim() == 5
+        Hkv = k_cache.shape[1] if legacy else k_cache.shape[2]
+        bs = k_cache.shape[3] if legacy else k_cache.shape[1]
+        self.empty = S == 0 or H == 0
+        if self.empty:
+            return
+        G = H // Hkv
+        cfg = dict(default_config(D, q.element_size(), legacy, G), **(config or {}))
+        if cfg["mha_path"] not in ("dot", "reduce") or cfg["legacy_k"] not in ("v2", "native"):
+            raise ValueError(f"unknown variant mha_path={cfg['mha_path']!r} legacy_k={cfg['legacy_k']!r}")
+        block_n = cfg["block_n"]
+        pdl = pdl_enabled(q.device)  # split kernel waits on its predecessor and releases the merge (see combine)
+        max_len = block_tables.shape[1] * bs
+        if bd is not None:
+            max_len = min(max_len, bd.shape[-1])
+        splits, chunk = _plan(S, Hkv, max_len, q.device, block_n, cfg["programs_per_sm"])
+        self.part = (S * H, splits, D)
+        us = (0, 0) if u is None else ((0, u.stride(0)) if u.dim() == 2 else (u.stride(0), u.stride(1)))
+        bds = (0, 0, 0) if bd is None else tuple(bd.stride())
+        if legacy:
+            ks = (k_cache.stride(0), k_cache.stride(1), 0)
+            vs = (v_cache.stride(0), v_cache.stride(1), 0)
+        else:
+            ks = (k_cache.stride(0), k_cache.stride(2), k_cache.stride(1))
+            vs = (v_cache.stride(0), v_cache.stride(2), v_cache.stride(1))
+        self.ints = (Hkv, k_cache.shape[0], max_len, chunk, scale * 1.4426950408889634, q.stride(0), q.stride(1),
+                     *us, *bds, *ks, *vs, block_tables.stride(0), block_tables.stride(1), splits * D, D, splits)
+        self.split = Launch(
+            _split_kernel, (splits, S * Hkv),
+            G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
+            BS=bs, BSUB=min(bs, block_n), BLOCK_N=block_n, KX=k_cache.shape[4] if legacy else 1, LEGACY=legacy,
+            HAS_U=u is not None, HAS_BD=bd is not None, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+            K_NATIVE=legacy and cfg["legacy_k"] == "native", MHA_REDUCE=G == 1 and cfg["mha_path"] == "reduce",
+            PREFETCH_TBL=bool(cfg["prefetch_table"]), USE_GDC=pdl, num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"], **({"launch_pdl": True} if pdl and cfg["pdl"] else {}))
+        self.merge = CombinePlan(S * H, splits, D, (D, splits * D, 1, splits, D), True, q.device)
+
+    def __call__(self, q, k_cache, v_cache, block_tables, context_lens, u, bd, out, lse) -> None:
+        if self.empty:
+            return
+        o_part, lse_part = _alloc_partials(*self.part, q.device)
+        self.split(q, u if u is not None else q, bd if bd is not None else q, k_cache, v_cache, block_tables,
+                   context_lens, o_part, lse_part, *self.ints)
+        self.merge(o_part, lse_part, out, lse)
+
+
+_PLANS = PlanCache()
+
+
+def xl_plan(q, k_cache, v_cache, block_tables, context_lens, u, bd, scale: float) -> XLPlan:
+    """The cached plan for these (already checked) arguments."""
+    key = (tkey(q), tkey(k_cache), tkey(v_cache), tkey(block_tables), tkey(context_lens), tkey(u), tkey(bd), scale,
+           current_device())
+    plan = _PLANS.get(key)
+    return plan if plan is not None else _PLANS.put(key, XLPlan(q, k_cache, v_cache, block_tables, u, bd, scale))
+
+
 def xl_paged_decode_fwd(q, k_cache, v_cache, block_tables, context_lens, u, bd, scale: float, out, lse,
                         config=None):
-    """Launch on validated inputs; writes out [S, H, D] (contiguous) and lse [S, H] fp32.
-
-    q [S, H, D] unit last stride; u None, [S, H, D] or [H, D]; bd None or [S, H, >= 1] any strides;
-    k/v caches in either layout (see op.py); block_tables [S, max_blocks] int32; context_lens [S] int32.
-    """
-    S, H, D = q.shape
-    legacy = k_cache.dim() == 5
-    nblocks = k_cache.shape[0]
-    Hkv = k_cache.shape[1] if legacy else k_cache.shape[2]
-    bs = k_cache.shape[3] if legacy else k_cache.shape[1]
-    if S == 0 or H == 0:
-        return
-    G = H // Hkv
-    cfg = dict(default_config(D, q.element_size(), legacy, G), **(config or {}))
-    if cfg["mha_path"] not in ("dot", "reduce") or cfg["legacy_k"] not in ("v2", "native"):
-        raise ValueError(f"unknown variant mha_path={cfg['mha_path']!r} legacy_k={cfg['legacy_k']!r}")
-    block_n = cfg["block_n"]
-    pdl = pdl_enabled(q.device)  # split kernel waits on its predecessor and releases the merge (see combine)
-    bsub = min(bs, block_n)
-    max_len = block_tables.shape[1] * bs
-    if bd is not None:
-        max_len = min(max_len, bd.shape[-1])
-    splits, chunk = _plan(S, Hkv, max_len, q.device, block_n, cfg["programs_per_sm"])
-    o_part, lse_part = _alloc_partials(S * H, splits, D, q.device)
-    us = (0, 0) if u is None else ((0, u.stride(0)) if u.dim() == 2 else (u.stride(0), u.stride(1)))
-    bds = (0, 0, 0) if bd is None else tuple(bd.stride())
-    if legacy:
-        ks = (k_cache.stride(0), k_cache.stride(1), 0)
-        vs = (v_cache.stride(0), v_cache.stride(1), 0)
-    else:
-        ks = (k_cache.stride(0), k_cache.stride(2), k_cache.stride(1))
-        vs = (v_cache.stride(0), v_cache.stride(2), v_cache.stride(1))
-    _split_kernel[(splits, S * Hkv)](
-        q, u if u is not None else q, bd if bd is not None else q, k_cache, v_cache, block_tables, context_lens,
-        o_part, lse_part,
-        Hkv, nblocks, max_len, chunk, scale * 1.4426950408889634,
-        q.stride(0), q.stride(1), *us, *bds, *ks, *vs, block_tables.stride(0), block_tables.stride(1),
-        o_part.stride(0), o_part.stride(1), lse_part.stride(0),
-        G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
-        BS=bs, BSUB=bsub, BLOCK_N=block_n, KX=k_cache.shape[4] if legacy else 1, LEGACY=legacy,
-        HAS_U=u is not None, HAS_BD=bd is not None,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        K_NATIVE=legacy and cfg["legacy_k"] == "native", MHA_REDUCE=G == 1 and cfg["mha_path"] == "reduce",
-        PREFETCH_TBL=bool(cfg["prefetch_table"]), USE_GDC=pdl,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **({"launch_pdl": True} if pdl and cfg["pdl"] else {}),
-    )
-    combine(o_part, lse_part, out.view(S * H, D), lse.view(S * H))
+    """Launch on validated inputs; writes out [S, H, D] (contiguous) and lse [S, H] fp32. config (tests, sweeps)
+    overrides launch keys and bypasses the plan cache."""
+    plan = XLPlan(q, k_cache, v_cache, block_tables, u, bd, scale, config) if config else \
+        xl_plan(q, k_cache, v_cache, block_tables, context_lens, u, bd, scale)
+    plan(q, k_cache, v_cache, block_tables, context_lens, u, bd, out, lse)

@@ -1,0 +1,163 @@
+"""The host path of an eager call: cached launch plans and direct launches of compiled Triton kernels.
+
+Every public op validates its arguments and works out a launch configuration once per *plan key*: the shapes,
+strides, dtypes, devices and 16-byte alignment of its tensors and the values (and types) of its other arguments.
+A later call with the same key has passed the same checks (each check reads only what the key holds) and launches
+the same compiled kernels, which specialise on exactly those properties (dtype, alignment, ints == 1 or divisible
+by 16). So a cached plan skips the checks and Triton's per-launch argument binding (~0.6 us an argument), and an
+eager call skips torch's custom-op dispatch (~18 us) where that dispatch would only run the implementation: no
+torch.compile tracing, no dispatch or function mode, plain tensors, no autograd. Any other key runs the full checks:
+a bad input always gets its error.
+"""
+import torch
+from triton import knobs
+
+from ._runtime import interpreting
+
+_MAX_PLANS = 256  # per op; a process sees few shapes, and a full cache is simply cleared
+
+
+class PlanCache(dict):
+    def get(self, key):
+        try:
+            return dict.get(self, key)
+        except TypeError:  # an unhashable argument: never cached (the checks will refuse it)
+            return None
+
+    def put(self, key, plan):
+        if len(self) >= _MAX_PLANS:
+            self.clear()
+        try:
+            self[key] = plan
+        except TypeError:
+            pass
+        return plan
+
+
+def tkey(t):
+    """What a tensor contributes to a plan key (None for an absent optional tensor)."""
+    if t is None:
+        return None
+    try:
+        return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15, type(t)
+    except Exception:  # not a tensor, or one without storage: never cached (the checks refuse or route it)
+        return type(t), id(t)
+
+
+def skey(x):
+    """A scalar's key: its type too (True == 1 and hash alike, but only one is a valid int argument)."""
+    return type(x), x
+
+
+def current_device():
+    """The current CUDA device (Triton loads a compiled kernel per device), -1 without CUDA."""
+    return torch._C._cuda_getDevice() if torch.cuda.is_available() else -1
+
+
+def direct_ok(*tensors) -> bool:
+    """True where calling an op's implementation directly is what torch's dispatcher would do anyway."""
+    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
+            return False
+    return True
+
+
+def tracing() -> bool:
+    """torch.compile (dynamo) tracing: keys would read fake tensors, so the op goes through its custom op."""
+    return torch.compiler.is_compiling()
+
+
+_SITES = {}  # (kernel, device, keywords, argument key) -> (direct tuple, constexpr tail) of a compiled kernel
+
+
+def arg_key(args):
+    """What Triton specialises a launch on, per positional argument: a tensor's dtype and 16-byte alignment, an int's
+    == 1, divisibility by 16 and width; only the type of floats, bools and None. None for anything else."""
+    key = []
+    for a in args:
+        t = type(a)
+        if t is torch.Tensor:
+            key.append((a.dtype, a.data_ptr() & 15 == 0))
+        elif t is int:
+            key.append((a == 1, a & 15 == 0, -0x80000000 <= a <= 0x7FFFFFFF, a >= 0x8000000000000000))
+        elif t is float or t is bool or a is None:
+            key.append(t)
+        else:
+            return None
+    return tuple(key)
+
+
+def launch(fn, grid, *args, **kwargs) -> None:
+    """fn[grid](*args, **kwargs), with the compiled kernel kept per specialisation: a launch whose arguments
+    specialise like an earlier one's goes straight to the compiled kernel's launcher (see Launch)."""
+    if interpreting() or _hooks():
+        fn[grid](*args, **kwargs)
+        return
+    ak = arg_key(args)
+    # a constexpr passed positionally specialises on its value, not only on the classes arg_key records
+    consts = tuple(args[i] for i in fn.constexprs if i < len(args))
+    key = (fn, torch._C._cuda_getDevice(), tuple(kwargs.items()), consts, ak) if ak is not None else None
+    try:
+        hit = _SITES.get(key) if key is not None else None
+    except TypeError:  # an unhashable keyword value: no caching for this call site
+        key = hit = None
+    if hit is not None:
+        d, tail = hit
+        g = tuple(grid) + (1, 1)
+        d[0](g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(d[1]), *d[2:], *args, *tail)
+        return
+    ck = fn[grid](*args, **kwargs)
+    kept = _direct(fn, ck, len(args), kwargs)
+    if key is not None and kept is not None:
+        if len(_SITES) >= 4 * _MAX_PLANS:
+            _SITES.clear()
+        _SITES[key] = kept
+
+
+def _direct(fn, ck, n_args, kwargs):
+    """(direct launcher tuple, constexpr tail) of a compiled kernel, or None where Triton must prepare each launch."""
+    run = getattr(ck, "run", None)
+    params = getattr(fn, "params", None)
+    if run is None or params is None or getattr(run, "global_scratch_size", 1) or \
+            getattr(run, "profile_scratch_size", 1) or getattr(ck.metadata, "tensordesc_meta", None):
+        return None  # scratch or TMA descriptors: Triton's launcher prepares them per call
+    tail = []
+    for p in params[n_args:]:  # the constexprs after the positional arguments, in the kernel's order
+        if not p.is_constexpr:
+            return None
+        tail.append(kwargs.get(p.name, p.default))
+    return ((run.launch, torch._C._cuda_getDevice(), ck.function, run.launch_cooperative_grid, run.launch_pdl, None,
+             None, ck.packed_metadata, None, None, None), tuple(tail))
+
+
+class Launch:
+    """One kernel launch of a plan: grid, constexprs and options fixed. The first call goes through Triton (compile,
+    specialise) and keeps the compiled kernel; later calls hand the arguments straight to its launcher. Correct while
+    the arguments specialise as on the first call, which the plan's key guarantees. Arguments are positional, in the
+    kernel's order; constexprs (and options such as num_warps) are keywords. Launch hooks (profilers) and the
+    interpreter take Triton's path every time."""
+    __slots__ = ("fn", "grid", "kwargs", "direct", "tail")
+
+    def __init__(self, fn, grid, **kwargs):
+        self.fn, self.kwargs, self.direct, self.tail = fn, kwargs, None, ()
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+
+    def __call__(self, *args):
+        d = self.direct
+        if d is not None and not _hooks():
+            g = self.grid
+            d[0](g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(d[1]), *d[2:], *args, *self.tail)
+            return
+        ck = self.fn[self.grid](*args, **self.kwargs)
+        if d is None and not interpreting():
+            kept = _direct(self.fn, ck, len(args), self.kwargs)
+            if kept is not None:
+                self.direct, self.tail = kept
+
+
+def _hooks() -> bool:
+    rt = knobs.runtime
+    return bool(rt.launch_enter_hook.calls or rt.launch_exit_hook.calls)
