@@ -15,6 +15,23 @@ import triton.language as tl
 from llmkernels.bench.eager import benches
 
 
+def split_us(fn, calls=300):
+    """(host us per call: the loop before the final sync, GPU us per call: events around it, wall us per call)."""
+    for _ in range(30):
+        fn()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    e0.record()
+    for _ in range(calls):
+        fn()
+    e1.record()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) * 1e6 / calls, e0.elapsed_time(e1) * 1e3 / calls, (t2 - t0) * 1e6 / calls
+
+
 def per_call_us(fn, calls=2000):
     for _ in range(50):
         fn()
@@ -71,19 +88,22 @@ def main():
     ap.add_argument("ops", nargs="*")
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--no-profile", action="store_true", help="host / GPU / wall split only")
     args = ap.parse_args()
     for b in benches(args.ops or None):
         impl = next(i for i in b.impls if i.name == "llmkernels-eager")
         for case in b.cases(False):
             fn = impl.build(case.make_inputs())
-            us = per_call_us(fn, args.calls)
+            host, gpu, wall = split_us(fn, args.calls)
+            if args.no_profile:
+                continue
             pr = cProfile.Profile()
             pr.enable()
             for _ in range(args.calls):
                 fn()
             pr.disable()
             torch.cuda.synchronize()
-            print(f"\n=== {b.op} {case.shape}: {us:.1f} us per eager call")
+            print(f"\n=== {b.op} {case.shape}: host {host:.1f} us, GPU {gpu:.1f} us, wall {wall:.1f} us per call")
             st = pstats.Stats(pr)
             rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:args.top]
             for (file, line, func), (cc, nc, tt, ct, _) in rows:
