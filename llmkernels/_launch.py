@@ -9,6 +9,9 @@ eager call skips torch's custom-op dispatch (~18 us) where that dispatch would o
 torch.compile tracing, no dispatch or function mode, plain tensors, no autograd. Any other key runs the full checks:
 a bad input always gets its error.
 """
+import itertools
+import threading
+
 import torch
 from triton import knobs
 
@@ -49,9 +52,34 @@ def skey(x):
     return type(x), x
 
 
+_HAS_CUDA = []
+
+
 def current_device():
     """The current CUDA device (Triton loads a compiled kernel per device), -1 without CUDA."""
-    return torch._C._cuda_getDevice() if torch.cuda.is_available() else -1
+    if not _HAS_CUDA:  # torch.cuda.is_available() reads the environment on every call (~5 us)
+        _HAS_CUDA.append(torch.cuda.is_available())
+    return torch._C._cuda_getDevice() if _HAS_CUDA[0] else -1
+
+
+_TOKENS = itertools.count(1)
+_STATE = threading.local()  # .token: the plan whose launches are being made, .n: how many so far
+
+
+def new_token() -> int:
+    """A fresh plan token: an op stores one with each checked key, and passes it to run_planned."""
+    return next(_TOKENS)
+
+
+def run_planned(token: int, fn, *args):
+    """fn(*args), whose launch() calls are the same kernels, specialised alike, as on every call with this token (the
+    token stands for a plan key: see the module doc). They are then found by (token, position) alone, without
+    arg_key: the n-th launch of a call with a token is the n-th of its first call."""
+    _STATE.token, _STATE.n = token, 0
+    try:
+        return fn(*args)
+    finally:
+        _STATE.token = None
 
 
 def direct_ok(*tensors) -> bool:
@@ -92,29 +120,42 @@ def arg_key(args):
 
 def launch(fn, grid, *args, **kwargs) -> None:
     """fn[grid](*args, **kwargs), with the compiled kernel kept per specialisation: a launch whose arguments
-    specialise like an earlier one's goes straight to the compiled kernel's launcher (see Launch)."""
+    specialise like an earlier one's (or the same launch of a planned call, see run_planned) goes straight to the
+    compiled kernel's launcher (see Launch)."""
     if interpreting() or _hooks():
         fn[grid](*args, **kwargs)
         return
-    ak = arg_key(args)
-    # a constexpr passed positionally specialises on its value, not only on the classes arg_key records
-    consts = tuple(args[i] for i in fn.constexprs if i < len(args))
-    key = (fn, torch._C._cuda_getDevice(), tuple(kwargs.items()), consts, ak) if ak is not None else None
-    try:
-        hit = _SITES.get(key) if key is not None else None
-    except TypeError:  # an unhashable keyword value: no caching for this call site
-        key = hit = None
-    if hit is not None:
+    token = getattr(_STATE, "token", None)
+    hit = key = None
+    if token is not None:
+        n = _STATE.n
+        _STATE.n = n + 1
+        planned = _SITES.get((token, n))
+        if planned is not None and planned[0] is fn:  # (the kernel is checked: a cheap guard on the order)
+            hit = planned[1]
+    if hit is None:
+        ak = arg_key(args)
+        # a constexpr passed positionally specialises on its value, not only on the classes arg_key records
+        consts = tuple(args[i] for i in fn.constexprs if i < len(args))
+        key = (fn, torch._C._cuda_getDevice(), tuple(kwargs.items()), consts, ak) if ak is not None else None
+        try:
+            hit = _SITES.get(key) if key is not None else None
+        except TypeError:  # an unhashable keyword value: no caching for this call site
+            key = None
+    if hit is None:
+        hit = _direct(fn, fn[grid](*args, **kwargs), len(args), kwargs)
+        if hit is None:
+            return
+        if len(_SITES) >= 16 * _MAX_PLANS:
+            _SITES.clear()
+        if key is not None:
+            _SITES[key] = hit
+    else:
         d, tail = hit
         g = tuple(grid) + (1, 1)
         d[0](g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(d[1]), *d[2:], *args, *tail)
-        return
-    ck = fn[grid](*args, **kwargs)
-    kept = _direct(fn, ck, len(args), kwargs)
-    if key is not None and kept is not None:
-        if len(_SITES) >= 4 * _MAX_PLANS:
-            _SITES.clear()
-        _SITES[key] = kept
+    if token is not None:
+        _SITES[(token, n)] = (fn, hit)
 
 
 def _direct(fn, ck, n_args, kwargs):

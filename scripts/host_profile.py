@@ -16,7 +16,8 @@ from llmkernels.bench.eager import benches
 
 
 def split_us(fn, calls=300):
-    """(host us per call: the loop before the final sync, GPU us per call: events around it, wall us per call)."""
+    """(host us per call with the GPU busy elsewhere, GPU us per call: events around back-to-back calls, wall us per
+    call of those)."""
     for _ in range(30):
         fn()
     torch.cuda.synchronize()
@@ -29,7 +30,14 @@ def split_us(fn, calls=300):
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     t2 = time.perf_counter()
-    return (t1 - t0) * 1e6 / calls, e0.elapsed_time(e1) * 1e3 / calls, (t2 - t0) * 1e6 / calls
+    # host alone: the same loop queued behind a ~50 ms GPU sleep, so no launch waits for the GPU
+    torch.cuda._sleep(100_000_000)
+    t3 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t4 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t4 - t3) * 1e6 / calls, e0.elapsed_time(e1) * 1e3 / calls, (t2 - t0) * 1e6 / calls
 
 
 def per_call_us(fn, calls=2000):

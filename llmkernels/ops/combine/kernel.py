@@ -1,4 +1,6 @@
 """Log-sum-exp merge of split attention results; shared by every split-KV op."""
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -98,9 +100,12 @@ def combine_blocks(S: int, D: int):
     return min(s_all, 16), min(d_all, 256), False
 
 
+_PDL = os.environ.get("LLMKERNELS_PDL", "1") != "0"  # LLMKERNELS_PDL=0: no programmatic dependent launch (A/B)
+
+
 def pdl_enabled(device: torch.device) -> bool:
-    """Programmatic dependent launch: Hopper+ GPUs only (not the interpreter)."""
-    return device.type == "cuda" and not interpreting() and capability(device)[0] >= 9
+    """Programmatic dependent launch: Hopper+ GPUs only (not the interpreter), unless LLMKERNELS_PDL=0."""
+    return _PDL and device.type == "cuda" and not interpreting() and capability(device)[0] >= 9
 
 
 class CombinePlan:

@@ -5,6 +5,8 @@ block's dot product sum (2a)(2b) is an exact int32, computed with byte lookups (
 products (dp4a); it is scaled by sfa * sfb / 4 in fp32 (exact: at most 16 significant bits) and accumulated in
 fp32 across blocks. Under the Triton interpreter the same sums come from plain integer arithmetic.
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -660,6 +662,7 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: boo
 
 
 TRIGGERS = {"none": 0, "wait": 1, "last_load": 2, "entry": 3}
+_gemv_plan = functools.lru_cache(maxsize=1024)(gemv_plan)  # per call shape, read-only (the host path)
 
 
 def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, static_weights: bool = False):
@@ -682,7 +685,7 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
     a64 = _blocks(a8)
     b64 = _blocks(b8[:1])[:, 0]
     sb8 = sb8[0]
-    cfg = cfg or gemv_plan(M, KB, L, a8.device, static_weights)
+    cfg = cfg or _gemv_plan(M, KB, L, a8.device, static_weights)
     BM, BB = cfg["BM"], cfg["BB"]
     per = -(-(-(-KB // cfg["split"])) // BB) * BB  # blocks per split, a multiple of BB
     split = -(-KB // per)
@@ -728,6 +731,9 @@ def linear_plan(T: int, N: int, KH: int, device: torch.device) -> dict:
     target = 2 * num_sms(device)
     split = 1 if tiles >= target else min(-(-target // tiles), triton.cdiv(KH, BKH))
     return dict(BN=BN, BKH=BKH, num_warps=nw, split=split, num_stages=2)
+
+
+_linear_plan = functools.lru_cache(maxsize=1024)(linear_plan)  # per call shape, read-only (the host path)
 
 
 def _unit_k(t: torch.Tensor) -> torch.Tensor:
@@ -800,7 +806,7 @@ def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
     kernel = (cfg or {}).get("kernel") or ("dot" if use_asm is False or (cfg and "BN" in cfg) else "mma")
     if kernel == "mma" and _mma_usable(x, w8, y):  # sm_90: ~2x the dot kernel (notes, linear rounds 3-4)
         return linear_mma_launch(x, w8, s8, gs, bias, y, {k: v for k, v in (cfg or {}).items() if k != "kernel"})
-    cfg = {k: v for k, v in cfg.items() if k != "kernel"} if cfg and "BN" in cfg else linear_plan(T, N, KH, x.device)
+    cfg = {k: v for k, v in cfg.items() if k != "kernel"} if cfg and "BN" in cfg else _linear_plan(T, N, KH, x.device)
     BN, BKH = cfg["BN"], cfg["BKH"]
     per = -(-(-(-KH // cfg["split"])) // BKH) * BKH
     split = max(1, -(-KH // per))

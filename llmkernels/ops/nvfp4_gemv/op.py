@@ -3,7 +3,7 @@ from typing import Optional, Union
 
 import torch
 
-from ..._launch import PlanCache, current_device, direct_ok, skey, tkey, tracing
+from ..._launch import PlanCache, current_device, direct_ok, new_token, run_planned, skey, tkey, tracing
 from ..._validate import (check_bool, check_int, check_interpreter_dtype, check_no_self_overlap, check_same_device,
                           check_scale, check_shape, check_tensor)
 from .format import BLOCK, SCALE_DTYPES, as_bytes, check_k, nvfp4_quantize
@@ -94,21 +94,22 @@ def nvfp4_gemv(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.T
     key = None
     if not tracing():
         key = (tkey(a), tkey(b), tkey(sfa), tkey(sfb), tkey(out), skey(alpha), skey(static_weights), current_device())
-        al = _CHECKED_GEMV.get(key)
-        if al is not None and direct_ok(a, b, sfa, sfb, out):
-            return _gemv(a, b, sfa, sfb, out, al, static_weights)
+        hit = _CHECKED_GEMV.get(key)
+        if hit is not None and direct_ok(a, b, sfa, sfb, out):
+            return run_planned(hit[1], _gemv, a, b, sfa, sfb, out, hit[0], static_weights)
     _check_gemv(a, b, sfa, sfb, out)
     al = 1.0 if alpha is None else check_scale("alpha", alpha)
     check_bool("static_weights", static_weights)
     if key is not None and direct_ok(a, b, sfa, sfb, out):  # the custom op would only run _gemv: call it
-        return _gemv(a, b, sfa, sfb, out, _CHECKED_GEMV.put(key, al), static_weights)
+        token = _CHECKED_GEMV.put(key, (al, new_token()))[1]
+        return run_planned(token, _gemv, a, b, sfa, sfb, out, al, static_weights)
     if out is None:
         return _gemv_op(a, b, sfa, sfb, al, static_weights)
     _gemv_out_op(a, b, sfa, sfb, al, out, static_weights)
     return out
 
 
-_CHECKED_GEMV = PlanCache()  # key of a call's raw arguments -> its alpha, once that call passed every check
+_CHECKED_GEMV = PlanCache()  # key of a call's raw arguments -> (its alpha, plan token), once it passed every check
 
 
 def _gemv(a, b, sfa, sfb, out, alpha: float, static_weights: bool):
@@ -183,8 +184,9 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         hit = _CHECKED_LINEAR.get(key)
         gs_t = global_scale if isinstance(global_scale, torch.Tensor) else None
         if hit is not None and direct_ok(x, packed, scales, bias, gs_t):
-            gs = hit if type(hit) is torch.Tensor else global_scale.reshape(1)
-            return _linear(x.reshape(-1, x.shape[-1]), packed, scales, gs, bias).reshape(*x.shape[:-1], -1)
+            gs = hit[0] if gs_t is None else gs_t.reshape(1)
+            y = run_planned(hit[1], _linear, x.reshape(-1, x.shape[-1]), packed, scales, gs, bias)
+            return y.reshape(*x.shape[:-1], -1)
     check_tensor("x", x, dtypes=_X_DTYPES)
     if x.dim() < 1:
         raise ValueError("x must have at least one dim [..., K]")
@@ -220,13 +222,13 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     gs_t = global_scale if isinstance(global_scale, torch.Tensor) else None
     if key is not None and direct_ok(x, packed, scales, bias, gs_t):  # the custom op would only run _linear
         # a number's fp32 tensor is kept with the plan (made once); a tensor's is the caller's, reshaped per call
-        _CHECKED_LINEAR.put(key, gs if gs_t is None else True)
-        return _linear(x2, packed, scales, gs, bias).reshape(*lead, N)
+        token = _CHECKED_LINEAR.put(key, (gs if gs_t is None else None, new_token()))[1]
+        return run_planned(token, _linear, x2, packed, scales, gs, bias).reshape(*lead, N)
     y = _linear_op(x2, packed, scales, gs, bias.contiguous() if bias is not None else None)
     return y.reshape(*lead, N)
 
 
-_CHECKED_LINEAR = PlanCache()  # key of a call's raw arguments -> its fp32 global scale (or True: the caller's tensor)
+_CHECKED_LINEAR = PlanCache()  # raw-argument key -> (a number global scale's fp32 tensor, plan token) once checked
 
 
 class NVFP4Linear(torch.nn.Module):

@@ -5,7 +5,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..._launch import PlanCache, direct_ok, skey, tkey, tracing
+from ..._launch import PlanCache, direct_ok, new_token, run_planned, skey, tkey, tracing
 from ..._validate import check_bool, check_shape, check_tensor, check_unit_last_stride
 from .bwd import sparse_mla_bwd_launch
 from .common import SparseArgs, bare, call_key, prepare, rebind
@@ -73,10 +73,11 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
     key = None
     if not tracing():
         key = call_key(*raw) + (tkey(out), tkey(dout), tkey(lse), skey(deterministic), dkv_dtype)
-        a0 = _CHECKED.get(key)
-        if a0 is not None and direct_ok(q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t):
-            a = rebind(a0, q, kv, indices, attn_sink, topk_length, q_start)
-            return _public(_bwd(a, out, dout, lse, None, deterministic, dkv_dtype == torch.float32), kv, attn_sink)
+        hit = _CHECKED.get(key)
+        if hit is not None and direct_ok(q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t):
+            a = rebind(hit[0], q, kv, indices, attn_sink, topk_length, q_start)
+            return _public(run_planned(hit[1], _bwd, a, out, dout, lse, None, deterministic,
+                                       dkv_dtype == torch.float32), kv, attn_sink)
     a = prepare(*raw)
     s_q, h_q, _ = a.q.shape
     for name, t in (("out", out), ("dout", dout)):
@@ -92,8 +93,9 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
         if t.device != a.q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {a.q.device}; all tensors must be on one device")
     if key is not None and direct_ok(q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t):
-        _CHECKED.put(key, bare(a))  # the custom op would only run _bwd: call it
-        return _public(_bwd(a, out, dout, lse, None, deterministic, dkv_dtype == torch.float32), kv, attn_sink)
+        token = _CHECKED.put(key, (bare(a), new_token()))[1]  # the custom op would only run _bwd: call it
+        return _public(run_planned(token, _bwd, a, out, dout, lse, None, deterministic, dkv_dtype == torch.float32),
+                       kv, attn_sink)
     return _public(sparse_mla_bwd_op(
         a.q, a.kv, out, dout, a.indices, lse, None, a.sm_scale, a.d_v, a.attn_sink, a.topk_length, a.q_start_t,
         a.q_start_int, a.causal, a.k_stride, deterministic, dkv_dtype == torch.float32), kv, attn_sink)

@@ -133,10 +133,10 @@ def bare(a: SparseArgs) -> SparseArgs:
 
 def rebind(a: SparseArgs, q, kv, indices, attn_sink, topk_length, q_start) -> SparseArgs:
     """prepare's result for raw arguments whose call_key equals that of the call `a` came from (no checks)."""
-    return replace(a, q=q, kv=kv[:, 0] if kv.dim() == 3 else kv, indices=indices[:, 0] if indices.dim() == 3 else indices,
-                   attn_sink=attn_sink.contiguous() if attn_sink is not None else None,
-                   topk_length=topk_length.contiguous() if topk_length is not None else None,
-                   q_start_t=q_start.reshape(1) if isinstance(q_start, torch.Tensor) else None)
+    return SparseArgs(q, kv[:, 0] if kv.dim() == 3 else kv, indices[:, 0] if indices.dim() == 3 else indices,
+                      a.sm_scale, a.d_v, attn_sink.contiguous() if attn_sink is not None else None,
+                      topk_length.contiguous() if topk_length is not None else None, a.causal, a.q_start_int,
+                      q_start.reshape(1) if isinstance(q_start, torch.Tensor) else None, a.k_stride)
 
 
 def row_args(a: SparseArgs, n_hb: int) -> tuple:

@@ -4,7 +4,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..._launch import PlanCache, direct_ok, tkey, tracing
+from ..._launch import PlanCache, direct_ok, new_token, run_planned, tkey, tracing
 from ..._validate import check_same_device, check_shape, check_tensor
 from .attn_dist import attn_dist_launch
 from .common import SparseArgs, bare, call_key, prepare, rebind
@@ -37,27 +37,27 @@ def _dist(a: SparseArgs, lse):
 _CHECKED = {"fwd": PlanCache(), "flash": PlanCache(), "dist": PlanCache()}
 
 
-def _checked(kind, raw, extra=(), extra_tensors=()):
-    """The checked canonical arguments of an eager call whose key a direct call has seen, else (key, None)."""
+def _checked(kind, raw, extra_tensors=()):
+    """(key, canonical arguments, plan token) of an eager call whose key a direct call has seen, else (key, None,
+    None); the key is None while tracing."""
     if tracing():
-        return None, None
-    key = call_key(*raw) + extra
-    a0 = _CHECKED[kind].get(key)
+        return None, None, None
+    key = call_key(*raw) + tuple(tkey(t) for t in extra_tensors)
+    hit = _CHECKED[kind].get(key)
     q, kv, indices, _, _, attn_sink, topk_length, q_start, _ = raw
-    if a0 is None or not direct_ok(q, kv, indices, attn_sink, topk_length, *extra_tensors,
-                                   q_start if isinstance(q_start, Tensor) else None):
-        return key, None
-    return key, rebind(a0, q, kv, indices, attn_sink, topk_length, q_start)
+    if hit is None or not direct_ok(q, kv, indices, attn_sink, topk_length, *extra_tensors,
+                                    q_start if isinstance(q_start, Tensor) else None):
+        return key, None, None
+    return key, rebind(hit[0], q, kv, indices, attn_sink, topk_length, q_start), hit[1]
 
 
-def _direct(kind, key, a, raw, extra_tensors=()) -> bool:
-    """After the checks: whether this call runs directly (recording its key) or through the custom op."""
+def _direct(kind, key, a, raw, extra_tensors=()):
+    """After the checks: the plan token of a call that runs directly (its key recorded), or None: the custom op."""
     q, kv, indices, _, _, attn_sink, topk_length, q_start, _ = raw
     if key is None or not direct_ok(q, kv, indices, attn_sink, topk_length, *extra_tensors,
                                     q_start if isinstance(q_start, Tensor) else None):
-        return False
-    _CHECKED[kind].put(key, bare(a))
-    return True
+        return None
+    return _CHECKED[kind].put(key, (bare(a), new_token()))[1]
 
 
 @torch.library.custom_op("llmkernels::sparse_mla_fwd", mutates_args=())
@@ -126,12 +126,12 @@ def sparse_mla(q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, d_v: int
     valid indices, and express causality in the indices (-1) when sequences start at different positions.
     """
     raw = (q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start, k_stride)
-    key, a = _checked("fwd", raw)
-    if a is not None:
-        return _fwd(a, True)
-    a = prepare(*raw)
-    if _direct("fwd", key, a, raw):  # inference: the custom op would only run _fwd (autograd needs the op)
-        return _fwd(a, True)
+    key, a, token = _checked("fwd", raw)
+    if a is None:
+        a = prepare(*raw)
+        token = _direct("fwd", key, a, raw)  # inference: the custom op would only run _fwd (autograd needs the op)
+    if token is not None:
+        return run_planned(token, _fwd, a, True)
     return sparse_mla_fwd_op(a.q, a.kv, a.indices, a.sm_scale, a.d_v, a.attn_sink, a.topk_length,
                              a.q_start_t, a.q_start_int, a.causal, a.k_stride)
 
@@ -146,12 +146,12 @@ def flash_mla_sparse_fwd(q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float
     No autograd: use :func:`sparse_mla` for training.
     """
     raw = (q, kv, indices, sm_scale, d_v, attn_sink, topk_length, None, 1)
-    key, a = _checked("flash", raw)
-    if a is not None:
-        return _fwd(a, False)
-    a = prepare(*raw)
-    if _direct("flash", key, a, raw):
-        return _fwd(a, False)
+    key, a, token = _checked("flash", raw)
+    if a is None:
+        a = prepare(*raw)
+        token = _direct("flash", key, a, raw)
+    if token is not None:
+        return run_planned(token, _fwd, a, False)
     return _flash_mla_op(a.q, a.kv, a.indices, a.sm_scale, a.d_v, a.attn_sink, a.topk_length)
 
 
@@ -171,13 +171,13 @@ def sparse_mla_attn_dist(q: Tensor, kv: Tensor, indices: Tensor, lse: Tensor, sm
     returns that shard's partial sum: summing the shards' results (all-reduce) gives the full distribution.
     """
     raw = (q, kv, indices, sm_scale, 512, None, topk_length, q_start, k_stride)
-    key, a = _checked("dist", raw, (tkey(lse),), (lse,))
-    if a is not None:
-        return _dist(a, lse)
-    a = prepare(*raw)
-    _check_lse(lse, a.q)
-    if _direct("dist", key, a, raw, (lse,)):
-        return _dist(a, lse)
+    key, a, token = _checked("dist", raw, (lse,))
+    if a is None:
+        a = prepare(*raw)
+        _check_lse(lse, a.q)
+        token = _direct("dist", key, a, raw, (lse,))
+    if token is not None:
+        return run_planned(token, _dist, a, lse)
     return sparse_mla_attn_dist_op(a.q, a.kv, a.indices, lse, a.sm_scale, a.topk_length, a.q_start_t,
                                    a.q_start_int, a.causal, a.k_stride)
 
