@@ -27,6 +27,15 @@ def test_version_has_one_source():
     assert proj["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "llmkernels.__version__"}
 
 
+def test_installed_metadata_agrees():
+    from importlib import metadata
+    try:
+        installed = metadata.version("llmkernels")
+    except metadata.PackageNotFoundError:
+        pytest.skip("llmkernels is not installed (run from the source tree)")
+    assert installed == llmkernels.__version__
+
+
 def test_dependency_ranges_admit_the_tested_set():
     tomllib = pytest.importorskip("tomllib")
     from packaging.requirements import Requirement
