@@ -1,6 +1,8 @@
 """Where kernels run: a CUDA GPU, or (no GPU) the Triton interpreter on the CPU."""
 import functools
 import os
+import sys
+import warnings
 
 import torch
 
@@ -12,6 +14,10 @@ def setup_interpreter() -> bool:
     the interpreter at decoration time. Returns True when the interpreter is on.
     """
     if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+        if "triton.language" in sys.modules:  # its own @jit helpers (tl.zeros, ...) were built for the compiler
+            warnings.warn("triton was imported before llmkernels on a machine without CUDA: kernels will fail under "
+                          "the interpreter. Import llmkernels first, or set TRITON_INTERPRET=1 before starting "
+                          "Python.", RuntimeWarning, stacklevel=3)
         os.environ["TRITON_INTERPRET"] = "1"
     if interpreting():
         _fix_interpreter_index()

@@ -1,16 +1,20 @@
-"""Command line: `llmkernels info | check [op ...] | bench [op ...]`."""
+"""Command line: `llmkernels info | check [op ...] | bench [op ...]`, `llmkernels --version`."""
 import argparse
 import os
 import sys
 
 import torch
 
+from . import __version__
+
 
 def _info(args) -> int:
     import triton
 
-    import llmkernels
-    print(f"llmkernels {llmkernels.__version__}, torch {torch.__version__}, triton {triton.__version__}")
+    from ._versions import untested
+    print(f"llmkernels {__version__}, torch {torch.__version__}, triton {triton.__version__}")
+    for w in untested({"torch": torch.__version__, "triton": triton.__version__}):
+        print(f"warning: untested version: {w}; see the README's supported versions", file=sys.stderr)
     if not torch.cuda.is_available():
         print("device: CPU only (kernels run through the Triton interpreter; no ceilings to measure)")
         return 0
@@ -80,6 +84,7 @@ def _bench(args) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="llmkernels", description=__doc__)
+    ap.add_argument("--version", action="version", version=f"llmkernels {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="device, versions and the measured copy/GEMM ceilings")
     c = sub.add_parser("check", help="every op vs its fp32 reference on the present device")

@@ -1,9 +1,8 @@
-"""Tables, plots and the README results section, all made from the records."""
+"""Tables, plots, the README's results section and docs/results.md, all made from the records."""
 import argparse
 import glob
 import json
 import re
-from typing import List
 
 
 def device_slug(name: str) -> str:
@@ -14,7 +13,7 @@ def shape_str(shape: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in shape.items())
 
 
-def table(records: List[dict], markdown: bool = False) -> str:
+def table(records: list[dict], markdown: bool = False) -> str:
     head = ["op", "shape", "impl", "ms", "floor ms", "% of floor", "TFLOP/s"]
     rows = []
     for r in records:
@@ -29,7 +28,7 @@ def table(records: List[dict], markdown: bool = False) -> str:
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(row) for row in rows])
 
 
-def plot(records: List[dict], path: str) -> bool:
+def plot(records: list[dict], path: str) -> bool:
     """One panel per op: % of floor for each shape and implementation. False if matplotlib is missing."""
     try:
         import matplotlib
@@ -63,7 +62,7 @@ def plot(records: List[dict], path: str) -> bool:
     return True
 
 
-def load(paths) -> List[dict]:
+def load(paths) -> list[dict]:
     out = []
     for p in paths:
         with open(p) as f:
@@ -71,50 +70,134 @@ def load(paths) -> List[dict]:
     return out
 
 
-def summary_table(records: List[dict]) -> str:
+# The README's short table: one row per op at the shape it is built for (shape keys that must match; an op with no
+# entry here shows its first recorded shape). The full table is docs/results.md.
+HEADLINES = [
+    ("masked_decode", {"B": 1, "L": 65536, "kept": 1.0}),
+    ("masked_decode", {"B": 1, "L": 65536, "kept": 0.5}),
+    ("xl_paged_decode", {"num_seqs": 64, "layout": "nhd"}),
+    ("sparse_mla_fwd", {"h_q": 128, "topk": 2048, "d_qk": 576}),
+    ("sparse_mla_attn_dist", {"h_q": 128, "topk": 2048, "d_qk": 576}),
+    ("sparse_mla_bwd", {"h_q": 128, "topk": 2048, "d_qk": 576}),
+    ("nvfp4_gemv", {"M": 7168, "K": 16384, "L": 1}),
+    ("nvfp4_linear", {"T": 1, "N": 14336, "K": 4096}),
+]
+
+
+def _ours(r: dict) -> bool:
+    return r["impl"].startswith("llmkernels")
+
+
+def _run(r: dict) -> tuple:
+    """Records of one `llmkernels bench` run of an op share its date, commit and the ceilings measured in it."""
+    return r["date"], r.get("commit"), r["copy_tbps"], r["gemm_tflops"]
+
+
+def _peers(records: list[dict], r: dict, same_run: bool) -> list[dict]:
+    return [p for p in records if not _ours(p) and p["op"] == r["op"] and p["shape"] == r["shape"]
+            and (not same_run or _run(p) == _run(r))]
+
+
+def summary_table(records: list[dict]) -> str:
     """One markdown row per (op, shape, our impl): time, floor, % of floor, TFLOP/s, and every peer's time."""
-    ours = [r for r in records if r["impl"].startswith("llmkernels")]
     lines = ["| op | shape | impl | ms | floor ms | % of floor | TFLOP/s | peers (ms) |", "|---|---|---|---|---|---|---|---|"]
-    for r in ours:
-        peers = [p for p in records if not p["impl"].startswith("llmkernels") and p["op"] == r["op"]
-                 and p["shape"] == r["shape"]]
-        peer_txt = ", ".join(f"{p['impl']} {p['ms']:.4g}" for p in peers) or "-"
+    for r in filter(_ours, records):
+        peer_txt = ", ".join(f"{p['impl']} {p['ms']:.4g}" for p in _peers(records, r, False)) or "-"
         tf = "" if r.get("tflops") is None else f"{r['tflops']:.1f}"
         lines.append(f"| {r['op']} | {shape_str(r['shape'])} | {r['impl']} | {r['ms']:.4f} | {r['floor_ms']:.4f} | "
                      f"{r['pct_of_floor']:.1f} | {tf} | {peer_txt} |")
     return "\n".join(lines)
 
 
-def readme_section(records: List[dict]) -> str:
+def headline_rows(records: list[dict]) -> list[dict]:
+    """Our fastest impl at each headline shape (HEADLINES, then the first shape of any op not listed there)."""
+    ours = list(filter(_ours, records))
+    picks = [(op, want) for op, want in HEADLINES]
+    listed = {op for op, _ in HEADLINES}
+    for r in ours:
+        if r["op"] not in listed:
+            listed.add(r["op"])
+            picks.append((r["op"], r["shape"]))
+    rows = []
+    for op, want in picks:
+        match = [r for r in ours if r["op"] == op and all(r["shape"].get(k) == v for k, v in want.items())]
+        for shape in list(dict.fromkeys(json.dumps(r["shape"]) for r in match))[:1]:
+            rows.append(min((r for r in match if json.dumps(r["shape"]) == shape), key=lambda r: r["ms"]))
+    return rows
+
+
+def headline_table(records: list[dict]) -> str:
+    """The short table: headline rows, each with the fastest peer timed in the same run."""
+    lines = ["| op | shape | llmkernels ms | % of floor | fastest peer in the same run | peer ms | speed-up |",
+             "|---|---|---|---|---|---|---|"]
+    for r in headline_rows(records):
+        peers = _peers(records, r, True)
+        best = min(peers, key=lambda p: p["ms"]) if peers else None
+        impl = "" if r["impl"] == "llmkernels" else f" ({r['impl'].removeprefix('llmkernels-')})"
+        tf = f", {r['tflops']:.0f} TFLOP/s" if r["bound"] == "compute" else ""
+        peer = ["-", "-", "-"] if best is None else [best["impl"], f"{best['ms']:.4g}", f"{best['ms'] / r['ms']:.2f}x"]
+        lines.append(f"| {r['op']}{impl} | {shape_str(r['shape'])} | {r['ms']:.4g} | {r['pct_of_floor']:.1f} "
+                     f"({r['bound']}{tf}) | " + " | ".join(peer) + " |")
+    return "\n".join(lines)
+
+
+def _device_sections(records: list[dict], body) -> str:
     parts = []
     for dev in sorted({r["device"] for r in records}):
         recs = [r for r in records if r["device"] == dev]
         dates = sorted({r["date"] for r in recs})
         copy = sorted(r["copy_tbps"] for r in recs)
         gemm = sorted(r["gemm_tflops"] for r in recs)
+        vers = ", ".join(sorted({f"torch {r['torch']}, triton {r['triton']}" for r in recs}))
         parts.append(f"**{dev}**, {dates[0]}" + (f" to {dates[-1]}" if dates[-1] != dates[0] else "") +
-                     f"; torch {recs[0]['torch']}, triton {recs[0]['triton']}; ceilings measured in each run: copy "
+                     f"; {vers}; ceilings measured in each run: copy "
                      f"{copy[0]:.2f}-{copy[-1]:.2f} TB/s, bf16 GEMM {gemm[0]:.0f}-{gemm[-1]:.0f} TFLOP/s.\n\n"
-                     + summary_table(recs))
+                     + body(recs))
     return "\n\n".join(parts) if parts else "_No records yet._"
 
 
+def readme_section(records: list[dict]) -> str:
+    return _device_sections(records, headline_table)
+
+
+FULL_HEADER = """# Benchmark results (all records)
+
+Generated from `benchmarks/results/*.json` by `python -m llmkernels.bench.report`; do not edit by hand. The README
+shows the headline rows; what "% of floor" means is explained there. `ms` is the median time of one call, `floor ms`
+the time the call's unavoidable bytes take at the copy rate measured in the same run (memory-bound ops) or its FLOPs
+at the measured bf16 GEMM rate (compute-bound ops). Peers are listed with their times in ms; a peer missing from a
+row was not installed or does not support the case. How each op is timed, and the history of every figure:
+[benchmarks/NOTES.md](../benchmarks/NOTES.md).
+"""
+
+
+def full_page(records: list[dict]) -> str:
+    return FULL_HEADER + "\n" + _device_sections(records, summary_table) + "\n"
+
+
 def update_readme(readme: str, paths) -> None:
-    text = open(readme).read()
+    with open(readme) as f:
+        text = f.read()
     start, end = "<!-- results:start -->", "<!-- results:end -->"
     if start not in text or end not in text:
         raise SystemExit(f"{readme} has no {start} ... {end} section")
     body = readme_section(load(paths))
     text = text[: text.index(start) + len(start)] + "\n" + body + "\n" + text[text.index(end):]
-    open(readme, "w").write(text)
+    with open(readme, "w") as f:
+        f.write(text)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="Regenerate the README results table from committed records")
+    ap = argparse.ArgumentParser(description="Regenerate the README's results table (headline rows) and the full "
+                                             "table (docs/results.md) from committed records")
     ap.add_argument("--readme", default="README.md")
+    ap.add_argument("--full", default="docs/results.md")
     ap.add_argument("records", nargs="*")
     args = ap.parse_args(argv)
-    update_readme(args.readme, args.records or sorted(glob.glob("benchmarks/results/*.json")))
+    paths = args.records or sorted(glob.glob("benchmarks/results/*.json"))
+    update_readme(args.readme, paths)
+    with open(args.full, "w") as f:
+        f.write(full_page(load(paths)))
 
 
 if __name__ == "__main__":
