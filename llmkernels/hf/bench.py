@@ -177,21 +177,24 @@ def _records(timed, copy_bps: float, gemm: float, device, commit: str, args, mod
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m llmkernels.hf.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="all", choices=[*MODELS, "all"], help="'all': the 8B and the 70B")
-    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--model", choices=[*MODELS, "all"], help="'all' (default): the 8B and the 70B")
+    ap.add_argument("--batches", help="default 1,4,16")
     ap.add_argument("--formats", default="bf16,nvfp4", help="bf16 is skipped where it does not fit")
-    ap.add_argument("--prompt-len", type=int, default=512)
-    ap.add_argument("--steps", type=int, default=64, help="timed CUDA-graph steps")
-    ap.add_argument("--eager-steps", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, help="default 512")
+    ap.add_argument("--steps", type=int, help="timed CUDA-graph steps (default 64)")
+    ap.add_argument("--eager-steps", type=int, help="default 8")
     ap.add_argument("--no-graph", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="the tiny model, batches 1 and 2, a few steps")
+    ap.add_argument("--quick", action="store_true", help="defaults: the tiny model, batches 1 and 2, a few steps")
     ap.add_argument("--out", default=None, help="merge records into OUT/<device>.json")
     args = ap.parse_args(argv)
+    defaults = (dict(model="tiny", batches="1,2", prompt_len=8, steps=2, eager_steps=1) if args.quick else
+                dict(model="all", batches="1,4,16", prompt_len=512, steps=64, eager_steps=8))
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     from ..bench.harness import _git_commit, merge_records
     from ..bench.report import device_slug
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if args.quick:
-        args.model, args.batches, args.prompt_len, args.steps, args.eager_steps = "tiny", "1,2", 8, 2, 1
     names = [n for n in MODELS if n != "tiny"] if args.model == "all" else [args.model]
     batches = [int(b) for b in args.batches.split(",")]
     formats = args.formats.split(",")
