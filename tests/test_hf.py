@@ -174,6 +174,31 @@ def test_roundtrip(tmp_path, device, fmt):
         _close(after, before, tol=1e-3)
 
 
+@pytest.mark.parametrize("arch, fmt, extra", [
+    ("Qwen2ForCausalLM", "compressed-tensors", dict(tie_word_embeddings=True)),  # q/k/v biases, tied lm_head
+    ("Qwen3ForCausalLM", "modelopt", dict(head_dim=16)),                          # q_norm / k_norm
+    ("MistralForCausalLM", "modelopt", dict(sliding_window=None)),
+])
+def test_architectures(tmp_path, device, arch, fmt, extra):
+    cfg_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
+    cfg = cfg_cls(**dict(TINY, architectures=[arch], **extra))
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=DTYPE, attn_implementation="sdpa")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if not n.endswith("norm.weight"):
+                p.normal_(0, 0.1)
+    model = quantize_(model.to(device).eval())
+    ids = torch.randint(0, TINY["vocab_size"], (1, 6))
+    before = _logits(model, ids)
+    save_nvfp4(model, tmp_path, format=fmt)
+    loaded = load_nvfp4(tmp_path, device=device, dtype=DTYPE)
+    assert type(loaded).__name__ == arch
+    if extra.get("tie_word_embeddings"):
+        assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    # compressed-tensors stores 1 / g (g back within an fp32 rounding): the same 1e-3 as test_roundtrip
+    _close(_logits(loaded, ids), before, tol=1e-3)
+
+
 def test_saved_compressed_tensors_reads_in_compressed_tensors(tmp_path):
     pytest.importorskip("compressed_tensors")
     model = quantize_(_tiny_model("cpu"))

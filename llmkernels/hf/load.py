@@ -86,6 +86,8 @@ def load_nvfp4(path: Union[str, os.PathLike], device: Union[str, torch.device] =
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     with open(os.path.join(path, "config.json")) as f:
         spec = read_quant_spec(path, json.load(f))
     ckpt = Checkpoint(path)
