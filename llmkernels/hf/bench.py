@@ -15,6 +15,7 @@ import gc
 import os
 import sys
 import time
+import traceback
 
 import torch
 import triton
@@ -225,8 +226,9 @@ def main(argv=None) -> int:
             for b in batches:
                 try:
                     timed += run_batch(model, name, fmt, b, args, device, copy_bps, log)
-                except torch.cuda.OutOfMemoryError as e:
-                    log(f"[e2e] {name} {fmt} batch={b}: out of memory ({str(e)[:120]})")
+                except Exception as e:  # out of memory, ...: keep the other configurations' records
+                    log(f"[e2e] {name} {fmt} batch={b} failed: {type(e).__name__}: {str(e)[:300]}")
+                    traceback.print_exc()
         del model
         gc.collect()
         if device.type == "cuda":
