@@ -375,6 +375,7 @@ def test_static_decoder_matches_full_forward(device):
         assert bool(((picked == top2[:, 0]) | (top2[:, 0] - picked <= tie)).all()), i
 
 
+@pytest.mark.skipif(CUDA, reason="meta tensors pass the ops' device checks only under the CPU interpreter")
 def test_decode_step_has_no_host_sync():
     """The decode step runs on the meta device (every tensor without data): any .item(), bool() or .tolist() of a
     device value on the way, which would break CUDA-graph capture, raises there."""
