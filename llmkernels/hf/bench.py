@@ -199,6 +199,8 @@ def main(argv=None) -> int:
     names = [n for n in MODELS if n != "tiny"] if args.model == "all" else [args.model]
     batches = [int(b) for b in args.batches.split(",")]
     formats = args.formats.split(",")
+    if not set(formats) <= {"bf16", "nvfp4"}:
+        ap.error(f"--formats takes bf16 and/or nvfp4, got {args.formats!r}")
     # fp16 on the CPU: the Triton interpreter's bf16 dot is wrong (nvfp4_linear refuses it there)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
     dense = "bf16" if dtype == torch.bfloat16 else "fp16"  # the record's format of the unquantized model
@@ -208,7 +210,7 @@ def main(argv=None) -> int:
     timed, model_info = [], {}
     for name in names:
         direct = name in DIRECT_NVFP4
-        todo = [f for f in formats if f in ("bf16", "nvfp4")]
+        todo = [f for f in ("bf16", "nvfp4") if f in formats]  # bf16 first: nvfp4 may be its quantize_
         if direct and "bf16" in todo:
             log(f"[e2e] {name}: bf16 skipped (about {_bf16_gb(name):.0f} GB of weights does not fit)")
             todo.remove("bf16")

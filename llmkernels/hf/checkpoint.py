@@ -8,7 +8,7 @@ from typing import Dict, List, Set, Tuple
 import torch
 from safetensors import safe_open
 
-from .formats import QuantSpec
+from .formats import KV_SCALES, QuantSpec
 
 # safetensors dtype names (the header's "dtype")
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
@@ -60,10 +60,9 @@ class Checkpoint:
 
 @dataclass
 class Plan:
-    """What a model takes from a checkpoint: its quantized nn.Linear modules (name -> (N, K, has_bias)), the names
-    of its dense parameters, and the checkpoint tensors it accepts and ignores."""
+    """What a model takes from a checkpoint: its quantized nn.Linear modules (name -> (N, K, has_bias)) and the
+    checkpoint tensors it accepts and ignores."""
     quantized: Dict[str, Tuple[int, int, bool]]
-    dense: List[str]
     ignored: Set[str]
     tie_output: bool  # the output embedding is tied to the input embedding and not stored
 
@@ -105,11 +104,9 @@ def plan(model: torch.nn.Module, spec: QuantSpec, ckpt: Checkpoint) -> Plan:
         if mod.bias is not None:
             expected[f"{name}.bias"] = (FLOAT_DTYPES, (N,), "bias")
     qprefixes = {f"{n}." for n in quantized}
-    dense = []
     for pname, p in model.named_parameters(remove_duplicate=False):
         if pname.rsplit(".", 1)[0] + "." not in qprefixes:
             expected[pname] = (FLOAT_DTYPES, tuple(p.shape), "dense parameter")
-            dense.append(pname)
     out_name, tied = _output_embedding(model)
     tie_output = tied and out_name in expected and out_name not in ckpt.meta
     ignored = set()
@@ -117,7 +114,7 @@ def plan(model: torch.nn.Module, spec: QuantSpec, ckpt: Checkpoint) -> Plan:
         if name in expected:
             continue
         mod, _, leaf = name.rpartition(".")
-        if (mod in quantized and leaf in fmt.ignored) or leaf in ("k_scale", "v_scale", "inv_freq"):
+        if (mod in quantized and leaf in fmt.ignored) or leaf in KV_SCALES or leaf == "inv_freq":
             ignored.add(name)
             continue
         hint = ""
@@ -144,7 +141,7 @@ def plan(model: torch.nn.Module, spec: QuantSpec, ckpt: Checkpoint) -> Plan:
         if bad is not None:
             raise ValueError(f"checkpoint tensor {s} holds {bad[1]} at {bad[0]}; e4m3 block scales must be finite "
                              "and >= 0")
-    return Plan(quantized, dense, ignored, tie_output)
+    return Plan(quantized, ignored, tie_output)
 
 
 def _bad_e4m3(scales: torch.Tensor):
