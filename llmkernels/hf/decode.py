@@ -1,0 +1,130 @@
+"""Greedy decoding of a transformers causal LM with a static KV cache, one CUDA graph per step (optional), and
+llmkernels.masked_decode as the decode attention."""
+import inspect
+from typing import Optional
+
+import torch
+
+from ..ops.masked_decode.op import masked_decode
+
+ATTN_NAME = "llmkernels_decode"
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """An attention function for transformers' AttentionInterface: one new token per sequence runs
+    llmkernels.masked_decode over the first `llmk_kv_len` cache positions (a device int32 [B]: no host sync, CUDA
+    graph safe); a longer query (the prefill, which starts at position 0 of the cache) runs causal SDPA."""
+    kv_len = kwargs.get("llmk_kv_len")
+    if kv_len is None:  # not called by StaticDecoder
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    if query.shape[2] == 1:
+        out, _ = masked_decode(query, key, value, kv_len=kv_len, sm_scale=scaling)
+        return out.transpose(1, 2), None
+    T = query.shape[2]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key[:, :, :T], value[:, :, :T], is_causal=True, scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    AttentionInterface.register(ATTN_NAME, _attention)
+
+
+class StaticDecoder:
+    """Greedy decode of `batch` equal-length sequences with a transformers StaticCache of max_len positions.
+
+    prefill(ids) runs the prompt (eager) and returns the first new token; step() decodes one token for every
+    sequence; with graph=True (CUDA only) step() replays one CUDA graph captured on its first call. The decode
+    attention is llmkernels.masked_decode over the valid cache positions (head dims 64, 128, 256): the model's
+    attention implementation is switched to it during the decoder's own calls only. Sliding windows are not applied
+    (contexts up to the window).
+    """
+
+    def __init__(self, model, batch: int, max_len: int, graph: bool = True):
+        from transformers import StaticCache
+        self.model, self.batch, self.max_len = model, batch, max_len
+        self.graph = graph and torch.cuda.is_available()
+        self.device = model.get_input_embeddings().weight.device
+        _register()
+        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.2x
+        self.ids = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
+        self.pos = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        self.kv_len = torch.zeros(batch, dtype=torch.int32, device=self.device)
+        self.length = 0  # tokens in the cache (host-side count)
+        self._graph: Optional[torch.cuda.CUDAGraph] = None
+
+    def _forward(self, ids, position_ids):
+        cfg = self.model.config
+        prev, cfg._attn_implementation = cfg._attn_implementation, ATTN_NAME
+        try:
+            out = self.model(input_ids=ids, position_ids=position_ids, use_cache=True, logits_to_keep=1,
+                             llmk_kv_len=self.kv_len, **{self._cache_kw: self.cache})
+        finally:
+            cfg._attn_implementation = prev
+        return out.logits[:, -1].argmax(-1)
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [batch, T] -> the next token of each sequence [batch]; resets the cache."""
+        B, T = input_ids.shape
+        if B != self.batch or not 0 < T < self.max_len:
+            raise ValueError(f"input_ids must be [{self.batch}, T] with 0 < T < max_len={self.max_len}, "
+                             f"got {list(input_ids.shape)}")
+        self.cache.reset()
+        self.kv_len.fill_(T)  # read by the decode attention when T == 1
+        pos = torch.arange(T, device=self.device)[None]
+        nxt = self._forward(input_ids.to(self.device), pos)
+        self.ids.copy_(nxt[:, None])
+        self.pos.fill_(T)
+        self.kv_len.fill_(T + 1)  # the attention runs after the cache update: the new token is position T
+        self.length = T
+        return nxt
+
+    def _step(self) -> None:
+        nxt = self._forward(self.ids, self.pos)
+        self.ids.copy_(nxt[:, None])
+        self.pos.add_(1)
+        self.kv_len.add_(1)
+
+    @torch.no_grad()
+    def step(self) -> torch.Tensor:
+        """Decode one token per sequence (the one after self.ids); returns self.ids [batch, 1], updated in place."""
+        if self.length == 0:
+            raise RuntimeError("call prefill(input_ids) before step()")
+        if self.length + 1 >= self.max_len:
+            raise RuntimeError(f"the static cache is full (max_len={self.max_len})")
+        if not self.graph:
+            self._step()
+        elif self._graph is None:
+            self._capture()  # its warm-up call decodes this step
+        else:
+            self._graph.replay()
+        self.length += 1
+        return self.ids
+
+    def _capture(self) -> None:
+        # one eager step on a side stream compiles the kernels and is this step's decode; the captured graph
+        # replays the same step, its positions advancing on the device
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            self._step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self._step()
+        self._graph = g
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        """Greedy: input_ids [batch, T] -> [batch, T + new_tokens]."""
+        out = [input_ids.to(self.device), self.prefill(input_ids)[:, None]]
+        for _ in range(new_tokens - 1):
+            out.append(self.step().clone())
+        return torch.cat(out, dim=1)

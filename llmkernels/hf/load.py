@@ -1,0 +1,124 @@
+"""load_nvfp4: a transformers model from an NVFP4 checkpoint, its quantized linears as NVFP4Linear."""
+import contextlib
+import json
+import os
+from typing import Dict, Tuple, Union
+
+import torch
+from safetensors import safe_open
+
+from ..ops.nvfp4_gemv.op import NVFP4Linear
+from .checkpoint import Checkpoint, plan
+from .formats import read_quant_spec
+
+
+@contextlib.contextmanager
+def params_on_meta():
+    """Build modules with their parameters on the meta device (no memory, no initialisation cost) and their buffers
+    (rotary inv_freq, ...) real on the CPU, as accelerate's init_empty_weights(include_buffers=False) does."""
+    orig = torch.nn.Module.register_parameter
+
+    def register(self, name, param):
+        orig(self, name, param)
+        if param is not None and param.device.type != "meta":
+            p = self._parameters[name]
+            self._parameters[name] = type(p)(p.to("meta"), requires_grad=p.requires_grad)
+
+    torch.nn.Module.register_parameter = register
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = orig
+
+
+def set_tensor(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
+    """Put value in place of the parameter or buffer `name` (a parameter stays a frozen nn.Parameter)."""
+    mod_name, _, leaf = name.rpartition(".")
+    mod = model.get_submodule(mod_name)
+    if leaf in mod._parameters:
+        mod._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
+    else:
+        setattr(mod, leaf, value)
+
+
+def replace_linears(model: torch.nn.Module, shapes: Dict[str, Tuple[int, int, bool]]) -> None:
+    """Swap the named nn.Linear modules for NVFP4Linear ones whose buffers are on the meta device (to be filled)."""
+    for name, (N, K, bias) in shapes.items():
+        parent_name, _, leaf = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, leaf, NVFP4Linear(K, N, bias=bias, device="meta"))
+
+
+def buffers_to(model: torch.nn.Module, device) -> None:
+    """Move every real (non-meta) buffer to device, keeping its dtype."""
+    for mod in model.modules():
+        for n, b in mod._buffers.items():
+            if b is not None and b.device.type != "meta":
+                mod._buffers[n] = b.to(device)
+
+
+def check_materialized(model: torch.nn.Module) -> None:
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.device.type == "meta"]
+    if left:
+        raise RuntimeError(f"{len(left)} tensors were not loaded, e.g. {left[:3]}")
+
+
+def tie_output_embedding(model: torch.nn.Module) -> None:
+    model.get_output_embeddings().weight = model.get_input_embeddings().weight
+
+
+def load_nvfp4(path: Union[str, os.PathLike], device: Union[str, torch.device] = "cuda",
+               dtype: torch.dtype = torch.bfloat16, attn_implementation: str = "sdpa"):
+    """A transformers causal LM from the NVFP4 checkpoint directory `path` (ModelOpt or compressed-tensors
+    nvfp4-pack-quantized), its quantized nn.Linear layers replaced by llmkernels.NVFP4Linear.
+
+    Every other parameter is cast to `dtype`; NVFP4Linear keeps its bias in fp32. The model is built on the meta
+    device and each checkpoint tensor is read once, straight onto `device`: no dense copy of a quantized weight is
+    ever made. All tensor headers (names, dtypes, shapes) and all scales are checked before any weight is loaded;
+    problems raise ValueError / TypeError naming the tensor. Activation-quantization tensors (input_scale,
+    input_global_scale) and KV-cache scales are ignored: inference is weight-only, activations stay in `dtype`.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"path must be a checkpoint directory (config.json + safetensors), got {path!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    with open(os.path.join(path, "config.json")) as f:
+        spec = read_quant_spec(path, json.load(f))
+    ckpt = Checkpoint(path)
+    config = AutoConfig.from_pretrained(path)
+    with params_on_meta():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    p = plan(model, spec, ckpt)  # every check before any weight is read
+    replace_linears(model, p.quantized)
+    buffers_to(model, device)
+    fmt = spec.format
+    for fn, names in ckpt.files.items():
+        with safe_open(os.path.join(path, fn), framework="pt", device=str(device)) as f:
+            for name in names:
+                if name in p.ignored:
+                    continue
+                mod, _, leaf = name.rpartition(".")
+                t = f.get_tensor(name)
+                if mod not in p.quantized:
+                    set_tensor(model, name, t.to(dtype))
+                elif leaf == fmt.packed:
+                    set_tensor(model, f"{mod}.packed", t)
+                elif leaf == fmt.scale:
+                    set_tensor(model, f"{mod}.scales", t)
+                elif leaf == fmt.global_scale:
+                    g = t.to(torch.float32).reshape(1)
+                    set_tensor(model, f"{mod}.global_scale", 1.0 / g if fmt.reciprocal else g)
+                else:  # bias
+                    set_tensor(model, f"{mod}.bias", t.to(torch.float32))
+    if p.tie_output:
+        tie_output_embedding(model)
+    check_materialized(model)
+    if os.path.exists(os.path.join(path, "generation_config.json")):
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    return model.eval()
