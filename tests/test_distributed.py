@@ -2,7 +2,7 @@
 
 Each world size is spawned once (module fixture); the workers run every case, catching errors per case, and save
 their results; the tests compare them with single-process results computed here from the same seeded inputs."""
-import math
+import json
 import os
 import socket
 import subprocess
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from llmkernels import masked_decode, sparse_mla, sparse_mla_bwd, xl_paged_decode, indexer_kl_loss
+from llmkernels import indexer_kl_loss, masked_decode, sparse_mla, sparse_mla_bwd, xl_paged_decode
 from llmkernels.checking import rel_err
 from llmkernels.distributed import (context_parallel_decode, context_parallel_xl_paged_decode, tp_indexer_kl_loss,
                                     tp_sparse_mla, tp_sparse_mla_bwd)
@@ -69,7 +69,8 @@ def _cp_cases(world):
     un = {2: [29, 7], 3: [20, 0, 13]}[world]
     return {
         "even": dict(lens=[16] * world),
-        "uneven_mask_lens": dict(lens=un, mask=0.3, kv_len=lambda T, ls: torch.tensor([T, ls[0] - 3], dtype=torch.int32)),
+        "uneven_mask_lens": dict(lens=un, mask=0.3,
+                                 kv_len=lambda T, ls: torch.tensor([T, ls[0] - 3], dtype=torch.int32)),
         "int64_lens_clamped": dict(lens={2: [10, 30], 3: [10, 14, 9]}[world], mask=0.2,
                                    kv_len=lambda T, ls: torch.tensor([-3, 2 ** 40], dtype=torch.int64)),
         "int_len": dict(lens=un, kv_len=lambda T, ls: ls[0] + 2),
@@ -157,6 +158,8 @@ def _composed(q, k, v, drop, kv_len, toks, world, page):
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"world{w}")
 def spawned(request, tmp_path_factory):
+    if torch.cuda.is_available():  # CPU tensors need the Triton interpreter, which is off where a GPU is
+        pytest.skip("CPU (gloo) cases run on CPU-only machines; the GPU machine runs test_gpu_two_ranks")
     world = request.param
     return world, _spawn(world, "cp_worker", tmp_path_factory.mktemp(f"w{world}"))
 
@@ -430,7 +433,6 @@ def test_bench_tiny(tmp_path):
            "-m", "llmkernels.distributed.bench", "--tiny", "--out", str(tmp_path)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    import json
     recs = json.load(open(tmp_path / "cp_decode.json"))["records"]
     worlds = sorted({r["shape"]["world"] for r in recs})
     assert worlds == [1, 2] and all(r["op"] == "cp_decode" and r["impl"] == "llmkernels" for r in recs)
@@ -446,7 +448,7 @@ def test_gpu_two_ranks(tmp_path):
     """The GPU checks (eager, bf16, CUDA-graph capture of the whole step) run as their own torchrun job."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), NCCL_NVLS_ENABLE="0")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "llmkernels.distributed.gpu_check"]
+           os.path.join(os.path.dirname(__file__), "distributed_gpu_check.py")]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     assert "gpu_check: all passed" in p.stdout

@@ -10,7 +10,7 @@ from ..ops.masked_decode.kernel import masked_decode_fwd
 from ..ops.masked_decode.op import prepare as masked_prepare
 from ..ops.xl_paged_decode.kernel import xl_paged_decode_fwd
 from ..ops.xl_paged_decode.op import prepare as xl_prepare
-from ._comm import (checked_plan, dtype_code, dtype_name, float_bits, gather_merge, require_equal, resolve_group)
+from ._comm import checked_plan, dtype_code, dtype_name, float_bits, gather_merge, require_equal, resolve_group
 
 
 @triton.jit
