@@ -77,6 +77,8 @@ def _cp_cases(world):
         "all_dropped": dict(lens=un, mask=0.5, all_dropped=True),
         "interleave": dict(lens=None, total=37, page=4, mask=0.2,
                            kv_len=lambda T, ls: torch.tensor([T, 13], dtype=torch.int32)),
+        "lowp_exchange": dict(lens=un, mask=0.3, exchange=F16,
+                              kv_len=lambda T, ls: torch.tensor([T - 2, ls[0] + 1], dtype=torch.int32)),
         "q4d_explicit_offset": dict(lens=un, q4d=True, no_validate=True,
                                     kv_len=lambda T, ls: torch.tensor([T - 1, ls[0] + 1], dtype=torch.int32)),
     }
@@ -117,7 +119,8 @@ def cp_worker(rank, world):
     res = {}
     for name, c in _cp_cases(world).items():
         q, k, v, drop, kv_len, toks, T = _cp_full(name, c, world)
-        kw = dict(drop_mask=_shard(drop, toks[rank]), kv_len=kv_len, interleave=c.get("page", 0))
+        kw = dict(drop_mask=_shard(drop, toks[rank]), kv_len=kv_len, interleave=c.get("page", 0),
+                  exchange_dtype=c.get("exchange"))
         if c.get("q4d"):
             q = q.unsqueeze(2)
         if c.get("no_validate"):
@@ -134,11 +137,11 @@ def cp_worker(rank, world):
     return res
 
 
-def _composed(q, k, v, drop, kv_len, toks, world, page):
-    """What the ranks must produce bit for bit: each shard's fp32 part as the worker computes it, merged in rank
-    order by the same combine kernel."""
+def _composed(q, k, v, drop, kv_len, toks, world, page, part_dtype=None):
+    """What the ranks must produce bit for bit: each shard's part (fp32, or part_dtype) as the worker computes it,
+    merged in rank order by the same combine kernel."""
     Bq, Hq, Dq = q.shape
-    parts_o = torch.empty(world, Bq * Hq, Dq)
+    parts_o = torch.empty(world, Bq * Hq, Dq, dtype=part_dtype or torch.float32)
     parts_l = torch.empty(world, Bq * Hq)
     for r in range(world):
         L = len(toks[r])
@@ -165,7 +168,7 @@ def spawned(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["even", "uneven_mask_lens", "int64_lens_clamped", "int_len", "all_dropped",
-                                  "interleave", "q4d_explicit_offset"])
+                                  "interleave", "lowp_exchange", "q4d_explicit_offset"])
 def test_cp_decode_matches_one_process(spawned, name):
     world, res = spawned
     c = _cp_cases(world)[name]
@@ -178,13 +181,14 @@ def test_cp_decode_matches_one_process(spawned, name):
     for o, lse in outs[1:]:  # every rank: the same bits
         assert torch.equal(o, outs[0][0]) and torch.equal(lse, outs[0][1])
     out, lse = outs[0]
-    co, cl = _composed(q, k, v, drop, kv_len, toks, world, c.get("page", 0))
+    co, cl = _composed(q, k, v, drop, kv_len, toks, world, c.get("page", 0), c.get("exchange"))
     assert torch.equal(out, co) and torch.equal(lse, cl)  # fixed merge order: bitwise
     ref_len = kv_len.clamp(0, T) if isinstance(kv_len, torch.Tensor) else kv_len
     ro, rl = masked_decode_ref(q, k, v, drop, ref_len)
     assert rel_err(out, ro) <= OUT_TOL[F16] and rel_err(lse, rl) <= LSE_TOL  # masked_decode's own tolerances
     so, sl = masked_decode(q, k, v, drop, kv_len=ref_len)  # one process over the whole cache
-    assert rel_err(out, so) <= ONE_ULP and rel_err(lse, sl) <= 1e-6  # fp32 merge order only (lse stays fp32)
+    # fp32 parts: the merge order of fp32 additions only (lse stays fp32); fp16 parts are each rounded once more
+    assert rel_err(out, so) <= ONE_ULP * (2 if c.get("exchange") else 1) and rel_err(lse, sl) <= 1e-6
     empty = torch.isneginf(rl)
     assert torch.equal(torch.isneginf(lse), empty) and not torch.isnan(out).any()
     assert torch.all(out[empty] == 0)
@@ -206,10 +210,10 @@ def _error_cases(rank, world):
     g = torch.Generator().manual_seed(7)
     last = rank == world - 1
 
-    def call(hq=4, hkv=2, d=64, b=2, dtype=F16, scale=None, kv_len=None, L=9):
+    def call(hq=4, hkv=2, d=64, b=2, dtype=F16, scale=None, kv_len=None, L=9, xdt=None):
         q = torch.randn(b, hq, d, generator=g).to(dtype)
         k = torch.randn(b, hkv, L, d, generator=g).to(dtype)
-        return _catch(lambda: context_parallel_decode(q, k, k, kv_len=kv_len, sm_scale=scale))
+        return _catch(lambda: context_parallel_decode(q, k, k, kv_len=kv_len, sm_scale=scale, exchange_dtype=xdt))
 
     def xl(dtype):
         q = torch.randn(2, 4, 64, generator=g).to(dtype)
@@ -230,6 +234,7 @@ def _error_cases(rank, world):
         "err_batch": call(b=3 if last else 2),
         "err_scale": call(scale=0.5 if last else 0.25),
         "err_kv_kind": call(kv_len=5 if last else None),
+        "err_exchange": call(xdt=F16 if last else None),
         "err_local_bf16": call(dtype=torch.bfloat16 if last else F16),  # refused on the interpreter, last rank only
         "err_xl_dtype": xl(torch.float32 if last else F16),
         "err_tp_s_kv": tp(31 if last else 30),
@@ -246,6 +251,7 @@ ERRORS = {  # case -> (error type on every rank (or on the offending rank, then 
     "err_hq": ("ValueError", "q: rank"), "err_hkv": ("ValueError", "k_shard: rank"),
     "err_d": ("ValueError", "q: rank"), "err_batch": ("ValueError", "q: rank"),
     "err_scale": ("ValueError", "sm_scale: rank"), "err_kv_kind": ("ValueError", "kv_len: rank"),
+    "err_exchange": ("TypeError", "exchange_dtype: rank"),
     "err_local_bf16": ("TypeError|RuntimeError", "bfloat16|rejected its arguments"),
     "err_xl_dtype": ("TypeError", "q: rank"), "err_tp_s_kv": ("ValueError", "kv: rank"),
     "err_offsets_overlap": ("ValueError", "kv_offset"), "err_no_offset": ("ValueError", "kv_offset"),

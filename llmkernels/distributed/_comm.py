@@ -1,4 +1,5 @@
 """Process groups, the once-per-shape metadata check across ranks, and the gather + log-sum-exp merge."""
+import math
 import struct
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -109,39 +110,47 @@ def require_equal(allm: List[List[int]], index: int, arg: str, what: str, err=Va
                       f"rank of the group must pass the same")
 
 
+def exchange_buffer(world: int, R: int, D: int, part_dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The bytes [world, R * D * size + R * 4] of every rank's part: its out rows (part_dtype), then its lse (fp32)."""
+    return torch.empty(world, R * D * part_dtype.itemsize + R * 4, dtype=torch.uint8, device=device)
+
+
+def part_views(buf: torch.Tensor, R: int, D: int, part_dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(outs [world, R, D] in part_dtype, lses [world, R] fp32) viewing an exchange_buffer (D even: 4-byte lse)."""
+    nb = R * D * part_dtype.itemsize
+    return buf[:, :nb].view(part_dtype).view(buf.shape[0], R, D), buf[:, nb:].view(torch.float32)
+
+
 def gather_merge(fill: Callable[[torch.Tensor, torch.Tensor], None], rows_shape: Tuple[int, ...], D: int,
-                 out_dtype: torch.dtype, device: torch.device, group, rank: int, world: int
+                 out_dtype: torch.dtype, part_dtype: torch.dtype, device: torch.device, group, rank: int, world: int
                  ) -> Tuple[torch.Tensor, torch.Tensor]:
     """fill(out, lse) computes this rank's part; returns the merge of every rank's part, the same on every rank.
 
-    World 1: fill writes the result directly. Otherwise the part goes, in fp32, straight into this rank's slot of
-    one buffer [world, R * D + R] (out rows, then lse), one in-place all-gather fills the other slots, and the
-    library's log-sum-exp combine merges the world parts of each row in rank order (so every rank gets the same
-    bits). fp32 parts: the merge is one more level of the split-KV merge the kernels already do in fp32.
+    World 1: fill writes the result directly. Otherwise the part goes, in part_dtype (out) and fp32 (lse), straight
+    into this rank's slot of one byte buffer (exchange_buffer), one in-place all-gather fills the other slots, and
+    the library's log-sum-exp combine merges the world parts of each row in rank order (so every rank gets the same
+    bits). fp32 parts make the merge one more level of the split-KV merge the kernels already do in fp32.
     """
-    R = 1
-    for n in rows_shape:
-        R *= n
+    R = math.prod(rows_shape)
     if world == 1:
         out = torch.empty(rows_shape + (D,), dtype=out_dtype, device=device)
         lse = torch.empty(rows_shape, dtype=torch.float32, device=device)
         fill(out, lse)
         return out, lse
-    buf = torch.empty(world, R * D + R, dtype=torch.float32, device=device)
-    mine = buf[rank]
-    fill(mine[:R * D].view(rows_shape + (D,)), mine[R * D:].view(rows_shape))
-    return exchange_merge(buf, rank, rows_shape, D, out_dtype, group)
+    buf = exchange_buffer(world, R, D, part_dtype, device)
+    outs, lses = part_views(buf, R, D, part_dtype)
+    fill(outs[rank].view(rows_shape + (D,)), lses[rank].view(rows_shape))
+    return exchange_merge(buf, rank, rows_shape, D, out_dtype, part_dtype, group)
 
 
 def exchange_merge(buf: torch.Tensor, rank: int, rows_shape: Tuple[int, ...], D: int, out_dtype: torch.dtype,
-                   group) -> Tuple[torch.Tensor, torch.Tensor]:
+                   part_dtype: torch.dtype, group) -> Tuple[torch.Tensor, torch.Tensor]:
     """The collective and the merge of gather_merge on a filled slot buf[rank] (benchmarked on its own)."""
-    world, n = buf.shape
-    R = n // (D + 1)
+    R = math.prod(rows_shape)
     _all_gather(buf.view(-1), buf[rank], group=group)  # in place: NCCL skips the copy of this rank's slot
     out = torch.empty(rows_shape + (D,), dtype=out_dtype, device=buf.device)
     lse = torch.empty(rows_shape, dtype=torch.float32, device=buf.device)
     if R:
-        combine(buf[:, :R * D].view(world, R, D).transpose(0, 1), buf[:, R * D:].transpose(0, 1),
-                out.view(R, D), lse.view(R))
+        outs, lses = part_views(buf, R, D, part_dtype)
+        combine(outs.transpose(0, 1), lses.transpose(0, 1), out.view(R, D), lse.view(R))
     return out, lse

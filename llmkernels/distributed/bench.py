@@ -30,7 +30,7 @@ import triton  # noqa: E402
 
 from ..bench.harness import _git_commit, merge_records  # noqa: E402
 from ..bench.report import device_slug  # noqa: E402
-from ._comm import exchange_merge  # noqa: E402
+from ._comm import exchange_buffer, exchange_merge, part_views  # noqa: E402
 from .decode import context_parallel_decode, cp_decode_setup  # noqa: E402
 
 FULL = dict(dtype=torch.bfloat16, hkv=8, hq=64, d=128,
@@ -83,7 +83,8 @@ def _steps(nbytes: int, gpu: bool) -> int:
 
 
 def _measure(cfg, B, L, group, rank, world, dev, cpu_group) -> dict:
-    """This rank's times (ms) for one case: step, and with world > 1 decode_only and comm_merge."""
+    """This rank's times (ms) for one case: the step; with world > 1 also decode_only and comm_merge, and the step
+    and comm_merge with the parts exchanged in the cache dtype (exchange_dtype, "_lowp")."""
     gpu = dev.type == "cuda"
     Lr = L // world
     cache = torch.empty(2, B, cfg["hkv"], Lr, cfg["d"], dtype=cfg["dtype"], device=dev)
@@ -91,23 +92,30 @@ def _measure(cfg, B, L, group, rank, world, dev, cpu_group) -> dict:
     q = torch.randn(B, cfg["hq"], cfg["d"], dtype=cfg["dtype"], device=dev)
     kv_len = torch.full((B,), L, dtype=torch.int32, device=dev)  # the global lengths a server keeps
 
-    def step():
-        return context_parallel_decode(q, cache[0], cache[1], kv_len=kv_len, group=group)
+    def step(xdt=None):
+        return context_parallel_decode(q, cache[0], cache[1], kv_len=kv_len, group=group, exchange_dtype=xdt)
 
     step()  # first call: the cross-rank check, Triton compiles, the NCCL communicator
     n = _steps(cache.numel() * cache.element_size(), gpu)
     timer = (lambda fn, k: _graph_ms(fn, k)) if gpu else _eager_ms
     res = {"step": timer(step, n), "steps": n}
-    if world > 1:
-        st = cp_decode_setup(q, cache[0], cache[1], kv_len=kv_len, group=group)
-        R, d = B * cfg["hq"], cfg["d"]
-        buf = torch.empty(world, R * d + R, dtype=torch.float32, device=dev)
-        mine_o, mine_l = buf[rank, :R * d].view(B, cfg["hq"], d), buf[rank, R * d:].view(B, cfg["hq"])
+    if world == 1:
+        return res
+    R, d = B * cfg["hq"], cfg["d"]
+    for tag, xdt in (("", torch.float32), ("_lowp", cfg["dtype"])):
+        st = cp_decode_setup(q, cache[0], cache[1], kv_len=kv_len, group=group, exchange_dtype=xdt)
+        buf = exchange_buffer(world, R, d, xdt, dev)
+        outs, lses = part_views(buf, R, d, xdt)
+        mine_o, mine_l = outs[rank].view(B, cfg["hq"], d), lses[rank].view(B, cfg["hq"])
         st.fill(mine_o, mine_l)
-        res["decode_only"] = timer(lambda: st.fill(mine_o, mine_l), n)
+        if tag:
+            step(xdt)
+            res["step" + tag] = timer(lambda: step(xdt), n)
+        else:
+            res["decode_only"] = timer(lambda: st.fill(mine_o, mine_l), n)
         dist.barrier(group=cpu_group)
-        res["comm_merge"] = timer(lambda: exchange_merge(buf, rank, st.rows, d, cfg["dtype"], group),
-                                  _steps(0, gpu) if gpu else 2)
+        res["comm_merge" + tag] = timer(lambda: exchange_merge(buf, rank, st.rows, d, cfg["dtype"], xdt, group),
+                                        _steps(0, gpu))
     if gpu:
         torch.cuda.synchronize()
     return res  # the cache is freed on return (main empties the allocator's cache before the next case)
@@ -138,26 +146,35 @@ def _record(cfg, B, L, world, t, base, dev_names, copy_tbps, gemm_tflops, gpu) -
          "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE")}
     if world > 1:
         r.update(decode_only_ms=t["decode_only"], comm_merge_ms=t["comm_merge"],
-                 added_ms=t["step"] - t["decode_only"])
+                 added_ms=t["step"] - t["decode_only"], exchange_dtype="float32",
+                 lowp_exchange={"dtype": r["dtype"], "ms": t["step_lowp"], "comm_merge_ms": t["comm_merge_lowp"],
+                                "added_ms": t["step_lowp"] - t["decode_only"]})
     if base is not None:
         r.update(world1_ms=base, vs_world1=t["step"] / base)
     return r
 
 
 def _table(records) -> str:
-    head = "B  L        world  step ms   decode-only ms  comm+merge us  added us  x world 1  % floor  device"
+    """One line per record; times in ms, the exchange's cost in us; "lowp": parts exchanged in the cache dtype."""
     if not records:
         return "cp_decode: no records"
+    cols = [(k, lambda r, k=k: r["shape"][k]) for k in ("B", "L", "world")] + [
+            ("step ms", lambda r: f"{r['ms']:.4f}"), ("x world 1", lambda r: _fmt(r.get("vs_world1"), 1, 3)),
+            ("decode only ms", lambda r: _fmt(r.get("decode_only_ms"), 1, 4)),
+            ("added us", lambda r: _fmt(r.get("added_ms"), 1e3, 1)),
+            ("comm+merge us", lambda r: _fmt(r.get("comm_merge_ms"), 1e3, 1)),
+            ("lowp added us", lambda r: _fmt(r.get("lowp_exchange", {}).get("added_ms"), 1e3, 1)),
+            ("lowp comm+merge us", lambda r: _fmt(r.get("lowp_exchange", {}).get("comm_merge_ms"), 1e3, 1)),
+            ("% floor", lambda r: _fmt(r.get("pct_of_floor"), 1, 1)), ("device", lambda r: r["device"])]
+    rows = [[str(c[0]) for c in cols]] + [[str(fn(r)) for _, fn in cols] for r in records]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
     r0, sh0 = records[0], records[0]["shape"]
-    lines = [f"cp_decode ({r0['dtype']}, Hkv {sh0['Hkv']}, Hq {sh0['Hq']}, D {sh0['D']}; {r0['timing']} time per step)",
-             head]
-    f = lambda x, s=1.0, w=8, p=4: (f"{x * s:.{p}f}" if x is not None else "-").ljust(w)  # noqa: E731
-    for r in records:
-        sh = r["shape"]
-        lines.append(f"{sh['B']:<3}{sh['L']:<9}{sh['world']:<7}{f(r['ms'], w=10)}{f(r.get('decode_only_ms'), w=16)}"
-                     f"{f(r.get('comm_merge_ms'), 1e3, 15, 1)}{f(r.get('added_ms'), 1e3, 10, 1)}"
-                     f"{f(r.get('vs_world1'), w=11, p=3)}{f(r.get('pct_of_floor'), w=9, p=1)}{r['device']}")
-    return "\n".join(lines)
+    title = f"cp_decode ({r0['dtype']}, Hkv {sh0['Hkv']}, Hq {sh0['Hq']}, D {sh0['D']}; {r0['timing']} time per step)"
+    return "\n".join([title] + ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows])
+
+
+def _fmt(x, scale, digits) -> str:
+    return "-" if x is None else f"{x * scale:.{digits}f}"
 
 
 def _init(tiny: bool):

@@ -13,7 +13,7 @@ from ..ops.xl_paged_decode.op import prepare as xl_prepare
 from ._comm import checked_plan, dtype_code, dtype_name, float_bits, gather_merge, require_equal, resolve_group
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B", "offset", "L", "rank", "world", "page"])  # runtime ints (a 1 is not constexpr)
 def _local_lens_kernel(kv_len_ptr, out_ptr, B, offset, L, rank, world, page, INTERLEAVE: tl.constexpr,
                        BLOCK: tl.constexpr):
     """This rank's share of each global length (int64 math, clamped to [0, L]): contiguous ranges
@@ -42,7 +42,7 @@ def _local_int(n: int, offset: int, L: int, rank: int, world: int, page: int) ->
 
 
 # metadata sent by context_parallel_decode's check: positions in the vector
-_ERR, _B, _HQ, _HKV, _D, _DT, _L, _SCALE, _KVKIND, _PAGE, _OFF = range(11)
+_ERR, _B, _HQ, _HKV, _D, _DT, _L, _SCALE, _KVKIND, _PAGE, _OFF, _XDT = range(12)
 
 
 def _compare_decode(allm):
@@ -54,6 +54,7 @@ def _compare_decode(allm):
     require_equal(allm, _SCALE, "sm_scale", "scale bits")
     require_equal(allm, _KVKIND, "kv_len", "kind (0 None, 1 int, 2 tensor)")
     require_equal(allm, _PAGE, "interleave", "page size")
+    require_equal(allm, _XDT, "exchange_dtype", "dtype", err=TypeError, fmt=dtype_name)
     offs = [m[_OFF] for m in allm]
     if any(o >= 0 for o in offs):  # explicit offsets: the ranges must not overlap
         if min(offs) < 0:
@@ -64,12 +65,18 @@ def _compare_decode(allm):
                 raise ValueError(f"kv_offset: rank {ra}'s tokens [{a0}, {a1}) overlap rank {rb}'s [{b0}, {b1})")
 
 
+def _check_exchange(exchange_dtype, q_dtype) -> None:
+    if exchange_dtype is not None and exchange_dtype not in (torch.float32, q_dtype):
+        raise TypeError(f"exchange_dtype must be None, torch.float32 or q's dtype {q_dtype}, got {exchange_dtype}")
+
+
 class Step(NamedTuple):
     """One rank's part of a context-parallel step: fill(out, lse) runs the local kernels; then gather_merge."""
     fill: Callable[[torch.Tensor, torch.Tensor], None]
     rows: Tuple[int, ...]
     D: int
     dtype: torch.dtype
+    part_dtype: torch.dtype
     device: torch.device
     group: object
     rank: int
@@ -88,6 +95,7 @@ def context_parallel_decode(
     kv_offset: Optional[int] = None,
     interleave: int = 0,
     validate: bool = True,
+    exchange_dtype: Optional[torch.dtype] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """masked_decode over a KV cache split along the sequence over the ranks of `group`; every rank gets the result
     of one pass over the whole cache.
@@ -108,19 +116,23 @@ def context_parallel_decode(
         kv_offset: this rank's first global token (contiguous layout), overriding the prefix sum of the L_r.
         interleave: 0 (contiguous ranges) or the page size P of the round-robin layout.
         validate: check once per (group, shapes) that every rank passes compatible arguments (one all-gather of
-            11 int64 per rank and a host sync, on the first call only; later calls with the same shapes skip it).
+            12 int64 per rank and a host sync, on the first call only; later calls with the same shapes skip it).
             False skips it: then a contiguous layout with kv_len needs kv_offset (the offsets come from the check).
+        exchange_dtype: the dtype of the partial outputs sent between ranks: None / torch.float32 (default; the
+            merge then differs from one GPU only by the order of fp32 additions), or q's dtype (half the bytes; each
+            part is rounded once more, within about one more ulp of q's dtype).
     Returns:
         (out in q's shape and dtype, lse [B, Hq] fp32), identical on every rank. A row no rank kept gets out 0,
         lse -inf. No host sync after the first call: CUDA-graph capturable (the collective included).
     """
-    st = cp_decode_setup(q, k_shard, v_shard, drop_mask, kv_len, group, sm_scale, kv_offset, interleave, validate)
-    out, lse = gather_merge(st.fill, st.rows, st.D, st.dtype, st.device, st.group, st.rank, st.world)
+    st = cp_decode_setup(q, k_shard, v_shard, drop_mask, kv_len, group, sm_scale, kv_offset, interleave, validate,
+                         exchange_dtype)
+    out, lse = gather_merge(st.fill, st.rows, st.D, st.dtype, st.part_dtype, st.device, st.group, st.rank, st.world)
     return (out.unsqueeze(2) if st.squeeze else out), lse
 
 
 def cp_decode_setup(q, k_shard, v_shard, drop_mask=None, kv_len=None, group=None, sm_scale=None, kv_offset=None,
-                    interleave=0, validate=True) -> Step:
+                    interleave=0, validate=True, exchange_dtype=None) -> Step:
     """context_parallel_decode's checks and local plan (the benchmark times fill and the exchange apart)."""
     group, rank, world = resolve_group(group)
     interleave = check_int("interleave", interleave, lo=0)
@@ -143,16 +155,18 @@ def cp_decode_setup(q, k_shard, v_shard, drop_mask=None, kv_len=None, group=None
                 raise ValueError(f"kv_len is on {kv_len.device} but q is on {qq.device}")
         elif kv_len is not None:
             check_int("kv_len", kv_len, lo=0)
+        _check_exchange(exchange_dtype, qq.dtype)
 
     B, Hq, D = (q.shape[0], q.shape[1], q.shape[-1]) if isinstance(q, torch.Tensor) and q.dim() >= 3 else (0, 0, 0)
     kshape = tuple(k_shard.shape) if isinstance(k_shard, torch.Tensor) and k_shard.dim() == 4 else (0, 0, 0, 0)
     kind = 0 if kv_len is None else (2 if isinstance(kv_len, torch.Tensor) else 1)
     scale = sm_scale if isinstance(sm_scale, (int, float)) and not isinstance(sm_scale, bool) else D ** -0.5 if D else 0
     dt = dtype_code(q.dtype) if isinstance(q, torch.Tensor) else -1
+    xdt = dtype_code(exchange_dtype) if isinstance(exchange_dtype, torch.dtype) else dtype_code(torch.float32)
     meta = [0, B, Hq, kshape[1], D, dt, kshape[2], float_bits(scale), kind, interleave,
-            -1 if kv_offset is None else kv_offset]
+            -1 if kv_offset is None else kv_offset, xdt]
     device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
-    sig = (device, B, Hq, kshape, dt, meta[_SCALE], kind, interleave, kv_offset)
+    sig = (device, B, Hq, kshape, dt, meta[_SCALE], kind, interleave, kv_offset, xdt)
     plan = checked_plan("context_parallel_decode", group, rank, world, device, sig, local_check, meta,
                         _compare_decode, validate)
     qq, k, v, drop, _, _, scale, squeeze = args["a"]
@@ -183,7 +197,7 @@ def cp_decode_setup(q, k_shard, v_shard, drop_mask=None, kv_len=None, group=None
                                                        INTERLEAVE=interleave > 0, BLOCK=128)
         masked_decode_fwd(qq, k, v, drop, lens, len_int, scale, out, lse)
 
-    return Step(fill, (B, Hq), D, qq.dtype, qq.device, group, rank, world, squeeze)
+    return Step(fill, (B, Hq), D, qq.dtype, exchange_dtype or torch.float32, qq.device, group, rank, world, squeeze)
 
 
 def context_parallel_xl_paged_decode(
@@ -198,13 +212,14 @@ def context_parallel_xl_paged_decode(
     group=None,
     validate: bool = True,
     validate_table: bool = False,
+    exchange_dtype: Optional[torch.dtype] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """xl_paged_decode over pages spread across the ranks of `group`; every rank gets (out, lse) of the whole
     context. Each rank passes its OWN pages: k_cache / v_cache its page pool, block_tables its pages of each
     sequence, context_lens [S] int32 how many of the sequence's tokens it holds (0 for none), and bd the
     positional term of those tokens in the same local order (bd[s, h, j] for local token j). Any split of a
     sequence's tokens over the ranks works (attention does not depend on the order of the keys). q and u are the
-    same on every rank. validate: as context_parallel_decode (once per shapes); validate_table: xl_paged_decode's
+    same on every rank. validate, exchange_dtype: as context_parallel_decode; validate_table: xl_paged_decode's
     host check of this rank's table (syncs every call). Returns (out [S, H, D] in q's dtype, lse [S, H] fp32).
     """
     group, rank, world = resolve_group(group)
@@ -214,11 +229,13 @@ def context_parallel_xl_paged_decode(
     def local_check():
         args["scale"] = xl_prepare(q, k_cache, v_cache, block_tables, context_lens, u, bd, scale,
                                    validate=validate_table)[0]
+        _check_exchange(exchange_dtype, q.dtype)
 
     S, H, D = tuple(q.shape) if isinstance(q, torch.Tensor) and q.dim() == 3 else (0, 0, 0)
     dt = dtype_code(q.dtype) if isinstance(q, torch.Tensor) else -1
     sc = scale if isinstance(scale, (int, float)) and not isinstance(scale, bool) else D ** -0.5 if D else 0
-    meta = [0, S, H, D, dt, float_bits(sc), u is not None, bd is not None]
+    xdt = dtype_code(exchange_dtype) if isinstance(exchange_dtype, torch.dtype) else dtype_code(torch.float32)
+    meta = [0, S, H, D, dt, float_bits(sc), u is not None, bd is not None, xdt]
     device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
 
     def compare(allm):
@@ -229,9 +246,10 @@ def context_parallel_xl_paged_decode(
         require_equal(allm, 5, "scale", "scale bits")
         require_equal(allm, 6, "u", "u given (1) or not (0):")
         require_equal(allm, 7, "bd", "bd given (1) or not (0):")
+        require_equal(allm, 8, "exchange_dtype", "dtype", err=TypeError, fmt=dtype_name)
 
-    sig = (device, S, H, D, dt, meta[5], meta[6], meta[7], tuple(k_cache.shape) if isinstance(k_cache, torch.Tensor)
-           else None)
+    kshape = tuple(k_cache.shape) if isinstance(k_cache, torch.Tensor) else None
+    sig = (device, S, H, D, dt, meta[5], meta[6], meta[7], xdt, kshape)
     checked_plan("context_parallel_xl_paged_decode", group, rank, world, device, sig, local_check, meta, compare,
                  validate)
     lens = context_lens.contiguous()
@@ -239,4 +257,4 @@ def context_parallel_xl_paged_decode(
     def fill(out, lse):
         xl_paged_decode_fwd(q, k_cache, v_cache, block_tables, lens, u, bd, args["scale"], out, lse)
 
-    return gather_merge(fill, (S, H), D, q.dtype, q.device, group, rank, world)
+    return gather_merge(fill, (S, H), D, q.dtype, exchange_dtype or torch.float32, q.device, group, rank, world)
