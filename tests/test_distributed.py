@@ -131,6 +131,10 @@ def cp_worker(rank, world):
     q, k, v, _, _, toks, _ = _cp_full(name, c, world)
     again = context_parallel_decode(q, _shard(k, toks[rank]), _shard(v, toks[rank]))
     res["even_again"] = (again, len(calls) - before)  # same shapes: no second metadata check
+    solos = [dist.new_group([r]) for r in range(world)]  # every rank creates every group
+    q, k, v, drop, kv_len, _, _ = _cp_full("uneven_mask_lens", _cp_cases(world)["uneven_mask_lens"], world)
+    res["solo"] = [_catch(lambda: context_parallel_decode(q, k, v, drop, kv_len=n, group=solos[rank]))
+                   for n in (kv_len, kv_len.long(), 11, None)]
     res.update(_error_cases(rank, world))
     res.update(_xl_worker(rank, world))
     res.update(_tp_worker(rank, world))
@@ -201,6 +205,15 @@ def test_metadata_checked_once(spawned):
     for r in res:
         again, checks = r["even_again"]
         assert checks == 0 and torch.equal(again[0], r["even"][0])
+
+
+def test_group_of_one_is_masked_decode(spawned):
+    world, res = spawned
+    q, k, v, drop, kv_len, _, _ = _cp_full("uneven_mask_lens", _cp_cases(world)["uneven_mask_lens"], world)
+    for got, n in zip(res[0]["solo"], (kv_len, kv_len.long(), 11, None)):
+        assert not isinstance(got[0], str), got
+        want = masked_decode(q, k, v, drop, kv_len=n)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 # ---- errors -------------------------------------------------------------------------------------------------

@@ -81,6 +81,10 @@ def checked_plan(op: str, group, rank: int, world: int, device: torch.device, si
     if plan is not None or not validate:
         local_check()
         return plan
+    if world == 1:  # nothing to compare: no collective
+        local_check()
+        plan = _CHECKED[key] = {"meta": [list(meta)]}
+        return plan
     if capturing(device):
         raise RuntimeError(f"{op}: the first call with these shapes checks the shards of every rank (a small "
                            f"all-gather and a host sync), which cannot run inside CUDA-graph capture; call it once "

@@ -1,6 +1,7 @@
 """Tensor-parallel sparse MLA: the query heads split over the ranks of a process group, kv (the one latent head),
 indices and the indexer replicated. Each rank computes its heads; the head sums (attn_dist, kv's gradient) are
-all-reduced, so every rank ends with exactly what one GPU computes for its heads, plus the full loss and dkv."""
+all-reduced, so every rank ends with what one GPU computes for its heads, plus the full loss and dkv (up to the
+order of fp32 additions)."""
 from typing import Optional, Union
 
 import torch
@@ -26,7 +27,8 @@ def _checked(op, group, q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q
     def shape(t, i):
         return t.shape[i] if isinstance(t, Tensor) and t.dim() > i else -1
 
-    qs = -1 if q_start is None else (-2 if isinstance(q_start, Tensor) else q_start)
+    qs = -1 if q_start is None else -2 if isinstance(q_start, Tensor) else \
+        q_start if isinstance(q_start, int) and not isinstance(q_start, bool) else -3  # -3: prepare() will refuse it
     sc = sm_scale if isinstance(sm_scale, (int, float)) and not isinstance(sm_scale, bool) else 0.0
     meta = [0, shape(q, 0), shape(q, -1), shape(kv, 0), shape(indices, -1),
             dtype_code(q.dtype) if isinstance(q, Tensor) else -1, float_bits(sc),
@@ -42,8 +44,9 @@ def _checked(op, group, q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q
         require_equal(allm, 5, "q", "dtype", err=TypeError, fmt=dtype_name)
 
     device = q.device if isinstance(q, Tensor) else torch.device("cpu")
-    checked_plan(op, group, rank, world, device, tuple(meta[1:]) + (device, shape(q, 1)), local_check, meta,
-                 compare, validate)
+    # the key: the shapes and flags, not q_start's value (compared on the first call, free to change afterwards)
+    key = tuple(meta[1:8]) + (min(qs, 0),) + tuple(meta[9:]) + (device, shape(q, 1))
+    checked_plan(op, group, rank, world, device, key, local_check, meta, compare, validate)
     return box["a"], group
 
 
