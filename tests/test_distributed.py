@@ -69,6 +69,7 @@ def _cp_cases(world):
     un = {2: [29, 7], 3: [20, 0, 13]}[world]
     return {
         "even": dict(lens=[16] * world),
+        "empty_shard": dict(lens={2: [25, 0], 3: [0, 12, 9]}[world], mask=0.2),
         "uneven_mask_lens": dict(lens=un, mask=0.3,
                                  kv_len=lambda T, ls: torch.tensor([T, ls[0] - 3], dtype=torch.int32)),
         "int64_lens_clamped": dict(lens={2: [10, 30], 3: [10, 14, 9]}[world], mask=0.2,
@@ -171,7 +172,7 @@ def spawned(request, tmp_path_factory):
     return world, _spawn(world, "cp_worker", tmp_path_factory.mktemp(f"w{world}"))
 
 
-@pytest.mark.parametrize("name", ["even", "uneven_mask_lens", "int64_lens_clamped", "int_len", "all_dropped",
+@pytest.mark.parametrize("name", ["even", "empty_shard", "uneven_mask_lens", "int64_lens_clamped", "int_len", "all_dropped",
                                   "interleave", "lowp_exchange", "q4d_explicit_offset"])
 def test_cp_decode_matches_one_process(spawned, name):
     world, res = spawned
