@@ -460,6 +460,17 @@ def test_bench_tiny(tmp_path):
     assert "cp_decode" in p.stdout and "world" in p.stdout  # the table
 
 
+def test_gpu_check_script_dry_run_on_cpu():
+    """The 2-GPU check script itself (its plumbing, at small sizes in fp16): device time is not spent on its bugs."""
+    if torch.cuda.is_available():
+        pytest.skip("the GPU machine runs the script for real (test_gpu_two_ranks)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), TRITON_INTERPRET="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           os.path.join(os.path.dirname(__file__), "distributed_gpu_check.py")]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "gpu_check: all passed" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+
+
 # ---- GPUs (NCCL) ----------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
