@@ -52,7 +52,8 @@ def full_cache(B, Hkv, Hq, T, D, dtype, seed):
 def check_cp_uneven_masked(rank, world):
     """Uneven contiguous shards, a drop mask, per-sequence global lengths (one empty sequence)."""
     T = 3000 if GPU else 300
-    lens = [T * 19 // 30, T - T * 19 // 30] if world == 2 else [T // world] * (world - 1) + [T - T // world * (world - 1)]
+    cuts = [0, T * 19 // 30, T] if world == 2 else [T * r // world for r in range(world + 1)]  # uneven at world 2
+    lens = [b - a for a, b in zip(cuts, cuts[1:])]
     off = sum(lens[:rank])
     q, k, v, drop = full_cache(3, 2, 16, T, 128, DT, 1)
     kv_len = torch.tensor([T, T // 2, 0], dtype=torch.int32, device=DEV)

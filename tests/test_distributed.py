@@ -172,8 +172,8 @@ def spawned(request, tmp_path_factory):
     return world, _spawn(world, "cp_worker", tmp_path_factory.mktemp(f"w{world}"))
 
 
-@pytest.mark.parametrize("name", ["even", "empty_shard", "uneven_mask_lens", "int64_lens_clamped", "int_len", "all_dropped",
-                                  "interleave", "lowp_exchange", "q4d_explicit_offset"])
+@pytest.mark.parametrize("name", ["even", "empty_shard", "uneven_mask_lens", "int64_lens_clamped", "int_len",
+                                  "all_dropped", "interleave", "lowp_exchange", "q4d_explicit_offset"])
 def test_cp_decode_matches_one_process(spawned, name):
     world, res = spawned
     c = _cp_cases(world)[name]
