@@ -35,6 +35,58 @@ def _(q, k, v, drop_mask, kv_lens, kv_len, sm_scale):
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
+def prepare(q, k, v, drop_mask, kv_len, sm_scale, names=("k", "v")):
+    """masked_decode's argument checks (errors name k and v as `names`); returns the launcher's arguments
+    (q [B, Hq, D], k, v, drop_mask, kv_lens int32/int64 tensor or None, kv_len int, scale, squeeze: q was 4-d)."""
+    kn, vn = names
+    check_tensor("q", q, dtypes=_DTYPES, ndim=(3, 4))
+    squeeze = q.dim() == 4
+    if squeeze:
+        if q.shape[2] != 1:
+            raise ValueError(f"q must be [B, Hq, D] or [B, Hq, 1, D] (one new token), got shape {tuple(q.shape)}")
+        q = q[:, :, 0]
+    check_tensor(kn, k, ndim=4)
+    check_tensor(vn, v, ndim=4)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, {kn} and {vn} must share one dtype, got q {q.dtype}, {kn} {k.dtype}, {vn} {v.dtype}")
+    B, Hq, D = q.shape
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"{kn} and {vn} must have the same shape, got {kn} {tuple(k.shape)} and {vn} "
+                         f"{tuple(v.shape)}")
+    Bk, Hkv, L, Dk = k.shape
+    if Bk != B:
+        raise ValueError(f"{kn} has batch {Bk} but q has batch {B}")
+    if Dk != D:
+        raise ValueError(f"{kn} has head dim {Dk} but q has head dim {D}")
+    if D not in _HEAD_DIMS:
+        raise ValueError(f"head dim D must be one of {_HEAD_DIMS}, got {D}")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise ValueError(f"q heads ({Hq}) must be a positive multiple of {kn}/{vn} heads ({Hkv})")
+    for name, t in (("q", q), (kn, k), (vn, v)):
+        check_unit_last_stride(name, t)
+    if drop_mask is not None:
+        check_tensor("drop_mask", drop_mask, dtypes=(torch.bool,))
+        check_shape("drop_mask", drop_mask, (B, Hkv, L), "[B, Hkv, L], True = drop")
+    kv_lens = None
+    if kv_len is None:
+        kv_len_int = L
+    elif isinstance(kv_len, torch.Tensor):
+        check_tensor("kv_len", kv_len, dtypes=(torch.int32, torch.int64))
+        check_shape("kv_len", kv_len, (B,), "one length per sequence")
+        kv_lens = kv_len.contiguous()  # clamped to [0, L] in the kernel, in its own dtype (2**32 + 3 stays big)
+        kv_len_int = L
+    elif isinstance(kv_len, int) and not isinstance(kv_len, bool):
+        if not 0 <= kv_len <= L:
+            raise ValueError(f"kv_len must be in [0, L={L}], got {kv_len}")
+        kv_len_int = kv_len
+    else:
+        raise TypeError(f"kv_len must be None, an int or an int tensor [B], got {type(kv_len).__name__}")
+    scale = D ** -0.5 if sm_scale is None else check_scale("sm_scale", sm_scale)
+    check_same_device(**{"q": q, kn: k, vn: v, "drop_mask": drop_mask, "kv_len": kv_lens})
+    check_interpreter_dtype(q=q)
+    return q, k, v, drop_mask, kv_lens, kv_len_int, scale, squeeze
+
+
 def masked_decode(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -69,50 +121,7 @@ def masked_decode(
             out, lse = _run(plan, q[:, :, 0] if squeeze else q, k, v, drop_mask,
                             lens_t.contiguous() if lens_t is not None else None)
             return (out.unsqueeze(2) if squeeze else out), lse
-    check_tensor("q", q, dtypes=_DTYPES, ndim=(3, 4))
-    squeeze = q.dim() == 4
-    if squeeze:
-        if q.shape[2] != 1:
-            raise ValueError(f"q must be [B, Hq, D] or [B, Hq, 1, D] (one new token), got shape {tuple(q.shape)}")
-        q = q[:, :, 0]
-    check_tensor("k", k, ndim=4)
-    check_tensor("v", v, ndim=4)
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    B, Hq, D = q.shape
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    Bk, Hkv, L, Dk = k.shape
-    if Bk != B:
-        raise ValueError(f"k has batch {Bk} but q has batch {B}")
-    if Dk != D:
-        raise ValueError(f"k has head dim {Dk} but q has head dim {D}")
-    if D not in _HEAD_DIMS:
-        raise ValueError(f"head dim D must be one of {_HEAD_DIMS}, got {D}")
-    if Hkv == 0 or Hq % Hkv != 0:
-        raise ValueError(f"q heads ({Hq}) must be a positive multiple of k/v heads ({Hkv})")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_unit_last_stride(name, t)
-    if drop_mask is not None:
-        check_tensor("drop_mask", drop_mask, dtypes=(torch.bool,))
-        check_shape("drop_mask", drop_mask, (B, Hkv, L), "[B, Hkv, L], True = drop")
-    kv_lens = None
-    if kv_len is None:
-        kv_len_int = L
-    elif isinstance(kv_len, torch.Tensor):
-        check_tensor("kv_len", kv_len, dtypes=(torch.int32, torch.int64))
-        check_shape("kv_len", kv_len, (B,), "one length per sequence")
-        kv_lens = kv_len.contiguous()  # clamped to [0, L] in the kernel, in its own dtype (an int64 2**32 + 3 must not wrap to 3)
-        kv_len_int = L
-    elif isinstance(kv_len, int) and not isinstance(kv_len, bool):
-        if not 0 <= kv_len <= L:
-            raise ValueError(f"kv_len must be in [0, L={L}], got {kv_len}")
-        kv_len_int = kv_len
-    else:
-        raise TypeError(f"kv_len must be None, an int or an int tensor [B], got {type(kv_len).__name__}")
-    scale = D ** -0.5 if sm_scale is None else check_scale("sm_scale", sm_scale)
-    check_same_device(q=q, k=k, v=v, drop_mask=drop_mask, kv_len=kv_lens)
-    check_interpreter_dtype(q=q)
+    q, k, v, drop_mask, kv_lens, kv_len_int, scale, squeeze = prepare(q, k, v, drop_mask, kv_len, sm_scale)
     if not tracing() and direct_ok(q, k, v, drop_mask, kv_lens):  # the custom op would only run _run: call it
         plan = _CHECKED.put(key, (decode_plan(q, k, v, drop_mask, kv_lens, kv_len_int, scale), squeeze))[0]
         out, lse = _run(plan, q, k, v, drop_mask, kv_lens)

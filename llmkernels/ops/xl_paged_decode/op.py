@@ -98,6 +98,41 @@ def _validate_table(block_tables, context_lens, num_blocks: int, block_size: int
         raise ValueError(f"block_tables[{s}, {b}] = {tbl[s, b].item()} is a used block outside [0, {num_blocks})")
 
 
+def prepare(q, k_cache, v_cache, block_tables, context_lens, u, bd, scale, return_lse: bool = False,
+            validate: bool = False):
+    """xl_paged_decode's argument checks (and the host table check when validate); returns (scale, return_lse)."""
+    check_tensor("q", q, dtypes=_DTYPES, ndim=3)
+    S, H, D = q.shape
+    if D not in _HEAD_DIMS:
+        raise ValueError(f"head dim D must be one of {_HEAD_DIMS}, got {D}")
+    check_unit_last_stride("q", q)
+    nb, bs, hkv, _ = _cache_geometry(q, k_cache, v_cache)
+    check_tensor("block_tables", block_tables, dtypes=(torch.int32,), ndim=2)
+    if block_tables.shape[0] != S:
+        raise ValueError(f"block_tables must have S={S} rows, got shape {tuple(block_tables.shape)}")
+    check_tensor("context_lens", context_lens, dtypes=(torch.int32,), ndim=1)
+    if context_lens.shape[0] != S:
+        raise ValueError(f"context_lens must have shape ({S},), got {tuple(context_lens.shape)}")
+    if u is not None:
+        check_tensor("u", u, dtypes=_DTYPES, ndim=(2, 3))
+        if tuple(u.shape) not in ((S, H, D), (H, D)):
+            raise ValueError(f"u must be [S, H, D] = {(S, H, D)} or [H, D] = {(H, D)}, got {tuple(u.shape)}")
+        check_unit_last_stride("u", u)
+    if bd is not None:
+        check_tensor("bd", bd, dtypes=_DTYPES, ndim=3)
+        if bd.shape[:2] != (S, H):
+            raise ValueError(f"bd must be [S, H, max_context] with S={S}, H={H}, got {tuple(bd.shape)}")
+    scale = D ** -0.5 if scale is None else check_scale("scale", scale)
+    check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
+                      context_lens=context_lens, u=u, bd=bd)
+    check_interpreter_dtype(q=q)
+    return_lse, validate = check_bool("return_lse", return_lse), check_bool("validate", validate)
+    if validate:
+        max_len = block_tables.shape[1] * bs if bd is None else min(block_tables.shape[1] * bs, bd.shape[-1])
+        _validate_table(block_tables, context_lens, nb, bs, max_len)
+    return scale, return_lse
+
+
 def xl_paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -144,35 +179,8 @@ def xl_paged_decode(
         if plan is not None and direct_ok(q, k_cache, v_cache, block_tables, context_lens, u, bd):
             out, lse = _run(plan, q, k_cache, v_cache, block_tables, context_lens, u, bd)
             return (out, lse) if return_lse else out
-    check_tensor("q", q, dtypes=_DTYPES, ndim=3)
-    S, H, D = q.shape
-    if D not in _HEAD_DIMS:
-        raise ValueError(f"head dim D must be one of {_HEAD_DIMS}, got {D}")
-    check_unit_last_stride("q", q)
-    nb, bs, hkv, _ = _cache_geometry(q, k_cache, v_cache)
-    check_tensor("block_tables", block_tables, dtypes=(torch.int32,), ndim=2)
-    if block_tables.shape[0] != S:
-        raise ValueError(f"block_tables must have S={S} rows, got shape {tuple(block_tables.shape)}")
-    check_tensor("context_lens", context_lens, dtypes=(torch.int32,), ndim=1)
-    if context_lens.shape[0] != S:
-        raise ValueError(f"context_lens must have shape ({S},), got {tuple(context_lens.shape)}")
-    if u is not None:
-        check_tensor("u", u, dtypes=_DTYPES, ndim=(2, 3))
-        if tuple(u.shape) not in ((S, H, D), (H, D)):
-            raise ValueError(f"u must be [S, H, D] = {(S, H, D)} or [H, D] = {(H, D)}, got {tuple(u.shape)}")
-        check_unit_last_stride("u", u)
-    if bd is not None:
-        check_tensor("bd", bd, dtypes=_DTYPES, ndim=3)
-        if bd.shape[:2] != (S, H):
-            raise ValueError(f"bd must be [S, H, max_context] with S={S}, H={H}, got {tuple(bd.shape)}")
-    scale = D ** -0.5 if scale is None else check_scale("scale", scale)
-    check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
-                      context_lens=context_lens, u=u, bd=bd)
-    check_interpreter_dtype(q=q)
-    return_lse, validate = check_bool("return_lse", return_lse), check_bool("validate", validate)
-    if validate:
-        max_len = block_tables.shape[1] * bs if bd is None else min(block_tables.shape[1] * bs, bd.shape[-1])
-        _validate_table(block_tables, context_lens, nb, bs, max_len)
+    scale, return_lse = prepare(q, k_cache, v_cache, block_tables, context_lens, u, bd, scale, return_lse,
+                                validate)
     args = (q, k_cache, v_cache, block_tables, context_lens, u, bd)
     if context_lens.stride(0) == 1 and not validate and not tracing() and direct_ok(*args):
         # the custom op would only run _run: call it, and let the next call with this key skip the checks
