@@ -83,8 +83,12 @@ def run_planned(token: int, fn, *args):
 
 
 def direct_ok(*tensors) -> bool:
-    """True where calling an op's implementation directly is what torch's dispatcher would do anyway."""
+    """True where calling an op's implementation directly is what torch's dispatcher would do anyway. The first tensor
+    is the op's leading input: on CUDA, or the CPU under the interpreter (meta tensors go to the fake kernel)."""
     if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return False
+    t0 = tensors[0]
+    if not t0.is_cuda and (t0.device.type != "cpu" or not interpreting()):
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
