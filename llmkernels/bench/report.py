@@ -37,6 +37,7 @@ def plot(records: list[dict], path: str) -> bool:
     except ImportError:
         print("matplotlib is not installed (pip install 'llmkernels[plot]'): no plot written")
         return False
+    records = [r for r in records if not eager(r)]  # % of floor is a GPU-time figure
     ops = sorted({r["op"] for r in records})
     if not ops:
         return False
@@ -86,6 +87,25 @@ HEADLINES = [
 
 def _ours(r: dict) -> bool:
     return r["impl"].startswith("llmkernels")
+
+
+def eager(r: dict) -> bool:
+    """A record of `llmkernels bench --eager`: wall time per eager call (host included), not GPU time."""
+    return r.get("timing") == "eager"
+
+
+def eager_table(records: list[dict]) -> str:
+    """Eager calls: our wall time per call beside the peers' from the same run (us), one row per op and shape."""
+    rows = [r for r in records if eager(r) and _ours(r)]
+    if not rows:
+        return ""
+    lines = ["| op | shape | llmkernels us per call | peers in the same run (us per call) | commit |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        peers = ", ".join(f"{p['impl'].removesuffix('-eager')} {p['ms'] * 1e3:.1f}" for p in _peers(records, r, True))
+        lines.append(f"| {r['op']} | {shape_str(r['shape'])} | {r['ms'] * 1e3:.1f} | {peers or '-'} | "
+                     f"{r.get('commit', '')} |")
+    return "\n".join(lines)
 
 
 def _run(r: dict) -> tuple:
@@ -156,8 +176,21 @@ def _device_sections(records: list[dict], body) -> str:
     return "\n\n".join(parts) if parts else "_No records yet._"
 
 
+def _with_eager(body):
+    """body(GPU-time records), then the eager-call table of the same device, if any."""
+    def both(recs):
+        text = body([r for r in recs if not eager(r)])
+        et = eager_table(recs)
+        return text + ("\n\n" + EAGER_HEADER + "\n\n" + et if et else "")
+    return both
+
+
+EAGER_HEADER = ("Eager calls (`llmkernels bench --eager`): wall time per call of 300 back-to-back calls from plain "
+                "PyTorch at a small shape, host included (median of 5 rounds); the peers through their usual eager API.")
+
+
 def readme_section(records: list[dict]) -> str:
-    return _device_sections(records, headline_table)
+    return _device_sections(records, _with_eager(headline_table))
 
 
 FULL_HEADER = """# Benchmark results (all records)
@@ -172,7 +205,7 @@ row was not installed or does not support the case. How each op is timed, and th
 
 
 def full_page(records: list[dict]) -> str:
-    return FULL_HEADER + "\n" + _device_sections(records, summary_table) + "\n"
+    return FULL_HEADER + "\n" + _device_sections(records, _with_eager(summary_table)) + "\n"
 
 
 def update_readme(readme: str, paths) -> None:
