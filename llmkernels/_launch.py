@@ -155,11 +155,15 @@ def launch(fn, grid, *args, **kwargs) -> None:
         if key is not None:
             _SITES[key] = hit
     else:
-        d, tail = hit
-        g = tuple(grid) + (1, 1)
-        d[0](g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(d[1]), *d[2:], *args, *tail)
+        _fire(hit, tuple(grid) + (1, 1), args)
     if token is not None:
         _SITES[(token, n)] = (fn, hit)
+
+
+def _fire(kept, g, args) -> None:
+    """Launch a kept compiled kernel (see _direct) on grid g (3 or more entries) on the current stream."""
+    d, tail = kept
+    d[0](g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(d[1]), *d[2:], *args, *tail)
 
 
 def _direct(fn, ck, n_args, kwargs):
@@ -184,23 +188,19 @@ class Launch:
     the arguments specialise as on the first call, which the plan's key guarantees. Arguments are positional, in the
     kernel's order; constexprs (and options such as num_warps) are keywords. Launch hooks (profilers) and the
     interpreter take Triton's path every time."""
-    __slots__ = ("fn", "grid", "kwargs", "direct", "tail")
+    __slots__ = ("fn", "grid", "kwargs", "kept")
 
     def __init__(self, fn, grid, **kwargs):
-        self.fn, self.kwargs, self.direct, self.tail = fn, kwargs, None, ()
+        self.fn, self.kwargs, self.kept = fn, kwargs, None
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
 
     def __call__(self, *args):
-        d = self.direct
-        if d is not None and not _hooks():
-            g = self.grid
-            d[0](g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(d[1]), *d[2:], *args, *self.tail)
+        if self.kept is not None and not _hooks():
+            _fire(self.kept, self.grid, args)
             return
         ck = self.fn[self.grid](*args, **self.kwargs)
-        if d is None and not interpreting():
-            kept = _direct(self.fn, ck, len(args), self.kwargs)
-            if kept is not None:
-                self.direct, self.tail = kept
+        if self.kept is None and not interpreting():
+            self.kept = _direct(self.fn, ck, len(args), self.kwargs)
 
 
 def _hooks() -> bool:

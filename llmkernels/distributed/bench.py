@@ -28,7 +28,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import triton  # noqa: E402
 
-from ..bench.harness import _git_commit, merge_records  # noqa: E402
+from ..bench.harness import _git_commit, _graph_time_ms, merge_records  # noqa: E402
 from ..bench.report import device_slug  # noqa: E402
 from ._comm import exchange_buffer, exchange_merge, part_views  # noqa: E402
 from .decode import context_parallel_decode, cp_decode_setup  # noqa: E402
@@ -40,29 +40,9 @@ TARGET_MS = 25.0  # replay length: a rank's launch skew (~10 us) and the replay'
 
 
 def _graph_ms(fn, steps: int, reps: int = 10) -> float:
-    """Median time per step of `steps` calls of fn replayed from one CUDA graph (warmed up on a side stream)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(steps):
-            fn()
-    for _ in range(2):
-        g.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / steps)
-    del g
-    return sorted(times)[len(times) // 2]
+    """Median time per step of `steps` calls of fn replayed from one CUDA graph (the harness's graph timing with a
+    fixed step count: every rank must capture the same collectives)."""
+    return _graph_time_ms([fn], calls=steps, reps=reps)
 
 
 def _eager_ms(fn, steps: int) -> float:
