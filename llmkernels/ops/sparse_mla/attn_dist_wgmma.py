@@ -4,7 +4,7 @@ flight, not to q. Above 64 heads one program per (query row, block of 128 heads)
 of rows (then one per row for the last ones).
 
 Gluon has no interpreter: the plain-Triton kernel in attn_dist.py is the portable path (and what CPU tests
-cover); this one runs on sm_90 and is tested on the GPU (tests marked gpu, scripts/sparse_mla_gluon_device.py).
+cover); this one runs on sm_90 and is tested on the GPU (tests marked gpu, scripts/memcheck.py).
 """
 import torch
 import triton
@@ -191,7 +191,7 @@ if HAVE_GLUON:
             t = _ws_idx(idx_ptr, row, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after the wgmma
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-            if GATHER_ONLY:  # probe: the producer's gather rate alone (scripts/sparse_mla_gluon_device.py)
+            if GATHER_ONLY:  # probe: the producer's gather rate alone (scripts/sparse_mla_ab.py at d0673ea)
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(s), count=1)
             else:

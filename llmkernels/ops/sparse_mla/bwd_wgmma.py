@@ -479,7 +479,7 @@ def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, b
     # DC 128: twice the N of the Triton pass's wgmmas and half its P / dS re-reads; q, dO column blocks (64 KB),
     # two slots (96 KB) and the fp32 staging of one dKV tile (32 KB) fill shared memory. The producer keeps 12
     # rows' addresses: 72 registers (40 spill; the rest of the 72 B stack is the shared prologue's, read once).
-    # RED 3: the reductions are bound by the L2 (3.3 TB/s, scripts/red_ceiling.py), so consumer 1 hands them to
+    # RED 3: the reductions are bound by the L2 (3.3 TB/s, notes: sparse_mla_bwd.md), so consumer 1 hands them to
     # consumer 0 instead of stalling its next wgmmas behind them: 17.0 -> 15.7 ms (h_q 128), 11.3 -> 10.3 (h_q 64)
     # for the whole backward; a second staging buffer measured slower (16.3 / 10.9)
     # DC 256 at 64 heads (q, dO blocks 64 KB, slots 96 KB, staging 64 KB: 229.7 KB) reads P / dS 5 instead of 9

@@ -248,7 +248,7 @@ def default_config(D: int, esize: int, legacy: bool = False, G: int = 1) -> dict
 
 
 # Overrides of default_config per (layout, "mha" (G == 1) / "gqa" (G > 1)), from the device sweeps of
-# scripts/xl_legacy_sweep.py (benchmarks/notes/xl_legacy_sweep_run*.txt): legacy MHA reads K and V in memory order
+# xl_legacy_sweep.py (benchmarks/notes/xl_paged_decode.md, "v4 measured"): legacy MHA reads K and V in memory order
 # with the reduce path, one 16-token tile per iteration, 2 warps, 32 programs per SM (occupancy hides the latency
 # that the missing cp.async pipeline leaves): 92.0 / 92.2 % of the floor against v2's 74 / 76 %.
 LAYOUT_DEFAULTS = {("legacy", "mha"): {"mha_path": "reduce", "prefetch_table": True, "programs_per_sm": 32,
