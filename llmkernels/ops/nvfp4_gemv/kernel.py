@@ -618,7 +618,7 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: boo
     static_weights (a and sfa not written by a kernel that may still run when this one starts): launch with
     programmatic dependent launch, first weight tile loaded before griddepcontrol.wait; one-warp programs over
     64 blocks for rows of 128-256 blocks with >= 16 row tiles per SM, else 4-warp programs over 256 blocks
-    whenever rows are that long (H100 sweeps, benchmarks/notes/nvfp4_pdl_sweep_run1/2.txt, nvfp4_static_tiles.txt).
+    whenever rows are that long (H100 sweeps, benchmarks/notes/nvfp4_gemv.md: "What the device said", round 8).
 
     Measured on H100 (benchmarks/notes/nvfp4_gemv.md): 2-warp programs over 128 blocks win when there are few
     row tiles per SM, 4-warp programs over 256 blocks when there are many (>= 16 per SM); K is split only
