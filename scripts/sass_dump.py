@@ -30,7 +30,6 @@ from llmkernels.ops.sparse_mla import attn_dist_wgmma as W  # noqa: E402
 from llmkernels.ops.sparse_mla import bwd as SB  # noqa: E402
 from llmkernels.ops.sparse_mla import common  # noqa: E402
 from llmkernels.ops.sparse_mla import fwd as SF  # noqa: E402
-from llmkernels.ops.sparse_mla import fwd_wgmma as WF  # noqa: E402
 from llmkernels.ops.xl_paged_decode import kernel as XL  # noqa: E402
 from llmkernels.distributed import decode as CP  # noqa: E402
 

@@ -342,7 +342,8 @@ VARIANT_CASES = [
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}={v[k]}" for k in v))
-@pytest.mark.parametrize("case", VARIANT_CASES, ids=lambda c: f"G{c[1] // c[2]}-D{c[3]}-bs{c[4]}-{c[6]}-{str(c[7])[6:]}")
+@pytest.mark.parametrize("case", VARIANT_CASES,
+                         ids=lambda c: f"G{c[1] // c[2]}-D{c[3]}-bs{c[4]}-{c[6]}-{str(c[7])[6:]}")
 def test_variants_match_reference(case, variant, device, monkeypatch):
     """Every variant, NaN-poisoned split buffers and outputs, small tiles so there are several splits and tails."""
     S, H, Hkv, D, bs, ctx, layout, dtype, u, bd = case

@@ -366,11 +366,13 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
             _gdc_trigger(EMIT)
     if PERSISTENT:
         for t in range(tl.program_id(0), n_mtiles * L, tl.num_programs(0)):
-            _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, t % n_mtiles, (t // n_mtiles).to(tl.int64),
+            _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, t % n_mtiles,
+                      (t // n_mtiles).to(tl.int64),
                       # split 0 as a runtime value: with a constant 0 the K offsets look fully contiguous and
                       # the weight loads get a wider layout than the math (shared-memory shuffles)
-                      tl.program_id(2), M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl, s_om, s_ol,
-                      BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, L2, EVEN, LUT_REG)
+                      tl.program_id(2), M, L, KB, per_split, s_al, s_am, s_sam, s_sak, s_sal, s_bl, s_sbk, s_sbl,
+                      s_om, s_ol, BM, BB, PARTIAL, PREFETCH, USE_ASM, FIX_NAN, USE_GDC, PRE, TRIGGER, EMIT, L2, EVEN,
+                      LUT_REG)
     else:
         _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, tl.program_id(0),
                   tl.program_id(1).to(tl.int64), tl.program_id(2),
@@ -655,8 +657,8 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: boo
     # programs at (4096, 4096, 1), so only with several tiles. (Notes, round 11.)
     plan = dict(BM=BM, BB=BB, num_warps=nw, split=split, num_stages=1, even=even, lut_reg=KB > BB)
     if static_weights:  # read the first weight tile before waiting on the previous kernel (PDL), release the next at
-        # once; b and sfb prefetched into L2 before the wait by the first row tile of each batch (notes round 10: +6 points
-        # at (4096, 4096, 1), within +-1 elsewhere)
+        # once; b and sfb prefetched into L2 before the wait by the first row tile of each batch (notes round 10: +6
+        # points at (4096, 4096, 1), within +-1 elsewhere)
         plan.update(pdl=True, pre=1, trigger="entry", l2=True)
     return plan
 
@@ -715,9 +717,9 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1), **({"launch_pdl": True} if pdl else {}))
     if split > 1:
         blk = 256
-        launch(_reduce_kernel, (triton.cdiv(M, blk), L), part, out, part, part, alpha, L, M, out.stride(2), out.stride(0),
-                                                 SPLIT=split, BLOCK=blk, HAS_SCALE_PTR=False, HAS_BIAS=False,
-                                                 USE_GDC=pdl, **({"launch_pdl": True} if pdl else {}))
+        launch(_reduce_kernel, (triton.cdiv(M, blk), L), part, out, part, part, alpha, L, M, out.stride(2),
+               out.stride(0), SPLIT=split, BLOCK=blk, HAS_SCALE_PTR=False, HAS_BIAS=False, USE_GDC=pdl,
+               **({"launch_pdl": True} if pdl else {}))
     return out
 
 
@@ -745,8 +747,8 @@ def _reduce_linear(part, y, gs, bias):
     """y [T, N] = global scale * sum over splits of part [S, T, N] (+ bias), in a fixed order."""
     S, T, N = part.shape
     blk = 256
-    launch(_reduce_kernel, (triton.cdiv(N, blk), T), part, y, gs, bias if bias is not None else gs, 1.0, T, N, y.stride(0), 1,
-                                             SPLIT=S, BLOCK=blk, HAS_SCALE_PTR=True, HAS_BIAS=bias is not None)
+    launch(_reduce_kernel, (triton.cdiv(N, blk), T), part, y, gs, bias if bias is not None else gs, 1.0, T, N,
+           y.stride(0), 1, SPLIT=S, BLOCK=blk, HAS_SCALE_PTR=True, HAS_BIAS=bias is not None)
 
 
 MMA_MAX_T = 16  # tokens of the register-fed mma kernel: one or two groups of 8 (the mma's N)

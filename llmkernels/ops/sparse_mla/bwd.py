@@ -276,7 +276,7 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
             sorted_keys, perm = torch.sort(k, stable=True)  # stable: listings of a kv row stay in (row, slot) order
             rowptr = torch.searchsorted(sorted_keys, kv_ids)
             launch(_reduce_kernel, (s_kv,), contrib, perm, rowptr, dkv_fp32, topk, n_hb,
-                                    D_QK=d_qk, DV=dv, DR=dr, FIRST=row0 == 0, E=8, num_warps=4)
+                   D_QK=d_qk, DV=dv, DR=dr, FIRST=row0 == 0, E=8, num_warps=4)
     return dkv_fp32, delta
 
 

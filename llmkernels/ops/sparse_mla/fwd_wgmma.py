@@ -175,7 +175,6 @@ if HAVE_GLUON:
         orow_l: gl.constexpr = gl.SliceLayout(1, o_l)
         col_l: gl.constexpr = gl.SliceLayout(0, s_l)
         c0: gl.constexpr = CID * DH
-        oc: gl.constexpr = (1 - CID) * DH
 
         _stamp(stamp_ptr, 0, 0, CID, STAMP, True)
         _stamp(stamp_ptr, 0, 4, CID, STAMP, True)
@@ -548,10 +547,9 @@ def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, 
     if n_piece > 1:
         n_tail = n_items - n_main
         part = torch.empty(n_tail * n_piece * (64 * a.d_v + 128), dtype=torch.float32, device=q.device)
-        launch(_fwd_see_kernel, (n_tail * n_piece,), *args, n_main, n_piece, pp, part, **flags, **dict(cfg, STAMP=0),
-                                             SPLIT=1)
-        launch(_tail_merge, (n_tail, 64), part, out, max_logits, lse, sink_arg(a), n_main, n_piece, n_hb, h_q, out.stride(0),
-                                  out.stride(1), lse.stride(0), HAS_SINK=a.attn_sink is not None,
-                                  SINK_IN_LSE=sink_in_lse, BLOCK_P=triton.next_power_of_2(n_piece), D_V=a.d_v,
-                                  num_warps=4)
+        launch(_fwd_see_kernel, (n_tail * n_piece,), *args, n_main, n_piece, pp, part, **flags,
+               **dict(cfg, STAMP=0), SPLIT=1)
+        launch(_tail_merge, (n_tail, 64), part, out, max_logits, lse, sink_arg(a), n_main, n_piece, n_hb, h_q,
+               out.stride(0), out.stride(1), lse.stride(0), HAS_SINK=a.attn_sink is not None,
+               SINK_IN_LSE=sink_in_lse, BLOCK_P=triton.next_power_of_2(n_piece), D_V=a.d_v, num_warps=4)
 
