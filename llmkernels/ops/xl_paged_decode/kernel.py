@@ -263,12 +263,6 @@ def _plan(S: int, Hkv: int, span: int, device: torch.device, block_n: int, progr
     return triton.cdiv(max(span, 1), chunk), chunk
 
 
-def _alloc_partials(rows: int, splits: int, D: int, device):
-    """fp32 split results (a hook: tests replace it to poison the buffers with NaN)."""
-    return (torch.empty(rows, splits, D, dtype=torch.float32, device=device),
-            torch.empty(rows, splits, dtype=torch.float32, device=device))
-
-
 class XLPlan:
     """The launches of one xl_paged_decode call shape (split kernel + merge), everything but the tensors fixed.
 
@@ -318,7 +312,9 @@ class XLPlan:
     def __call__(self, q, k_cache, v_cache, block_tables, context_lens, u, bd, out, lse) -> None:
         if self.empty:
             return
-        o_part, lse_part = _alloc_partials(*self.part, q.device)
+        R, S, D = self.part
+        o_part = torch.empty(R, S, D, dtype=torch.float32, device=q.device)
+        lse_part = torch.empty(R, S, dtype=torch.float32, device=q.device)
         self.split(q, u if u is not None else q, bd if bd is not None else q, k_cache, v_cache, block_tables,
                    context_lens, o_part, lse_part, *self.ints)
         self.merge(o_part, lse_part, out, lse)
