@@ -26,7 +26,7 @@ from llmkernels.ops.combine import kernel as CB  # noqa: E402
 from llmkernels.ops.masked_decode import kernel as MD  # noqa: E402
 from llmkernels.ops.nvfp4_gemv import kernel as NV  # noqa: E402
 from llmkernels.ops.sparse_mla import attn_dist as SD  # noqa: E402
-from llmkernels.ops.sparse_mla import attn_dist_wgmma as W  # noqa: E402
+from llmkernels.ops.sparse_mla import wgmma_common as W  # noqa: E402
 from llmkernels.ops.sparse_mla import bwd as SB  # noqa: E402
 from llmkernels.ops.sparse_mla import common  # noqa: E402
 from llmkernels.ops.sparse_mla import fwd as SF  # noqa: E402

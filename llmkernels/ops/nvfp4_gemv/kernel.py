@@ -343,7 +343,7 @@ def _row_tile(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha, pid_m, l, 
                 _trigger_if_last(k0, k_hi, BB, TRIGGER, EMIT)
             acc += _tile_term(a, sa, b, sb, USE_ASM, FIX_NAN, LUT_REG)
     total = tl.sum(acc, axis=1)
-    if PARTIAL:  # split K: fp32 partial sums, reduced in a fixed order by _reduce_kernel
+    if PARTIAL:  # split K: fp32 partial sums, reduced in a fixed order by _nvfp4_splitk_reduce_kernel
         tl.store(part_ptr + (split * L + l) * M + rows, total, mask=row_ok)
     else:
         tl.store(out_ptr + l * s_ol + rows * s_om, (total * alpha).to(out_ptr.dtype.element_ty), mask=row_ok)
@@ -381,7 +381,7 @@ def _gemv_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, part_ptr, alpha,
 
 
 @triton.jit
-def _reduce_kernel(part_ptr, out_ptr, scale_ptr, bias_ptr, alpha, R, C, s_or, s_oc,
+def _nvfp4_splitk_reduce_kernel(part_ptr, out_ptr, scale_ptr, bias_ptr, alpha, R, C, s_or, s_oc,
                    SPLIT: tl.constexpr, BLOCK: tl.constexpr, HAS_SCALE_PTR: tl.constexpr, HAS_BIAS: tl.constexpr,
                    USE_GDC: tl.constexpr = False):
     """out[r, c] = alpha * (scale) * sum_s part[s, r, c] (+ bias[c]), in a fixed order (deterministic).
@@ -717,7 +717,7 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1), **({"launch_pdl": True} if pdl else {}))
     if split > 1:
         blk = 256
-        launch(_reduce_kernel, (triton.cdiv(M, blk), L), part, out, part, part, alpha, L, M, out.stride(2),
+        launch(_nvfp4_splitk_reduce_kernel, (triton.cdiv(M, blk), L), part, out, part, part, alpha, L, M, out.stride(2),
                out.stride(0), SPLIT=split, BLOCK=blk, HAS_SCALE_PTR=False, HAS_BIAS=False, USE_GDC=pdl,
                **({"launch_pdl": True} if pdl else {}))
     return out
@@ -747,8 +747,8 @@ def _reduce_linear(part, y, gs, bias):
     """y [T, N] = global scale * sum over splits of part [S, T, N] (+ bias), in a fixed order."""
     S, T, N = part.shape
     blk = 256
-    launch(_reduce_kernel, (triton.cdiv(N, blk), T), part, y, gs, bias if bias is not None else gs, 1.0, T, N,
-           y.stride(0), 1, SPLIT=S, BLOCK=blk, HAS_SCALE_PTR=True, HAS_BIAS=bias is not None)
+    launch(_nvfp4_splitk_reduce_kernel, (triton.cdiv(N, blk), T), part, y, gs, bias if bias is not None else gs, 1.0,
+           T, N, y.stride(0), 1, SPLIT=S, BLOCK=blk, HAS_SCALE_PTR=True, HAS_BIAS=bias is not None)
 
 
 MMA_MAX_T = 16  # tokens of the register-fed mma kernel: one or two groups of 8 (the mma's N)

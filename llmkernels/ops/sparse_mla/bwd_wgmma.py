@@ -16,8 +16,7 @@ from ..._launch import launch
 from .common import LOG2E, LOG2E_C, column_parts
 
 if HAVE_GLUON:
-    from .attn_dist_wgmma import _cvt2, _mma_layout, _row_limits, _ws_check, _ws_idx, _ws_valid
-    from .fwd_wgmma import _q_and_slots
+    from .wgmma_common import cvt2, mma_layout, q_and_slots, row_limits, ws_check, ws_idx, ws_valid
 
     @gluon.jit
     def _p_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, do_ready, row, n_len, s_kv, limit, s_kvn, s_im,
@@ -28,20 +27,20 @@ if HAVE_GLUON:
         rl: gl.constexpr = gl.SliceLayout(1, g_l)
         d_lo = gl.arange(0, D_V, layout=gl.SliceLayout(0, g_l))
         d_hi = gl.arange(0, D_T if D_T > 0 else 16, layout=gl.SliceLayout(0, g_l))
-        valid_n, idx_n = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+        valid_n, idx_n = ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
         for j in range(gl.cdiv(n_len, BLOCK_N)):
             s = j % 2
             mbarrier.wait(empty.index(s), ((j // 2) & 1) ^ 1, pred=j >= 2)
             mbarrier.wait(do_ready, 0, pred=j == 1)
             valid = valid_n
             base = kv_ptr + gl.where(valid, idx_n, 0).to(gl.int64)[:, None] * s_kvn
-            idx_n = _ws_idx(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, BLOCK_N, rl)  # tested after the copies
+            idx_n = ws_idx(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, BLOCK_N, rl)  # tested after the copies
             async_copy.async_copy_global_to_shared(klo_s.index(s), base + d_lo[None, :], mask=valid[:, None])
             if D_T > 0:
                 async_copy.async_copy_global_to_shared(khi_s.index(s), base + D_V + d_hi[None, :],
                                                        mask=valid[:, None])
             async_copy.mbarrier_arrive(full.index(s), increment_count=False)
-            valid_n = _ws_check(idx_n, s_kv, limit, CAUSAL)
+            valid_n = ws_check(idx_n, s_kv, limit, CAUSAL)
 
     @gluon.jit
     def _p_consumer(q_ptr, idx_ptr, lse_ptr, p_ptr, key_ptr, klo_s, khi_s, qlo_s, qhi_s, full, empty, pready, r, row,
@@ -49,7 +48,7 @@ if HAVE_GLUON:
                     BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr,
                     WRITE_KEYS: gl.constexpr):
         """Consumer 0: S and P of every tile; P to the scratch and, through the slot's rope columns, to consumer 1."""
-        s_l: gl.constexpr = _mma_layout(BLOCK_N)
+        s_l: gl.constexpr = mma_layout(BLOCK_N)
         row_l: gl.constexpr = gl.SliceLayout(1, s_l)
         col_l: gl.constexpr = gl.SliceLayout(0, s_l)
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -77,7 +76,7 @@ if HAVE_GLUON:
         for j in range(gl.cdiv(n_len, BLOCK_N)):
             s = j % 2
             z = zero * j  # runtime 0: keeps the wgmma descriptors in the loop (fwd_wgmma.py)
-            t = _ws_idx(idx_ptr, row, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after S
+            t = ws_idx(idx_ptr, row, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after S
             offs = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_l)
             offs_st = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, st_l))
             mbarrier.wait(full.index(s), (j // 2) & 1)
@@ -86,9 +85,9 @@ if HAVE_GLUON:
             if D_T > 0:
                 sa = warpgroup_mma(qhi_s, khi_s.index(s).permute((1, 0)), sa, is_async=True)
             sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
-            valid = _ws_check(t, s_kv, limit, CAUSAL)
+            valid = ws_check(t, s_kv, limit, CAUSAL)
             p = gl.where(valid[None, :], gl.exp2(sa * scale_log2 - lse2[:, None]), 0.0)
-            p16 = _cvt2(p, p_ptr.dtype.element_ty)
+            p16 = cvt2(p, p_ptr.dtype.element_ty)
             gl.thread_barrier()  # every warp's S read of the rope is done before P goes over it
             khi_s.index(s).store(p16)
             gl.thread_barrier()
@@ -110,7 +109,7 @@ if HAVE_GLUON:
                      hb, h_q, topk, n_len, s_or, s_oh, s_dor, s_doh, s_dlr, s_dlh, zero, ds_scale,
                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, HAS_DLSE: gl.constexpr):
         """Consumer 1: Delta, then dP and dS of every tile."""
-        s_l: gl.constexpr = _mma_layout(BLOCK_N)
+        s_l: gl.constexpr = mma_layout(BLOCK_N)
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_l, k_width=2)
         row_l: gl.constexpr = gl.SliceLayout(1, s_l)
         # Delta = rowsum(dO * O) in column chunks (a whole [64, 512] fp32 product would not fit the registers);
@@ -152,7 +151,7 @@ if HAVE_GLUON:
             p = khi_s.index(s).load(s_l).to(gl.float32)
             ds = p * (dp - delta[:, None]) * ds_scale  # sm_scale here (Gluon second pass) or there (Triton's)
             gl.thread_barrier()  # P read by every warp (consumer 0 read its copy before pready): dS goes over it
-            khi_s.index(s).store(_cvt2(ds, ds_ptr.dtype.element_ty))
+            khi_s.index(s).store(cvt2(ds, ds_ptr.dtype.element_ty))
             gl.thread_barrier()
             ds_st = khi_s.index(s).load(st_l)
             gl.thread_barrier()
@@ -173,8 +172,8 @@ if HAVE_GLUON:
         hb = pid % n_hb
         row = (row0 + r).to(gl.int64)
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
-        n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
-        klo_s, khi_s, qlo_s, qhi_s = _q_and_slots(dtype, BLOCK_N, D_V, D_T)
+        n_len, limit = row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+        klo_s, khi_s, qlo_s, qhi_s = q_and_slots(dtype, BLOCK_N, D_V, D_T)
         full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         pready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -198,7 +197,7 @@ if HAVE_GLUON:
 
 def probs_ws_launch(args, out, dout, lse, dl, has_dlse: bool, p_buf, ds_buf, delta, keys, row0: int, nr: int,
                     write_keys: bool, scaled_ds: bool = False, config=None) -> None:
-    """bwd._probs_kernel's work for rows [row0, row0 + nr) on sm_90 (see attn_dist_wgmma.wgmma_usable); with
+    """bwd._probs_kernel's work for rows [row0, row0 + nr) on sm_90 (see wgmma_common.wgmma_usable); with
     scaled_ds the scratch gets sm_scale * dS (what grads_ws_launch expects; the Triton second pass scales itself)."""
     q, kv, idx = args.q, args.kv, args.indices
     h_q, d_qk = q.shape[1:]
@@ -234,13 +233,13 @@ if HAVE_GLUON:
         buf_rows = (r * h_q + heads).to(gl.int64) * topk
         hmask = heads < h_q
         cols = gl.arange(0, BN, layout=cl)
-        valid_n, idx_n = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BN, CAUSAL, rl)
+        valid_n, idx_n = ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BN, CAUSAL, rl)
         for j in range(gl.cdiv(n_len, BN)):
             s = j % STAGES
             mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1, pred=j >= STAGES)
             valid = valid_n
             base = kv_ptr + gl.where(valid, idx_n, 0).to(gl.int64)[:, None] * s_kvn
-            idx_n = _ws_idx(idx_ptr, row, (j + 1) * BN, n_len, s_im, BN, rl)  # tested after the copies
+            idx_n = ws_idx(idx_ptr, row, (j + 1) * BN, n_len, s_im, BN, rl)  # tested after the copies
             async_copy.async_copy_global_to_shared(k_s.index(s), base + d[None, :], mask=valid[:, None])
             offs = j * BN + cols
             m = hmask[:, None] & (offs < topk)[None, :]
@@ -249,7 +248,7 @@ if HAVE_GLUON:
                 async_copy.async_copy_global_to_shared(pb_s.index(s), p_ptr + buf_rows[:, None] + offs[None, :],
                                                        mask=m)
             async_copy.mbarrier_arrive(full.index(s), increment_count=False)
-            valid_n = _ws_check(idx_n, s_kv, limit, CAUSAL)
+            valid_n = ws_check(idx_n, s_kv, limit, CAUSAL)
 
     @gluon.jit
     def _red_staged(idx_ptr, dkv_ptr, stg, stg_full, stg_free, row, j, n_len, s_kv, limit, s_im, s_dkvr,
@@ -264,15 +263,15 @@ if HAVE_GLUON:
         # every piece's indices before the wait, tested after it: their L2 round trip overlaps the wait
         PN: gl.constexpr = BN // NP
         il: gl.constexpr = gl.SliceLayout(1, red_l)
-        t0 = _ws_idx(idx_ptr, row, j * BN, n_len, s_im, PN, il)
+        t0 = ws_idx(idx_ptr, row, j * BN, n_len, s_im, PN, il)
         t1 = t0
         t2 = t0
         t3 = t0
         if NP > 1:
-            t1 = _ws_idx(idx_ptr, row, j * BN + PN, n_len, s_im, PN, il)
+            t1 = ws_idx(idx_ptr, row, j * BN + PN, n_len, s_im, PN, il)
         if NP > 2:
-            t2 = _ws_idx(idx_ptr, row, j * BN + 2 * PN, n_len, s_im, PN, il)
-            t3 = _ws_idx(idx_ptr, row, j * BN + 3 * PN, n_len, s_im, PN, il)
+            t2 = ws_idx(idx_ptr, row, j * BN + 2 * PN, n_len, s_im, PN, il)
+            t3 = ws_idx(idx_ptr, row, j * BN + 3 * PN, n_len, s_im, PN, il)
         mbarrier.wait(stg_full.index(b), (j // NB) & 1)
         dr = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, red_l))
         for p in gl.static_range(NP):
@@ -284,7 +283,7 @@ if HAVE_GLUON:
                 t = t2
             else:
                 t = t3
-            v = _ws_check(t, s_kv, limit, CAUSAL)
+            v = ws_check(t, s_kv, limit, CAUSAL)
             g = stg.index(b).slice(p * PN, PN, dim=0).load(red_l)
             if p == NP - 1:
                 gl.thread_barrier()
@@ -302,7 +301,7 @@ if HAVE_GLUON:
         scratch's dS comes scaled by sm_scale already (DS_SCALED: bf16) or not (fp16: small dS would go subnormal).
         HANDOFF: also issues consumer 1's dKV reductions of the previous tile while its own wgmmas run, so that
         consumer 1's next products do not wait behind the reductions (bound by the L2's reduction rate)."""
-        o_l: gl.constexpr = _mma_layout(DC)
+        o_l: gl.constexpr = mma_layout(DC)
         acc0 = gl.zeros([64, DC], gl.float32, o_l)
         acc1 = gl.zeros([64, DC], gl.float32, o_l)
         n_t = gl.cdiv(n_len, BN)
@@ -380,12 +379,12 @@ if HAVE_GLUON:
         async_copy.wait_group(0)
         gl.thread_barrier()
         fence_async_shared()
-        g_l: gl.constexpr = _mma_layout(DC)
+        g_l: gl.constexpr = mma_layout(DC)
         red_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # 4 fp32 a thread: v4 reductions
         dr = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, red_l))
         for j in range(gl.cdiv(n_len, BN)):
             s = j % STAGES
-            t = _ws_idx(idx_ptr, row, j * BN, n_len, s_im, BN, gl.SliceLayout(1, red_l))  # tested after the wgmma
+            t = ws_idx(idx_ptr, row, j * BN, n_len, s_im, BN, gl.SliceLayout(1, red_l))  # tested after the wgmma
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()
             # the K role of each gathered row (sm_scale dS), then the V role (first 512 columns): one chain when the
@@ -399,7 +398,7 @@ if HAVE_GLUON:
             g = warpgroup_mma_wait(num_outstanding=0, deps=(g,))
             gl.thread_barrier()
             mbarrier.arrive(empty.index(s), count=1)
-            valid = _ws_check(t, s_kv, limit, CAUSAL)
+            valid = ws_check(t, s_kv, limit, CAUSAL)
             if DETERMINISTIC:  # contribution of (row, head block, slot); summed in a fixed order later
                 gr = gl.convert_layout(g, red_l)
                 offs = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, red_l))
@@ -430,7 +429,7 @@ if HAVE_GLUON:
         hb = gl.program_id(2)
         row = (row0 + r).to(gl.int64)
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
-        n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+        n_len, limit = row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
         sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         k_s = gl.allocate_shared_memory(dtype, [STAGES, BN, DC], sl)
         dsb_s = gl.allocate_shared_memory(dtype, [STAGES, BH, BN], sl)

@@ -24,22 +24,7 @@ from ..._runtime import num_sms
 from .common import LN2_C, LOG2E_C, nan_max, row_args, row_finish, row_flags, sink_arg
 
 if HAVE_GLUON:
-    from .attn_dist_wgmma import _cvt2, _mma_layout, _row_limits, _ws_check, _ws_idx, _ws_valid
-
-    @gluon.jit
-    def _q_and_slots(dtype: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr):
-        """Shared memory of the forward and of the backward's first pass: two kv slots ([2, BLOCK_N, D_V] and the
-        rope [2, BLOCK_N, 64], which takes a [64 heads, BLOCK_N] P once S is done) and q ([64, D_V], [64, D_T])."""
-        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        gl.static_assert(BLOCK_N == 64, "P [64 heads, BLOCK_N] takes the place of a slot's [BLOCK_N, 64] rope")
-        klo_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], sl)
-        khi_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, 64], sl)  # rope (d_qk 576), then P; P alone at 512
-        qlo_s = gl.allocate_shared_memory(dtype, [64, D_V], sl)
-        if D_T > 0:
-            qhi_s = gl.allocate_shared_memory(dtype, [64, D_T], sl)
-        else:
-            qhi_s = qlo_s
-        return klo_s, khi_s, qlo_s, qhi_s
+    from .wgmma_common import cvt2, mma_layout, q_and_slots, row_limits, ws_check, ws_idx, ws_valid
 
     @gluon.jit
     def _xchg(buf, bars, k: gl.constexpr, x):
@@ -88,13 +73,13 @@ if HAVE_GLUON:
         CID: gl.constexpr = 0
         DH: gl.constexpr = D_V // 2
         c0: gl.constexpr = 0
-        s_l: gl.constexpr = _mma_layout(BLOCK_N)  # S, P [64 heads, BLOCK_N]
-        o_l: gl.constexpr = _mma_layout(DH)  # this consumer's O half [64 heads, DH]
+        s_l: gl.constexpr = mma_layout(BLOCK_N)  # S, P [64 heads, BLOCK_N]
+        o_l: gl.constexpr = mma_layout(DH)  # this consumer's O half [64 heads, DH]
         p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
         row_l: gl.constexpr = gl.SliceLayout(1, s_l)
         orow_l: gl.constexpr = gl.SliceLayout(1, o_l)
         sa_s = klo_s.index(z)
-        valid = _ws_check(t, s_kv, limit, CAUSAL)  # before the wait: off the softmax's path (t came long ago)
+        valid = ws_check(t, s_kv, limit, CAUSAL)  # before the wait: off the softmax's path (t came long ago)
         sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
         _stamp(stamp_ptr, i, 2, CID, STAMP)
         sc = gl.where(valid[None, :], sa * qk_scale, float("-inf"))
@@ -104,7 +89,7 @@ if HAVE_GLUON:
         alpha = gl.exp2(m_i - m_safe)
         l_i = l_i * alpha + gl.sum(p, axis=1)
         acc = acc * gl.convert_layout(alpha, orow_l)[:, None]
-        p16 = _cvt2(p, klo_s.dtype)
+        p16 = cvt2(p, klo_s.dtype)
         pb = gl.convert_layout(p16, p_l)
         acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)  # V = kv[:, :D_V]
         # P of tile a at m0 for consumer 1, which scales its O to m0 before and to m1 after adding it
@@ -168,8 +153,8 @@ if HAVE_GLUON:
         go from one to the other without this warpgroup's loop overhead in between (consumers alone: +12 %); 0 is
         the earlier order, kept as the A/B control (benchmarks/notes/sparse_mla_fwd.md, version 11)."""
         DH: gl.constexpr = D_V // 2
-        s_l: gl.constexpr = _mma_layout(BLOCK_N)  # S, P [64 heads, BLOCK_N]
-        o_l: gl.constexpr = _mma_layout(DH)  # this consumer's O half [64 heads, DH]
+        s_l: gl.constexpr = mma_layout(BLOCK_N)  # S, P [64 heads, BLOCK_N]
+        o_l: gl.constexpr = mma_layout(DH)  # this consumer's O half [64 heads, DH]
         p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
         row_l: gl.constexpr = gl.SliceLayout(1, s_l)
         orow_l: gl.constexpr = gl.SliceLayout(1, o_l)
@@ -212,7 +197,7 @@ if HAVE_GLUON:
             # last pair is peeled (an in-flight S cannot be carried out of the loop) and n_len == 0 issues a dummy
             # S on whatever slot 0 holds (its result is never used), keeping the accumulator's type loop-invariant.
             has = n_pairs > 0
-            t = _ws_idx(idx_ptr, row, off, n_len, s_im, BLOCK_N, col_l)
+            t = ws_idx(idx_ptr, row, off, n_len, s_im, BLOCK_N, col_l)
             sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zero, 0, zero_s, 0, False, D_V, D_T, has)
             _stamp(stamp_ptr, 0, 1, CID, STAMP)
             sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zero, 0, sa, 0, True, D_V, D_T, has)
@@ -226,7 +211,7 @@ if HAVE_GLUON:
                 acc, m_i, l_i = _c0_pair(sa, t, acc, m_i, l_i, i, z, ph, klo_s, pbuf, xm, bars, empty, s_kv, limit,
                                          qk_scale, stamp_ptr, BLOCK_N, D_V, CAUSAL, STAMP)
                 zn = zero * (i + 1)
-                t = _ws_idx(idx_ptr, row, off + (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)
+                t = ws_idx(idx_ptr, row, off + (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)
                 sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zn, ph ^ 1, zero_s, 0, False, D_V, D_T, True)
                 _stamp(stamp_ptr, i + 1, 1, CID, STAMP)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # P b V b done; S a still running
@@ -253,7 +238,7 @@ if HAVE_GLUON:
             z = zero * i
             sa_s = klo_s.index(CID + z)
             _stamp(stamp_ptr, i, 0, CID, STAMP)
-            t = _ws_idx(idx_ptr, row, off + (2 * i + CID) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested later
+            t = ws_idx(idx_ptr, row, off + (2 * i + CID) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested later
             if STAGGER:
                 if CID == 1:  # S b queues behind S a on the tensor cores: consumer 0's softmax overlaps S b
                     mbarrier.wait(bars.index(6), ph)
@@ -283,7 +268,7 @@ if HAVE_GLUON:
                 _stamp(stamp_ptr, i, 3, CID, STAMP)
                 # P a V a (at m0) under S b: slot 0 frees without waiting for this consumer's softmax
                 acc = warpgroup_mma(pbuf.index(z), klo_s.index(z).slice(c0, DH, dim=1), acc, is_async=True)
-                valid = _ws_check(t, s_kv, limit, CAUSAL)
+                valid = ws_check(t, s_kv, limit, CAUSAL)
                 sa = warpgroup_mma_wait(num_outstanding=1, deps=(sa,))
                 _stamp(stamp_ptr, i, 4, CID, STAMP)
                 sc = gl.where(valid[None, :], sa * qk_scale, float("-inf"))
@@ -291,7 +276,7 @@ if HAVE_GLUON:
                 _xchg(xm.index(1), bars, 2, m1)
                 m_safe = gl.where(m1 == float("-inf"), 0.0, m1)
                 p = gl.exp2(sc - m_safe[:, None])
-                p16 = _cvt2(p, klo_s.dtype)
+                p16 = cvt2(p, klo_s.dtype)
                 pbuf.index(1).store(p16)  # P of tile b, for consumer 0
                 fence_async_shared()
                 gl.thread_barrier()
@@ -393,22 +378,22 @@ if HAVE_GLUON:
         if SPLIT:
             off = t0
         n_pairs = gl.cdiv(n_len - off, 2 * BLOCK_N)
-        va, ia = _ws_valid(idx_ptr, row, off, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
-        vb, ib = _ws_valid(idx_ptr, row, off + BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+        va, ia = ws_valid(idx_ptr, row, off, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+        vb, ib = ws_valid(idx_ptr, row, off + BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
         for i in range(n_pairs):
             ph = (i & 1) ^ 1
             base_a = kv_ptr + gl.where(va, ia, 0).to(gl.int64)[:, None] * s_kvn
             base_b = kv_ptr + gl.where(vb, ib, 0).to(gl.int64)[:, None] * s_kvn
             # the next pair's indices now, tested only after copies were issued (a load tested at once stalls the
             # producer for its L2 round trip), so its addresses are ready when its slots free
-            ia = _ws_idx(idx_ptr, row, off + (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
-            ib_n = _ws_idx(idx_ptr, row, off + (2 * i + 3) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
+            ia = ws_idx(idx_ptr, row, off + (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
+            ib_n = ws_idx(idx_ptr, row, off + (2 * i + 3) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
             _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, False, D_V, D_T, cl, PROBE)
             _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, True, D_V, D_T, cl, PROBE)
             _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, False, D_V, D_T, cl, PROBE)
-            va = _ws_check(ia, s_kv, limit, CAUSAL)
+            va = ws_check(ia, s_kv, limit, CAUSAL)
             _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, True, D_V, D_T, cl, PROBE)
-            vb = _ws_check(ib_n, s_kv, limit, CAUSAL)
+            vb = ws_check(ib_n, s_kv, limit, CAUSAL)
             ib = ib_n
 
     @gluon.jit
@@ -444,12 +429,12 @@ if HAVE_GLUON:
         row = (it // n_hb).to(gl.int64)
         hb = it % n_hb
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
-        n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+        n_len, limit = row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
         t0 = 0
         if SPLIT:
             t0 = (pid % n_piece) * pp * (2 * BLOCK_N)
             n_len = gl.maximum(gl.minimum(n_len, t0 + pp * (2 * BLOCK_N)), t0)
-        klo_s, khi_s, qlo_s, qhi_s = _q_and_slots(dtype, BLOCK_N, D_V, D_T)
+        klo_s, khi_s, qlo_s, qhi_s = q_and_slots(dtype, BLOCK_N, D_V, D_T)
         full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         for k in gl.static_range(4):
@@ -524,7 +509,7 @@ def tail_split(n_items: int, n_sm: int, n_pairs: int) -> tuple:
 
 
 def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, config=None) -> None:
-    """As fwd.sparse_mla_fwd_launch, on sm_90 (see attn_dist_wgmma.wgmma_usable)."""
+    """As fwd.sparse_mla_fwd_launch, on sm_90 (see wgmma_common.wgmma_usable)."""
     q, kv, idx = a.q, a.kv, a.indices
     s_q, h_q, d_qk = q.shape
     # 64-row tiles: q (72 KB) + two slots (144 KB) fill shared memory; 232 registers per consumer (O's half alone
