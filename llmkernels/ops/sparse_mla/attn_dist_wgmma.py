@@ -103,8 +103,7 @@ if HAVE_GLUON:
     def _ws_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q, n_len, s_kv,
                      limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                      CID: gl.constexpr, SPLIT_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
-                     D_T: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, ATOMIC: gl.constexpr,
-                     GATHER_ONLY: gl.constexpr):
+                     D_T: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, ATOMIC: gl.constexpr):
         """One warpgroup: 64 heads x (every tile if SPLIT_HEADS, else the tiles j = CID mod 2)."""
         mma_l: gl.constexpr = mma_layout(BLOCK_N)
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
@@ -134,24 +133,20 @@ if HAVE_GLUON:
             t = ws_idx(idx_ptr, row, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after the wgmma
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-            if GATHER_ONLY:  # probe: the producer's gather rate alone (scripts/sparse_mla_ab.py at d0673ea)
-                gl.thread_barrier()
-                mbarrier.arrive(empty.index(s), count=1)
+            acc = warpgroup_mma(q_lo, klo_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+            if D_T > 0:
+                acc = warpgroup_mma(q_hi, khi_s.index(s).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
+            mbarrier.arrive(empty.index(s), count=1)  # ... so one arrival releases it for this consumer
+            p = gl.exp2(acc * qk_scale - lse2[:, None])
+            valid = ws_check(t, s_kv, limit, CAUSAL)
+            col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
+            offs = j * BLOCK_N + cols
+            if ATOMIC:  # two adds onto 0: 0 + a + b is exact in either order, so the sum is deterministic
+                gl.atomic_add(out_ptr + row * s_om + offs, col, mask=offs < n_len, sem="relaxed")
             else:
-                acc = warpgroup_mma(q_lo, klo_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
-                if D_T > 0:
-                    acc = warpgroup_mma(q_hi, khi_s.index(s).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
-                mbarrier.arrive(empty.index(s), count=1)  # ... so one arrival releases it for this consumer
-                p = gl.exp2(acc * qk_scale - lse2[:, None])
-                valid = ws_check(t, s_kv, limit, CAUSAL)
-                col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
-                offs = j * BLOCK_N + cols
-                if ATOMIC:  # two adds onto 0: 0 + a + b is exact in either order, so the sum is deterministic
-                    gl.atomic_add(out_ptr + row * s_om + offs, col, mask=offs < n_len, sem="relaxed")
-                else:
-                    gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
+                gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
 
     @gluon.jit
     def _pair_rows(s_q, n_pairs, topk, tlen_ptr, qs_ptr, q_start, k_stride, BLOCK_N: gl.constexpr,
@@ -198,8 +193,7 @@ if HAVE_GLUON:
     def _pair_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, s_q,
                        n_pairs, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                        CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
-                       STAGES: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
-                       GATHER_ONLY: gl.constexpr):
+                       STAGES: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr):
         """One warpgroup, all (<= 64) heads, the ring items k = CID mod 2: every tile of row b (CID 1) or row a (CID 0)
         of a pair, or every other tile of a single row."""
         mma_l: gl.constexpr = mma_layout(BLOCK_N)
@@ -232,21 +226,18 @@ if HAVE_GLUON:
             t = ws_idx(idx_ptr, row, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after the wgmma
             mbarrier.wait(full.index(s), (k // STAGES) & 1)
             fence_async_shared()
-            if GATHER_ONLY:
-                gl.thread_barrier()
-                mbarrier.arrive(empty.index(s), count=1)
-            else:  # a tile past this row's end (the other row is longer) is all masked: computed, never stored
-                acc = warpgroup_mma(q_lo, klo_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
-                if D_T > 0:
-                    acc = warpgroup_mma(q_hi, khi_s.index(s).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                gl.thread_barrier()
-                mbarrier.arrive(empty.index(s), count=1)
-                p = gl.exp2(acc * qk_scale - lse2[:, None])
-                valid = ws_check(t, s_kv, limit, CAUSAL)
-                col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)
-                offs = j * BLOCK_N + cols
-                gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
+            # a tile past this row's end (the other row is longer) is all masked: computed, never stored
+            acc = warpgroup_mma(q_lo, klo_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+            if D_T > 0:
+                acc = warpgroup_mma(q_hi, khi_s.index(s).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(s), count=1)
+            p = gl.exp2(acc * qk_scale - lse2[:, None])
+            valid = ws_check(t, s_kv, limit, CAUSAL)
+            col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)
+            offs = j * BLOCK_N + cols
+            gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
 
     @gluon.jit
     def _dist_pair_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
@@ -254,8 +245,7 @@ if HAVE_GLUON:
                           s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om, s_q, n_pairs,
                           BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
                           HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
-                          CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr, num_warps: gl.constexpr,
-                          GATHER_ONLY: gl.constexpr = False):
+                          CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
         """h_q <= 64: programs < n_pairs take a pair of rows, a consumer warpgroup per row and one producer alternating
         their tiles through one ring; the rest one row each, the consumers on alternate tiles (as _dist_ws_kernel).
         Each consumer sees a tile every other ring item either way, but a pair pays a program's start (q loads, the
@@ -268,10 +258,10 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_pair_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready,
                               s_q, n_pairs, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm,
-                              s_lh, s_om, 0, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, GATHER_ONLY)),
+                              s_lh, s_om, 0, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR)),
             (_pair_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready,
                               s_q, n_pairs, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm,
-                              s_lh, s_om, 1, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, GATHER_ONLY)),
+                              s_lh, s_om, 1, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR)),
             (_pair_producer, (kv_ptr, idx_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, s_q, n_pairs, s_kv,
                               topk, q_start, k_stride, s_kvn, s_im, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL,
                               QS_TENSOR)),
@@ -284,7 +274,7 @@ if HAVE_GLUON:
                         BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
                         HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
                         SPLIT_HEADS: gl.constexpr, ATOMIC: gl.constexpr, CONS_REGS: gl.constexpr,
-                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, GATHER_ONLY: gl.constexpr = False):
+                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
         """Warp-specialised: a 4-warp producer gathers, two consumer warpgroups run wgmma + column sums, so one
         consumer's exp2/reduction overlaps the other's tensor-core work and no CTA-wide barrier is needed."""
         pid = gl.program_id(0)
@@ -298,10 +288,10 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q,
                             n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
-                            0, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC, GATHER_ONLY)),
+                            0, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC)),
             (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q,
                             n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
-                            1, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC, GATHER_ONLY)),
+                            1, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC)),
             (_ws_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, q_ready, row, n_len, s_kv, limit, s_kvn, s_im,
                             BLOCK_N, D_V, D_T, STAGES, CAUSAL)),
         ], [4, 4], [CONS_REGS, PROD_REGS])

@@ -296,7 +296,7 @@ if HAVE_GLUON:
                      s_kv, limit, s_im, s_dkvr, s_dqr, s_dqh, sm_scale,
                      c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                      STAGES: gl.constexpr, NB: gl.constexpr, HANDOFF: gl.constexpr, CAUSAL: gl.constexpr,
-                     DS_SCALED: gl.constexpr, DQSTAGE: gl.constexpr):
+                     DS_SCALED: gl.constexpr):
         """dQ[:, chunk] = sm_scale * sum over tiles of dS K[:, chunk], in registers (BH / 64 wgmma row blocks); the
         scratch's dS comes scaled by sm_scale already (DS_SCALED: bf16) or not (fp16: small dS would go subnormal).
         HANDOFF: also issues consumer 1's dKV reductions of the previous tile while its own wgmmas run, so that
@@ -326,32 +326,22 @@ if HAVE_GLUON:
             if n_t > 0:
                 _red_staged(idx_ptr, dkv_ptr, stg, stg_full, stg_free, row, n_t - 1, n_len, s_kv, limit, s_im,
                             s_dkvr, c, D0, DC, BN, NB, CAUSAL)
-        if DQSTAGE:
-            # the producer is done and only this warpgroup reads k_s: dQ goes through its slots ([BN = 64, DC] each)
-            # and out as 16-byte row pieces, not as 4-byte pieces of 8 rows from the wgmma layout (the forward's
-            # epilogue lost ~8 % of a program to those; benchmarks/notes/sparse_mla_fwd.md, version 13)
-            gl.static_assert(BN == 64 and STAGES * 64 >= BH, "dQ staging takes one k slot per 64 heads")
-            for b in gl.static_range(BH // 64):
-                a = acc0 if b == 0 else acc1
-                if not DS_SCALED:
-                    a = a * sm_scale
-                k_s.index(b).store(a.to(k_s.dtype))
-            gl.thread_barrier()
-            st_l: gl.constexpr = gl.BlockedLayout([1, 8], [256 // DC, DC // 8], [4, 1], [1, 0])  # DC <= 256
-            offs_ds = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, st_l))
-            for b in gl.static_range(BH // 64):
-                heads = hb * BH + b * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, st_l))
-                gl.store(dq_ptr + row * s_dqr + heads[:, None].to(gl.int64) * s_dqh + offs_ds[None, :],
-                         k_s.index(b).load(st_l).to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])
-        else:
-            offs_d = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, o_l))
-            for b in gl.static_range(BH // 64):
-                heads = hb * BH + b * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
-                a = acc0 if b == 0 else acc1
-                if not DS_SCALED:
-                    a = a * sm_scale
-                gl.store(dq_ptr + row * s_dqr + heads[:, None].to(gl.int64) * s_dqh + offs_d[None, :],
-                         a.to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])
+        # the producer is done and only this warpgroup reads k_s: dQ goes through its slots ([BN = 64, DC] each)
+        # and out as 16-byte row pieces, not as 4-byte pieces of 8 rows from the wgmma layout (the forward's
+        # epilogue lost ~8 % of a program to those; benchmarks/notes/sparse_mla_fwd.md, version 13)
+        gl.static_assert(BN == 64 and STAGES * 64 >= BH, "dQ staging takes one k slot per 64 heads")
+        for b in gl.static_range(BH // 64):
+            a = acc0 if b == 0 else acc1
+            if not DS_SCALED:
+                a = a * sm_scale
+            k_s.index(b).store(a.to(k_s.dtype))
+        gl.thread_barrier()
+        st_l: gl.constexpr = gl.BlockedLayout([1, 8], [256 // DC, DC // 8], [4, 1], [1, 0])  # DC <= 256
+        offs_ds = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, st_l))
+        for b in gl.static_range(BH // 64):
+            heads = hb * BH + b * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, st_l))
+            gl.store(dq_ptr + row * s_dqr + heads[:, None].to(gl.int64) * s_dqh + offs_ds[None, :],
+                     k_s.index(b).load(st_l).to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])
 
     @gluon.jit
     def _dkv_consumer(q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, stg, full, empty, stg_full,
@@ -359,12 +349,12 @@ if HAVE_GLUON:
                       topk, n_len, n_hb, s_kv, limit, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
                       c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                       STAGES: gl.constexpr, HAS_V: gl.constexpr, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr,
-                      RED: gl.constexpr, NB: gl.constexpr, DS_SCALED: gl.constexpr):
-        """Per tile, the kv rows' gradient [BN, chunk] = sm_scale dS^T q[:, chunk] (+ P^T dO[:, chunk]), added
-        into the fp32 dKV buffer (or, deterministic, stored per listing). RED 0: 16-byte reductions issued here, after
-        a layout change through shared memory; 2: none (timing probe); 3: the tile goes to a shared-memory buffer (one
-        of NB) and consumer 0 issues its reductions. (8-byte reductions straight from the wgmma layout measured
-        slower: notes, version 6.)"""
+                      NB: gl.constexpr, DS_SCALED: gl.constexpr):
+        """Per tile, the kv rows' gradient [BN, chunk] = sm_scale dS^T q[:, chunk] (+ P^T dO[:, chunk]): stored per
+        listing (deterministic), or put in a shared-memory buffer (one of NB) whose fp32 reductions into the dKV
+        buffer consumer 0 issues (RED 3 in the notes; 16-byte reductions issued here after a layout change, RED 0,
+        and 8-byte ones straight from the wgmma layout measured slower: notes, versions 6 and RED 3; the RED switch
+        is at d0673ea)."""
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         heads = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, ld_l))
         hmask = (heads < h_q)[:, None]
@@ -404,11 +394,7 @@ if HAVE_GLUON:
                 offs = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, red_l))
                 crow = ((r * n_hb + hb).to(gl.int64) * topk + offs) * s_dkvr
                 gl.store(dkv_ptr + crow[:, None] + dr[None, :], gr, mask=valid[:, None])
-            elif RED == 0:
-                gr = gl.convert_layout(g, red_l)
-                gl.atomic_add(dkv_ptr + t.to(gl.int64)[:, None] * s_dkvr + dr[None, :], gr, mask=valid[:, None],
-                              sem="relaxed")
-            elif RED == 3:
+            else:
                 b = j % NB
                 mbarrier.wait(stg_free.index(b), ((j // NB) & 1) ^ 1, pred=j >= NB)
                 stg.index(b).store(g)
@@ -421,9 +407,9 @@ if HAVE_GLUON:
                          s_qm, s_qh, s_kvn, s_dor, s_doh, s_im, s_dqr, s_dqh, s_dkvr,
                          D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                          STAGES: gl.constexpr, HAS_V: gl.constexpr, DETERMINISTIC: gl.constexpr,
-                         CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr, HAS_TLEN: gl.constexpr, RED: gl.constexpr,
-                         NB: gl.constexpr, DS_SCALED: gl.constexpr, CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr,
-                         num_warps: gl.constexpr, DQSTAGE: gl.constexpr = 1):
+                         CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr, HAS_TLEN: gl.constexpr, NB: gl.constexpr,
+                         DS_SCALED: gl.constexpr, CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr,
+                         num_warps: gl.constexpr):
         c = gl.program_id(0)  # column chunk: neighbours share a row's P / dS, read once from DRAM
         r = gl.program_id(1)
         hb = gl.program_id(2)
@@ -436,7 +422,7 @@ if HAVE_GLUON:
         pb_s = gl.allocate_shared_memory(dtype, [STAGES, BH, BN], sl) if HAS_V else dsb_s
         qc_s = gl.allocate_shared_memory(dtype, [BH, DC], sl)
         doc_s = gl.allocate_shared_memory(dtype, [BH, DC], sl) if HAS_V else qc_s
-        handoff: gl.constexpr = RED == 3 and not DETERMINISTIC
+        handoff: gl.constexpr = not DETERMINISTIC
         # fp32 staging of consumer 1's tiles (16-byte units swizzled by row: conflict-free v2 writes, v4 reads)
         stg = gl.allocate_shared_memory(gl.float32, [NB if handoff else 1, BN if handoff else 1, DC],
                                         gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))
@@ -453,11 +439,11 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_dq_consumer, (dq_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, stg, full, empty, stg_full, stg_free, row, hb, h_q,
                             n_len, s_kv, limit, s_im, s_dkvr, s_dqr, s_dqh, sm_scale,
-                            c, D0, DC, BH, BN, STAGES, NB, handoff, CAUSAL, DS_SCALED, DQSTAGE)),
+                            c, D0, DC, BH, BN, STAGES, NB, handoff, CAUSAL, DS_SCALED)),
             (_dkv_consumer, (q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, stg, full, empty, stg_full,
                              stg_free, r, row, hb,
                              h_q, sm_scale, topk, n_len, n_hb, s_kv, limit, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
-                             c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL, DETERMINISTIC, RED, NB, DS_SCALED)),
+                             c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL, DETERMINISTIC, NB, DS_SCALED)),
             (_g_producer, (kv_ptr, idx_ptr, p_ptr, ds_ptr, k_s, dsb_s, pb_s, full, empty, r, row, hb, h_q, topk,
                            n_len, s_kv, limit, s_kvn, s_im, c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
@@ -483,7 +469,7 @@ def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, b
     # for the whole backward; a second staging buffer measured slower (16.3 / 10.9)
     # DC 256 at 64 heads (q, dO blocks 64 KB, slots 96 KB, staging 64 KB: 229.7 KB) reads P / dS 5 instead of 9
     # times: 10.45 -> 10.08 ms
-    cfg = dict(DC=256 if bh == 64 else 128, BN=64, STAGES=2, RED=3, NB=1, CONS_REGS=216, PROD_REGS=72)
+    cfg = dict(DC=256 if bh == 64 else 128, BN=64, STAGES=2, NB=1, CONS_REGS=216, PROD_REGS=72)
     cfg.update(config or {})
     n_hb = triton.cdiv(h_q, bh)
     dummy = idx
