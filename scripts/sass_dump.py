@@ -24,7 +24,8 @@ import torch
 import llmkernels  # noqa: F401, E402
 from llmkernels.ops.combine import kernel as CB  # noqa: E402
 from llmkernels.ops.masked_decode import kernel as MD  # noqa: E402
-from llmkernels.ops.nvfp4_gemv import kernel as NV  # noqa: E402
+from llmkernels.ops.nvfp4_gemv import gemv as NG  # noqa: E402
+from llmkernels.ops.nvfp4_gemv import linear as NL  # noqa: E402
 from llmkernels.ops.sparse_mla import attn_dist as SD  # noqa: E402
 from llmkernels.ops.sparse_mla import wgmma_common as W  # noqa: E402
 from llmkernels.ops.sparse_mla import bwd as SB  # noqa: E402
@@ -94,7 +95,7 @@ def xl(layout, dtype=torch.float16, D=128, bs=16, H=16, Hkv=16, bd=True, u=True)
 def gemv(M, K, L, static):
     def go():
         u8 = torch.uint8
-        NV.gemv_launch(e(M, K // 2, L, dtype=u8), e(1, K // 2, L, dtype=u8), e(M, K // 16, L, dtype=u8),
+        NG.gemv_launch(e(M, K // 2, L, dtype=u8), e(1, K // 2, L, dtype=u8), e(M, K // 16, L, dtype=u8),
                        e(1, K // 16, L, dtype=u8), e(M, 1, L), 1.0, static_weights=static)
     return go
 
@@ -104,11 +105,11 @@ def linear(T, N, K, dtype, kernel, bias=False):
         x, w, s = e(T, K, dtype=dtype), e(N, K // 2, dtype=torch.uint8), e(N, K // 16, dtype=torch.uint8)
         gs, b, y = e(1, dtype=torch.float32), e(N, dtype=torch.float32) if bias else None, e(T, N, dtype=dtype)
         if kernel == "mma":  # what linear_launch picks on sm_90 for T <= 16 (its check reads x.device)
-            NV.linear_mma_launch(x, w, s, gs, b, y)
+            NL.linear_mma_launch(x, w, s, gs, b, y)
         elif kernel == "dequant":
-            NV.dequant_launch(w, s, gs, e(N, K, dtype=dtype))
+            NL.dequant_launch(w, s, gs, e(N, K, dtype=dtype))
         else:  # the dot kernel, with the inline-PTX decode sm_90 uses for fp16 and bf16
-            NV.linear_launch(x, w, s, gs, b, y, cfg={"kernel": "dot"}, use_asm=True)
+            NL.linear_launch(x, w, s, gs, b, y, cfg={"kernel": "dot"}, use_asm=True)
     return go
 
 

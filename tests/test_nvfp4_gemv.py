@@ -8,7 +8,8 @@ from llmkernels import (NVFP4Linear, from_blocked, nvfp4_dequantize, nvfp4_gemv,
 from llmkernels.checking import rel_err
 from llmkernels.ops.nvfp4_gemv import custom_kernel
 from llmkernels.ops.nvfp4_gemv.format import E2M1_VALUES, pack_codes, unpack_e2m1
-from llmkernels.ops.nvfp4_gemv.kernel import dequant_launch, gemv_launch, gemv_plan, gemv_tile, linear_launch
+from llmkernels.ops.nvfp4_gemv.gemv import gemv_launch, gemv_plan, gemv_tile
+from llmkernels.ops.nvfp4_gemv.linear import dequant_launch, linear_launch
 from llmkernels.ops.nvfp4_gemv.reference import nvfp4_gemv_ref, nvfp4_linear_ref
 from llmkernels.ops.nvfp4_gemv.spec import GEMV_TOL, LINEAR_TOL, make_inputs, make_linear_inputs, random_scales
 
