@@ -7,14 +7,13 @@ from ._runtime import setup_interpreter
 
 setup_interpreter()
 
-from .ops.combine.op import merge_attention_states  # noqa: E402
-from .ops.masked_decode.op import masked_decode  # noqa: E402
-from .ops.nvfp4_gemv.format import from_blocked, nvfp4_dequantize, nvfp4_quantize, to_blocked  # noqa: E402
-from .ops.nvfp4_gemv.op import NVFP4Linear, nvfp4_gemv, nvfp4_linear  # noqa: E402
-from .ops.sparse_mla.op import (flash_mla_sparse_fwd, indexer_kl_loss, sparse_mla,  # noqa: E402
-                                sparse_mla_attn_dist)
-from .ops.sparse_mla.autograd import sparse_mla_bwd  # noqa: E402  (also makes sparse_mla differentiable)
-from .ops.xl_paged_decode.op import xl_paged_decode  # noqa: E402
+from .ops.combine import merge_attention_states  # noqa: E402
+from .ops.masked_decode import masked_decode  # noqa: E402
+from .ops.nvfp4_gemv import (NVFP4Linear, from_blocked, nvfp4_dequantize, nvfp4_gemv, nvfp4_linear,  # noqa: E402
+                             nvfp4_quantize, to_blocked)
+from .ops.sparse_mla import (flash_mla_sparse_fwd, indexer_kl_loss, sparse_mla, sparse_mla_attn_dist,  # noqa: E402
+                             sparse_mla_bwd)
+from .ops.xl_paged_decode import xl_paged_decode  # noqa: E402
 
 __all__ = ["masked_decode", "merge_attention_states", "xl_paged_decode", "nvfp4_quantize", "nvfp4_dequantize",
            "to_blocked", "from_blocked", "nvfp4_gemv", "nvfp4_linear", "NVFP4Linear", "sparse_mla",

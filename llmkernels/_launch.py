@@ -55,11 +55,15 @@ def skey(x):
 _HAS_CUDA = []
 
 
-def current_device():
-    """The current CUDA device (Triton loads a compiled kernel per device), -1 without CUDA."""
+def _has_cuda() -> bool:
     if not _HAS_CUDA:  # torch.cuda.is_available() reads the environment on every call (~5 us)
         _HAS_CUDA.append(torch.cuda.is_available())
-    return torch._C._cuda_getDevice() if _HAS_CUDA[0] else -1
+    return _HAS_CUDA[0]
+
+
+def current_device():
+    """The current CUDA device (Triton loads a compiled kernel per device), -1 without CUDA."""
+    return torch._C._cuda_getDevice() if _has_cuda() else -1
 
 
 _TOKENS = itertools.count(1)
@@ -125,8 +129,9 @@ def arg_key(args):
 def launch(fn, grid, *args, **kwargs) -> None:
     """fn[grid](*args, **kwargs), with the compiled kernel kept per specialisation: a launch whose arguments
     specialise like an earlier one's (or the same launch of a planned call, see run_planned) goes straight to the
-    compiled kernel's launcher (see Launch)."""
-    if interpreting() or _hooks():
+    compiled kernel's launcher (see Launch). Without CUDA (the interpreter, or scripts/sm90_offline.py compiling for
+    sm_90 on a CPU-only machine) every launch takes Triton's path."""
+    if interpreting() or _hooks() or not _has_cuda():
         fn[grid](*args, **kwargs)
         return
     token = getattr(_STATE, "token", None)
@@ -186,8 +191,8 @@ class Launch:
     """One kernel launch of a plan: grid, constexprs and options fixed. The first call goes through Triton (compile,
     specialise) and keeps the compiled kernel; later calls hand the arguments straight to its launcher. Correct while
     the arguments specialise as on the first call, which the plan's key guarantees. Arguments are positional, in the
-    kernel's order; constexprs (and options such as num_warps) are keywords. Launch hooks (profilers) and the
-    interpreter take Triton's path every time."""
+    kernel's order; constexprs (and options such as num_warps) are keywords. Launch hooks (profilers), the
+    interpreter and a machine without CUDA (sm90_offline.py) take Triton's path every time."""
     __slots__ = ("fn", "grid", "kwargs", "kept")
 
     def __init__(self, fn, grid, **kwargs):
@@ -199,7 +204,7 @@ class Launch:
             _fire(self.kept, self.grid, args)
             return
         ck = self.fn[self.grid](*args, **self.kwargs)
-        if self.kept is None and not interpreting():
+        if self.kept is None and not interpreting() and _has_cuda():
             self.kept = _direct(self.fn, ck, len(args), self.kwargs)
 
 

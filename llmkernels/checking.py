@@ -34,7 +34,7 @@ def result(op: str, case: str, out, ref, tol: float) -> CheckResult:
 
 
 def generator(device, seed=None) -> torch.Generator:
-    """A generator on device seeded with `seed`, or from the global RNG (so a test's torch.manual_seed reproduces it)."""
+    """A generator on device seeded with `seed`, or from the global RNG (a test's torch.manual_seed reproduces it)."""
     g = torch.Generator(device=device)
     g.manual_seed(seed if seed is not None else int(torch.randint(2 ** 31, (1,))))
     return g

@@ -4,12 +4,17 @@
 #   LLMKERNELS_COMMIT=<hash> scripts/hf_e2e.sh [--no-tests] [model ...]   (models: llama-3.1-8b-shaped,
 #   llama-3.3-70b-shaped; default both, one process each so the 8B's memory is gone before the 70B is built)
 set -uo pipefail
+usage() { sed -n '2,5s/^# \{0,1\}//p' "$0"; }
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+OUT=${OUT:-$PWD/out}
 tests=1; models=()
 for a in "$@"; do
-  case "$a" in --no-tests) tests=0 ;; *) models+=("$a") ;; esac
+  case "$a" in
+    -h|--help) usage; exit 0 ;; --no-tests) tests=0 ;;
+    -*) echo "unknown option $a" >&2; usage >&2; exit 2 ;; *) models+=("$a") ;;
+  esac
 done
+mkdir -p "$OUT"
 [ ${#models[@]} = 0 ] && models=(llama-3.1-8b-shaped llama-3.3-70b-shaped)
 rc=0
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, \

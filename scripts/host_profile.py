@@ -1,7 +1,7 @@
 """Where an eager call's host time goes: per op, a cProfile of back-to-back calls (top functions by own time), and
 the unit costs of the pieces (torch.empty, a Triton launch by argument count, a torch.library custom op).
 
-    python scripts/host_profile.py [--calls 300] [--top 14] [op ...]     (GPU machine)
+    python scripts/host_profile.py [--calls 300] [--top 14] [--no-profile] [op ...]     (GPU machine)
 """
 import argparse
 import cProfile
@@ -9,10 +9,11 @@ import pstats
 import time
 
 import torch
-import triton
-import triton.language as tl
 
-from llmkernels.bench.eager import benches
+from llmkernels.bench.eager import benches  # before triton (on a CPU, llmkernels sets up the interpreter first)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 
 def split_us(fn, calls=300):
@@ -27,7 +28,6 @@ def split_us(fn, calls=300):
     for _ in range(calls):
         fn()
     e1.record()
-    t1 = time.perf_counter()
     torch.cuda.synchronize()
     t2 = time.perf_counter()
     # host alone: the same loop queued behind a ~50 ms GPU sleep, so no launch waits for the GPU
@@ -98,6 +98,8 @@ def main():
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--no-profile", action="store_true", help="host / GPU / wall split only")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("host_profile.py needs a CUDA GPU")
     for b in benches(args.ops or None):
         impl = next(i for i in b.impls if i.name == "llmkernels-eager")
         for case in b.cases(False):

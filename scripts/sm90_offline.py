@@ -1,8 +1,9 @@
-"""Compile Triton / Gluon kernels for sm_90 on a machine WITHOUT a GPU, for the *_sass.py reports.
+"""Compile Triton / Gluon kernels for sm_90 on a machine WITHOUT a GPU (used by sass_dump.py).
 
 Importing this module installs a stand-in Triton driver that answers 'sm_90', so the real JIT specialisation
-(divisibility, unit strides) is used and nothing is launched. `compiled(kernel, launch)` runs `launch()` (a host
-launcher called on CPU stand-in tensors) and returns the kernel it compiled; `sass(k)` disassembles it.
+(divisibility, unit strides) is used and nothing is launched. `compile_only(captured)` turns every later launch (of
+a host launcher called on CPU stand-in tensors) into a compile for sm_90 and collects the compiled kernels;
+`sass(k)` disassembles one.
 """
 import os
 import re
@@ -16,6 +17,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.driver import CudaDriver  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -41,19 +43,16 @@ driver.set_active(_FakeDriver())
 BINDIR = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
 
 
-def compiled(kernel, launch):
-    """Run launch() with kernel.run replaced by a compile-only call; return the compiled kernel."""
-    captured = {}
-    orig = kernel.run
+def compile_only(captured: list):
+    """From now on every kernel launch compiles for sm_90 instead of running, and appends (kernel name, compiled
+    kernel) to captured, in launch order."""
+    orig = JITFunction.run
 
-    def run(*a, grid, warmup, **kw):
-        captured["k"] = orig(*a, grid=grid, warmup=True, **kw)
-    kernel.run = run
-    try:
-        launch()
-    finally:
-        kernel.run = orig
-    return captured["k"]
+    def run(self, *a, grid, warmup, **kw):
+        k = orig(self, *a, grid=grid, warmup=True, **kw)
+        captured.append((self.__name__, k))
+        return k
+    JITFunction.run = run
 
 
 def sass(k):

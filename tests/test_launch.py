@@ -35,6 +35,7 @@ class FakeKernel:
 @pytest.fixture
 def fake_gpu(monkeypatch):
     monkeypatch.setattr(_launch, "interpreting", lambda: False)
+    monkeypatch.setattr(_launch, "_has_cuda", lambda: True)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 77, raising=False)
     _launch._SITES.clear()

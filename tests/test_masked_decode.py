@@ -213,9 +213,11 @@ BAD = [
     ("mask dtype", lambda x: dict(drop_mask=x["drop"].to(torch.uint8)), TypeError, "drop_mask must have dtype"),
     ("kv_len > L", lambda x: dict(kv_len=17), ValueError, "kv_len must be in"),
     ("kv_len < 0", lambda x: dict(kv_len=-1), ValueError, "kv_len must be in"),
-    ("kv_len tensor shape", lambda x: dict(kv_len=torch.tensor([3], dtype=torch.int32)), ValueError, "kv_len must have shape"),
+    ("kv_len tensor shape", lambda x: dict(kv_len=torch.tensor([3], dtype=torch.int32)), ValueError,
+     "kv_len must have shape"),
     ("kv_len float", lambda x: dict(kv_len=3.0), TypeError, "kv_len must be None"),
-    ("non-unit stride", lambda x: dict(k=x["k"].transpose(2, 3).contiguous().transpose(2, 3)), ValueError, "unit stride"),
+    ("non-unit stride", lambda x: dict(k=x["k"].transpose(2, 3).contiguous().transpose(2, 3)), ValueError,
+     "unit stride"),
     ("k/v shape", lambda x: dict(v=x["v"][:, :, :10]), ValueError, "same shape"),
     ("batch mismatch", lambda x: dict(q=x["q"][:1]), ValueError, "batch"),
     ("q rank", lambda x: dict(q=x["q"][0]), ValueError, "q must have 3 or 4 dims"),
@@ -307,7 +309,8 @@ def test_gpu_cuda_graph():
 def test_gpu_merge_context_parallel():
     x = make_inputs(2, 8, 32, 20000, 128, torch.bfloat16, torch.device("cuda"), kept=0.5)
     cuts = [0, 6000, 6001, 13000, 20000]
-    parts = [masked_decode(x["q"], x["k"][:, :, a:b], x["v"][:, :, a:b], x["drop"][:, :, a:b]) for a, b in zip(cuts, cuts[1:])]
+    parts = [masked_decode(x["q"], x["k"][:, :, a:b], x["v"][:, :, a:b], x["drop"][:, :, a:b])
+             for a, b in zip(cuts, cuts[1:])]
     mo, ml = merge_attention_states(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]))
     ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"])
     assert rel_err(mo, ro) <= OUT_TOL[torch.bfloat16] and rel_err(ml, rl) <= LSE_TOL

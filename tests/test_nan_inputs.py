@@ -142,7 +142,7 @@ def test_sparse_mla(device, where):
 @pytest.mark.parametrize("where", ["q_row", "kv"])
 def test_sparse_mla_wgmma_paths(where, tail):
     """The sm_90 kernel's unsplit epilogue (TAIL 0) and its split last wave + merge (TAIL 1)."""
-    from llmkernels.ops.sparse_mla.attn_dist_wgmma import wgmma_usable
+    from llmkernels.ops.sparse_mla.wgmma_common import wgmma_usable
     from llmkernels.ops.sparse_mla.fwd_wgmma import sparse_mla_fwd_ws_launch
     q, kv, idx = _mla_inputs(torch.device("cuda"), s_q=8, s_kv=2000, h_q=64, topk=512)
     _poke(q, kv, idx, where)

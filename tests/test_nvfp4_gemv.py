@@ -8,7 +8,8 @@ from llmkernels import (NVFP4Linear, from_blocked, nvfp4_dequantize, nvfp4_gemv,
 from llmkernels.checking import rel_err
 from llmkernels.ops.nvfp4_gemv import custom_kernel
 from llmkernels.ops.nvfp4_gemv.format import E2M1_VALUES, pack_codes, unpack_e2m1
-from llmkernels.ops.nvfp4_gemv.kernel import dequant_launch, gemv_launch, gemv_plan, gemv_tile, linear_launch
+from llmkernels.ops.nvfp4_gemv.gemv import gemv_launch, gemv_plan, gemv_tile
+from llmkernels.ops.nvfp4_gemv.linear import dequant_launch, linear_launch
 from llmkernels.ops.nvfp4_gemv.reference import nvfp4_gemv_ref, nvfp4_linear_ref
 from llmkernels.ops.nvfp4_gemv.spec import GEMV_TOL, LINEAR_TOL, make_inputs, make_linear_inputs, random_scales
 
@@ -580,9 +581,9 @@ def test_gpu_pdl_variants_graph(extra):
                                        (3, 300, 1024, {"W": 8, "U": 2}), (9, 129, 4096, {}), (16, 200, 2064, {}),
                                        (13, 4096, 512, {"programs_per_sm": 1})])
 def test_gpu_linear_mma(dtype, T, N, K, cfg):
-    # the register-fed mma kernel (T <= 16: one or two token groups): full-range weight bytes (all codes, both signs) and scales over the
-    # e4m3 range, NaN-poisoned output, odd N and K/16, split K and not, bias; a wrong fragment layout would mix
-    # rows, tokens or K slices and miss the reference by far more than the tolerance
+    # the register-fed mma kernel (T <= 16: one or two token groups): full-range weight bytes (all codes, both
+    # signs) and scales over the e4m3 range, NaN-poisoned output, odd N and K/16, split K and not, bias; a wrong
+    # fragment layout would mix rows, tokens or K slices and miss the reference by far more than the tolerance
     dev = torch.device("cuda")
     w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device=dev)
     s = random_scales((N, K // 16), dev, 0x08, 0x60)

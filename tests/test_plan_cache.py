@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from llmkernels import (merge_attention_states, masked_decode, nvfp4_gemv, nvfp4_linear, nvfp4_quantize,
-                        sparse_mla, sparse_mla_attn_dist, sparse_mla_bwd, xl_paged_decode)
+                        sparse_mla, sparse_mla_attn_dist, sparse_mla_bwd)
 from llmkernels.checking import rel_err
 from llmkernels.ops.combine.reference import merge_attention_states_ref
 from llmkernels.ops.masked_decode.reference import masked_decode_ref

@@ -10,8 +10,9 @@ def _rec(op, impl, ms, shape, date="2026-11-25", copy=3.0):
 
 def test_headline_picks_fastest_ours_and_same_run_peer():
     shape = {"M": 7168, "K": 16384, "L": 1}
-    records = [_rec("nvfp4_gemv", "llmkernels", 1.0, shape), _rec("nvfp4_gemv", "llmkernels-static-weights", 0.8, shape),
-               _rec("nvfp4_gemv", "peer-slow", 2.0, shape), _rec("nvfp4_gemv", "peer-fast", 1.6, shape),
+    records = [_rec("nvfp4_gemv", "llmkernels", 1.0, shape),
+               _rec("nvfp4_gemv", "llmkernels-static-weights", 0.8, shape), _rec("nvfp4_gemv", "peer-slow", 2.0, shape),
+               _rec("nvfp4_gemv", "peer-fast", 1.6, shape),
                _rec("nvfp4_gemv", "peer-other-run", 0.1, shape, date="2026-11-20", copy=2.9),
                _rec("nvfp4_gemv", "llmkernels", 0.1, {"M": 1, "K": 16, "L": 1})]  # not a headline shape
     rows = report.headline_rows(records)

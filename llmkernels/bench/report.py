@@ -120,7 +120,8 @@ def _peers(records: list[dict], r: dict, same_run: bool) -> list[dict]:
 
 def summary_table(records: list[dict]) -> str:
     """One markdown row per (op, shape, our impl): time, floor, % of floor, TFLOP/s, and every peer's time."""
-    lines = ["| op | shape | impl | ms | floor ms | % of floor | TFLOP/s | peers (ms) |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| op | shape | impl | ms | floor ms | % of floor | TFLOP/s | peers (ms) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in filter(_ours, records):
         peer_txt = ", ".join(f"{p['impl']} {p['ms']:.4g}" for p in _peers(records, r, False)) or "-"
         tf = "" if r.get("tflops") is None else f"{r['tflops']:.1f}"
@@ -186,7 +187,8 @@ def _with_eager(body):
 
 
 EAGER_HEADER = ("Eager calls (`llmkernels bench --eager`): wall time per call of 300 back-to-back calls from plain "
-                "PyTorch at a small shape, host included (median of 5 rounds); the peers through their usual eager API.")
+                "PyTorch at a small shape, host included (median of 5 rounds); the peers through their usual eager "
+                "API.")
 
 
 def readme_section(records: list[dict]) -> str:

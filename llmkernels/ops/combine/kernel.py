@@ -5,6 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._constants import LOG2E_C
 from ..._launch import Launch, launch
 from ..._runtime import capability, interpreting
 
@@ -22,7 +23,7 @@ def pdl_enter(USE_GDC: tl.constexpr):
 def _lse2(ptr, mask):
     """Parts' lse (any float dtype) as log2; +inf (sparse_mla's row with no valid index) is a part with no key."""
     ls = tl.load(ptr, mask=mask, other=float("-inf")).to(tl.float32)
-    return tl.where(ls == float("inf"), float("-inf"), ls) * 1.4426950408889634
+    return tl.where(ls == float("inf"), float("-inf"), ls) * LOG2E_C
 
 
 @triton.jit
@@ -74,7 +75,7 @@ def merge_row(
             tl.store(out_ptr + row * stride_out_r + d0 + offs_d, (acc * inv).to(out_ptr.dtype.element_ty),
                      mask=dmask)
     if HAS_LSE_OUT:
-        lse = tl.where(total == 0, float("-inf"), (m_safe + tl.log2(total)) / 1.4426950408889634)
+        lse = tl.where(total == 0, float("-inf"), (m_safe + tl.log2(total)) / LOG2E_C)
         tl.store(lse_out_ptr + row, lse)
 
 

@@ -92,7 +92,8 @@ def merge_attention_states(
     if outs.dim() < 2 or outs.shape[0] == 0 or outs.shape[-1] == 0:
         raise ValueError(f"outs must be [S, ..., D] with S >= 1 and D >= 1, got shape {tuple(outs.shape)}")
     if tuple(lses.shape) != tuple(outs.shape[:-1]):
-        raise ValueError(f"lses must have shape {tuple(outs.shape[:-1])} (outs without its last dim), got {tuple(lses.shape)}")
+        raise ValueError(f"lses must have shape {tuple(outs.shape[:-1])} (outs without its last dim), got "
+                         f"{tuple(lses.shape)}")
     check_same_device(outs=outs, lses=lses)
     outs, lses = outs.contiguous(), lses.contiguous()  # the kernel reads lse in any float dtype, +inf as -inf
     if not tracing() and direct_ok(*_tensors(raw[0]), *_tensors(raw[1])):

@@ -3,6 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._constants import LN2_C, LOG2E
 from ..._launch import Launch, PlanCache, current_device, tkey
 from ..._runtime import num_sms
 from ..combine.kernel import CombinePlan, pdl_enabled, pdl_enter
@@ -56,14 +57,14 @@ def row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, 
                             BLOCK_G, D, BLOCK_N, HAS_DROP)
     # l == 0 only when nothing was kept; a NaN logit makes l NaN, and NaN flows into out and lse (not "empty")
     o = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]
-    lse = tl.where(l_i == 0, float("-inf"), (m_i + tl.log2(l_i)) * 0.6931471805599453)
+    lse = tl.where(l_i == 0, float("-inf"), (m_i + tl.log2(l_i)) * LN2_C)
     rows = r * G + offs_g
     tl.store(o_ptr + rows[:, None] * s_or + split * s_os + offs_d[None, :], o, mask=(offs_g < G)[:, None])
     tl.store(lse_ptr + rows * s_lr + split, lse, mask=offs_g < G)
 
 
 @triton.jit
-def _split_kernel(
+def _masked_decode_split_kernel(
     q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr,
     Hkv, L, kv_len, chunk, qk_scale,
     s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
@@ -129,9 +130,9 @@ class DecodePlan:
         self.part = (B * Hq, splits, D)
         ms = drop_mask.stride() if drop_mask is not None else (0, 0, 0)
         pdl = pdl_enabled(q.device)
-        self.ints = (Hkv, L, kv_len, chunk, sm_scale * 1.4426950408889634, q.stride(0), q.stride(1),
+        self.ints = (Hkv, L, kv_len, chunk, sm_scale * LOG2E, q.stride(0), q.stride(1),
                      *k.stride()[:3], *v.stride()[:3], *ms, splits * D, D, splits)
-        self.split = Launch(_split_kernel, (splits, B * Hkv), G=Hq // Hkv,
+        self.split = Launch(_masked_decode_split_kernel, (splits, B * Hkv), G=Hq // Hkv,
                             BLOCK_G=max(16, triton.next_power_of_2(Hq // Hkv)), D=D, BLOCK_N=block_n,
                             HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl,
                             INTERLEAVE=cfg["interleave"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],

@@ -7,7 +7,8 @@ from ..._launch import PlanCache, current_device, direct_ok, new_token, run_plan
 from ..._validate import (check_bool, check_int, check_interpreter_dtype, check_no_self_overlap, check_same_device,
                           check_scale, check_shape, check_tensor)
 from .format import BLOCK, SCALE_DTYPES, as_bytes, check_k, nvfp4_quantize
-from .kernel import MAX_FUSED_T, dequant_launch, gemv_launch, linear_launch
+from .gemv import gemv_launch
+from .linear import MAX_FUSED_T, dequant_launch, linear_launch
 
 _X_DTYPES = (torch.float16, torch.bfloat16)
 

@@ -4,7 +4,7 @@ import torch
 from ...bench import Case, Impl, OpBench
 from ...checking import generator, result
 from .format import E2M1_VALUES, nvfp4_dequantize, nvfp4_quantize, to_blocked
-from .kernel import dequant_launch
+from .linear import dequant_launch
 from .op import nvfp4_gemv, nvfp4_linear
 from .reference import nvfp4_gemv_ref, nvfp4_linear_ref
 

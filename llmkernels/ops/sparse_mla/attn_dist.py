@@ -5,7 +5,8 @@ import triton.language as tl
 
 from ..._launch import launch
 from ..._runtime import interpreting
-from .attn_dist_wgmma import attn_dist_ws_launch, wgmma_usable
+from .attn_dist_wgmma import attn_dist_ws_launch
+from .wgmma_common import wgmma_usable
 from .common import LOG2E_C, row_args, row_flags
 from .fwd import gather, load_idx, load_q, logits, row_limits, tile_idx
 

@@ -4,76 +4,19 @@ flight, not to q. Above 64 heads one program per (query row, block of 128 heads)
 of rows (then one per row for the last ones).
 
 Gluon has no interpreter: the plain-Triton kernel in attn_dist.py is the portable path (and what CPU tests
-cover); this one runs on sm_90 and is tested on the GPU (tests marked gpu, scripts/sparse_mla_gluon_device.py).
+cover); this one runs on sm_90 and is tested on the GPU (tests marked gpu, scripts/memcheck.py).
 """
-import torch
 import triton
 
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
 
 from ..._launch import launch
-from ..._runtime import capability, interpreting, num_sms
+from ..._runtime import num_sms
 from .common import LOG2E_C, row_args, row_flags
 
 if HAVE_GLUON:
-    @triton.constexpr_function
-    def _mma_layout(n):
-        """The wgmma accumulator layout of one warpgroup (4 warps) for a [64, n] tile."""
-        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
-
-    @gluon.jit
-    def _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride,
-                    HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr):
-        """(entries of the row to scan, highest visible kv index), as fwd.row_limits."""
-        n_len = topk
-        if HAS_TLEN:
-            n_len = gl.minimum(gl.maximum(gl.load(tlen_ptr + row), 0), topk)
-        limit = 2147483647
-        if CAUSAL:
-            if QS_TENSOR:
-                num = row + gl.load(qs_ptr) + 1 - k_stride
-            else:
-                num = row + q_start + 1 - k_stride
-            limit = gl.where(num >= 0, num // k_stride, -1)  # any negative num: nothing visible yet
-        return n_len, limit
-
-    @gluon.jit
-    def _cvt2(x, dtype: gl.constexpr):
-        """fp32 -> bf16 / fp16 two values per instruction (cvt.rn.*x2.f32, same rounding). Triton's own `.to` gave one
-        scalar F2F conversion per value in the wgmma accumulator layout."""
-        if dtype == gl.bfloat16:
-            y = gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.bfloat16,
-                                          is_pure=True, pack=2)
-        else:
-            y = gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.float16,
-                                          is_pure=True, pack=2)
-        return y
-
-    @gluon.jit
-    def _ws_idx(idx_ptr, row, t0, n_len, s_im, BLOCK_N: gl.constexpr, layout: gl.constexpr):
-        """Entries [t0, t0 + BLOCK_N) of the row, -1 past n_len. A consumer issues this load early and tests the
-        values (_ws_check) only after its next wait: testing them at once stalls the warpgroup on the load's L2
-        round trip (~600-1000 clocks a tile; sparse_mla_fwd notes, version 5)."""
-        offs = t0 + gl.arange(0, BLOCK_N, layout=layout)
-        return gl.load(idx_ptr + row * s_im + offs, mask=offs < n_len, other=-1)
-
-    @gluon.jit
-    def _ws_check(idx, s_kv, limit, CAUSAL: gl.constexpr):
-        """valid = in [0, s_kv) and visible (causal): one unsigned compare against min(s_kv, limit + 1) (negative
-        indices wrap to >= 2^31), not three 64-bit ones; it sits on the consumers' softmax path."""
-        bound = s_kv
-        if CAUSAL:
-            bound = gl.maximum(gl.minimum(limit + 1, s_kv), 0)
-        return idx.to(gl.uint32, bitcast=True) < bound.to(gl.uint32)
-
-    @gluon.jit
-    def _ws_valid(idx_ptr, row, t0, n_len, s_im, s_kv, limit, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                  layout: gl.constexpr):
-        """(valid, indices) of entries [t0, t0 + BLOCK_N) of the row: -1 past n_len; valid = in [0, s_kv) and
-        visible (causal)."""
-        idx = _ws_idx(idx_ptr, row, t0, n_len, s_im, BLOCK_N, layout)
-        return _ws_check(idx, s_kv, limit, CAUSAL), idx
+    from .wgmma_common import mma_layout, row_limits, ws_check, ws_idx, ws_valid
 
     @gluon.jit
     def _kv_ring(dtype: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
@@ -113,7 +56,7 @@ if HAVE_GLUON:
         WAIT_Q, the slots the consumers stage q through only once they are done with it)."""
         g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         n_tiles = gl.cdiv(n_len, BLOCK_N)
-        valid_n, idx_n = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, gl.SliceLayout(1, g_l))
+        valid_n, idx_n = ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, gl.SliceLayout(1, g_l))
         for j in range(n_tiles):
             s = j % STAGES
             mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1, pred=j >= STAGES)
@@ -124,9 +67,9 @@ if HAVE_GLUON:
             base = kv_ptr + gl.where(valid, idx_n, 0).to(gl.int64)[:, None] * s_kvn
             # next tile's indices now (tested after this tile's copies are issued), so its addresses are ready
             # when its slot frees
-            idx_n = _ws_idx(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, BLOCK_N, gl.SliceLayout(1, g_l))
+            idx_n = ws_idx(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, BLOCK_N, gl.SliceLayout(1, g_l))
             _gather_tile(klo_s, khi_s, full, s, base, valid, D_V, D_T, g_l)
-            valid_n = _ws_check(idx_n, s_kv, limit, CAUSAL)
+            valid_n = ws_check(idx_n, s_kv, limit, CAUSAL)
 
     @gluon.jit
     def _q_to_regs(q_ptr, row, h0, h_q, has_row, s_qm, s_qh, klo_s, khi_s, q_ready, slot0: gl.constexpr,
@@ -160,10 +103,9 @@ if HAVE_GLUON:
     def _ws_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q, n_len, s_kv,
                      limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                      CID: gl.constexpr, SPLIT_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
-                     D_T: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, ATOMIC: gl.constexpr,
-                     GATHER_ONLY: gl.constexpr):
+                     D_T: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, ATOMIC: gl.constexpr):
         """One warpgroup: 64 heads x (every tile if SPLIT_HEADS, else the tiles j = CID mod 2)."""
-        mma_l: gl.constexpr = _mma_layout(BLOCK_N)
+        mma_l: gl.constexpr = mma_layout(BLOCK_N)
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
         col_l: gl.constexpr = gl.SliceLayout(0, mma_l)
         if SPLIT_HEADS:
@@ -188,27 +130,23 @@ if HAVE_GLUON:
         n_tiles = gl.cdiv(n_len, BLOCK_N)
         for j in range(j0, n_tiles, jstep):
             s = j % STAGES
-            t = _ws_idx(idx_ptr, row, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after the wgmma
+            t = ws_idx(idx_ptr, row, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after the wgmma
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-            if GATHER_ONLY:  # probe: the producer's gather rate alone (scripts/sparse_mla_gluon_device.py)
-                gl.thread_barrier()
-                mbarrier.arrive(empty.index(s), count=1)
+            acc = warpgroup_mma(q_lo, klo_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+            if D_T > 0:
+                acc = warpgroup_mma(q_hi, khi_s.index(s).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
+            mbarrier.arrive(empty.index(s), count=1)  # ... so one arrival releases it for this consumer
+            p = gl.exp2(acc * qk_scale - lse2[:, None])
+            valid = ws_check(t, s_kv, limit, CAUSAL)
+            col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
+            offs = j * BLOCK_N + cols
+            if ATOMIC:  # two adds onto 0: 0 + a + b is exact in either order, so the sum is deterministic
+                gl.atomic_add(out_ptr + row * s_om + offs, col, mask=offs < n_len, sem="relaxed")
             else:
-                acc = warpgroup_mma(q_lo, klo_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
-                if D_T > 0:
-                    acc = warpgroup_mma(q_hi, khi_s.index(s).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
-                mbarrier.arrive(empty.index(s), count=1)  # ... so one arrival releases it for this consumer
-                p = gl.exp2(acc * qk_scale - lse2[:, None])
-                valid = _ws_check(t, s_kv, limit, CAUSAL)
-                col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)  # invalid entries stay exactly 0
-                offs = j * BLOCK_N + cols
-                if ATOMIC:  # two adds onto 0: 0 + a + b is exact in either order, so the sum is deterministic
-                    gl.atomic_add(out_ptr + row * s_om + offs, col, mask=offs < n_len, sem="relaxed")
-                else:
-                    gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
+                gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
 
     @gluon.jit
     def _pair_rows(s_q, n_pairs, topk, tlen_ptr, qs_ptr, q_start, k_stride, BLOCK_N: gl.constexpr,
@@ -219,9 +157,9 @@ if HAVE_GLUON:
         pid = gl.program_id(0)
         pair = pid < n_pairs
         row_a = gl.where(pair, 2 * pid, n_pairs + pid)
-        n_a, lim_a = _row_limits(row_a, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+        n_a, lim_a = row_limits(row_a, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
         row_b = gl.where(pair, gl.minimum(row_a + 1, s_q - 1), row_a)  # clamped for the loads
-        n_b, lim_b = _row_limits(row_b, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+        n_b, lim_b = row_limits(row_b, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
         n_b = gl.where(pair & (row_a + 1 >= s_q), 0, n_b)
         items = gl.where(pair, 2 * gl.cdiv(gl.maximum(n_a, n_b), BLOCK_N), gl.cdiv(n_a, BLOCK_N))
         return pair, row_a, row_b, n_a, lim_a, n_b, lim_b, items
@@ -244,10 +182,10 @@ if HAVE_GLUON:
             limit = gl.where(second, lim_b, lim_a)
             tile = gl.where(pair, k // 2, k)
             s = k % STAGES
-            idx = _ws_idx(idx_ptr, row, tile * BLOCK_N, n_len, s_im, BLOCK_N, i_l)  # tested after the wait
+            idx = ws_idx(idx_ptr, row, tile * BLOCK_N, n_len, s_im, BLOCK_N, i_l)  # tested after the wait
             mbarrier.wait(empty.index(s), ((k // STAGES) & 1) ^ 1, pred=k >= STAGES)
             mbarrier.wait(q_ready, 0, pred=k == STAGES - 2 * (64 // BLOCK_N))  # q staged through the last slots
-            valid = _ws_check(idx, s_kv, limit, CAUSAL)
+            valid = ws_check(idx, s_kv, limit, CAUSAL)
             base = kv_ptr + gl.where(valid, idx, 0).to(gl.int64)[:, None] * s_kvn
             _gather_tile(klo_s, khi_s, full, s, base, valid, D_V, D_T, g_l)
 
@@ -255,11 +193,10 @@ if HAVE_GLUON:
     def _pair_consumer(q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, s_q,
                        n_pairs, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
                        CID: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
-                       STAGES: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
-                       GATHER_ONLY: gl.constexpr):
+                       STAGES: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr):
         """One warpgroup, all (<= 64) heads, the ring items k = CID mod 2: every tile of row b (CID 1) or row a (CID 0)
         of a pair, or every other tile of a single row."""
-        mma_l: gl.constexpr = _mma_layout(BLOCK_N)
+        mma_l: gl.constexpr = mma_layout(BLOCK_N)
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
         col_l: gl.constexpr = gl.SliceLayout(0, mma_l)
         pair, row_a, row_b, n_a, lim_a, n_b, lim_b, items = _pair_rows(
@@ -286,24 +223,21 @@ if HAVE_GLUON:
         for k in range(CID, items, 2):
             j = gl.where(pair, k // 2, k)  # the tile of the row
             s = k % STAGES
-            t = _ws_idx(idx_ptr, row, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after the wgmma
+            t = ws_idx(idx_ptr, row, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after the wgmma
             mbarrier.wait(full.index(s), (k // STAGES) & 1)
             fence_async_shared()
-            if GATHER_ONLY:
-                gl.thread_barrier()
-                mbarrier.arrive(empty.index(s), count=1)
-            else:  # a tile past this row's end (the other row is longer) is all masked: computed, never stored
-                acc = warpgroup_mma(q_lo, klo_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
-                if D_T > 0:
-                    acc = warpgroup_mma(q_hi, khi_s.index(s).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                gl.thread_barrier()
-                mbarrier.arrive(empty.index(s), count=1)
-                p = gl.exp2(acc * qk_scale - lse2[:, None])
-                valid = _ws_check(t, s_kv, limit, CAUSAL)
-                col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)
-                offs = j * BLOCK_N + cols
-                gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
+            # a tile past this row's end (the other row is longer) is all masked: computed, never stored
+            acc = warpgroup_mma(q_lo, klo_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+            if D_T > 0:
+                acc = warpgroup_mma(q_hi, khi_s.index(s).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(s), count=1)
+            p = gl.exp2(acc * qk_scale - lse2[:, None])
+            valid = ws_check(t, s_kv, limit, CAUSAL)
+            col = gl.sum(gl.where(valid[None, :], p, 0.0), axis=0)
+            offs = j * BLOCK_N + cols
+            gl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
 
     @gluon.jit
     def _dist_pair_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
@@ -311,8 +245,7 @@ if HAVE_GLUON:
                           s_qm, s_qh, s_kvn, s_im, s_lm, s_lh, s_om, s_q, n_pairs,
                           BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
                           HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
-                          CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr, num_warps: gl.constexpr,
-                          GATHER_ONLY: gl.constexpr = False):
+                          CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
         """h_q <= 64: programs < n_pairs take a pair of rows, a consumer warpgroup per row and one producer alternating
         their tiles through one ring; the rest one row each, the consumers on alternate tiles (as _dist_ws_kernel).
         Each consumer sees a tile every other ring item either way, but a pair pays a program's start (q loads, the
@@ -325,10 +258,10 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_pair_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready,
                               s_q, n_pairs, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm,
-                              s_lh, s_om, 0, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, GATHER_ONLY)),
+                              s_lh, s_om, 0, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR)),
             (_pair_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready,
                               s_q, n_pairs, h_q, s_kv, topk, qk_scale, q_start, k_stride, s_qm, s_qh, s_im, s_lm,
-                              s_lh, s_om, 1, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR, GATHER_ONLY)),
+                              s_lh, s_om, 1, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL, QS_TENSOR)),
             (_pair_producer, (kv_ptr, idx_ptr, tlen_ptr, qs_ptr, klo_s, khi_s, full, empty, q_ready, s_q, n_pairs, s_kv,
                               topk, q_start, k_stride, s_kvn, s_im, BLOCK_N, D_V, D_T, STAGES, HAS_TLEN, CAUSAL,
                               QS_TENSOR)),
@@ -341,43 +274,27 @@ if HAVE_GLUON:
                         BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, STAGES: gl.constexpr,
                         HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr,
                         SPLIT_HEADS: gl.constexpr, ATOMIC: gl.constexpr, CONS_REGS: gl.constexpr,
-                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, GATHER_ONLY: gl.constexpr = False):
+                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr):
         """Warp-specialised: a 4-warp producer gathers, two consumer warpgroups run wgmma + column sums, so one
         consumer's exp2/reduction overlaps the other's tensor-core work and no CTA-wide barrier is needed."""
         pid = gl.program_id(0)
         row = (pid // n_hb).to(gl.int64)
         hb = pid % n_hb
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
-        n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+        n_len, limit = row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
         klo_s, khi_s, full, empty = _kv_ring(dtype, STAGES, BLOCK_N, D_V, D_T, 2 if SPLIT_HEADS else 1)
         q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(q_ready, count=2)
         gl.warp_specialize([
             (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q,
                             n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
-                            0, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC, GATHER_ONLY)),
+                            0, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC)),
             (_ws_consumer, (q_ptr, idx_ptr, lse_ptr, out_ptr, klo_s, khi_s, full, empty, q_ready, row, hb, h_q,
                             n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_lm, s_lh, s_om,
-                            1, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC, GATHER_ONLY)),
+                            1, SPLIT_HEADS, BLOCK_N, D_V, D_T, STAGES, CAUSAL, ATOMIC)),
             (_ws_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, q_ready, row, n_len, s_kv, limit, s_kvn, s_im,
                             BLOCK_N, D_V, D_T, STAGES, CAUSAL)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
-
-
-def rows_16b(t: torch.Tensor, dims) -> bool:
-    """Rows of t along dims provably 16-byte aligned for cp.async (16 B a thread): Triton marks an int argument
-    divisible by 16 only when its value is (a stride of 5400 elements, 10800 B, is not), so ask that."""
-    return t.data_ptr() % 16 == 0 and all(t.stride(d) % 16 == 0 for d in dims)
-
-
-def wgmma_usable(a) -> bool:
-    """True where the Gluon kernels apply: an sm_90 GPU, 16-byte aligned q / kv, strides multiples of 16 elements."""
-    q, kv = a.q, a.kv
-    if not HAVE_GLUON or interpreting() or q.device.type != "cuda":
-        return False
-    if capability(q.device) != (9, 0):
-        return False
-    return rows_16b(q, (0, 1)) and rows_16b(kv, (0,))
 
 
 def attn_dist_ws_launch(a, lse, out, config=None) -> None:

@@ -8,7 +8,7 @@ Two passes per chunk of query rows (the split keeps every accumulator small enou
      accumulated over tiles in registers, and the dKV contributions scale * dS^T Q[:, chunk] (+ P^T dO[:, chunk]
      for V columns) of each tile, added with fp32 atomics into an fp32 [s_kv, d_qk] buffer (default), or
      (deterministic) stored per (row, head block, slot) and summed per kv row in a fixed order by
-     `_reduce_kernel`, which walks a CSR of the chunk's valid indices built with a stable sort.
+     `_mla_bwd_dkv_reduce_kernel`, which walks a CSR of the chunk's valid indices built with a stable sort.
 Invalid slots (index out of [0, s_kv), causal-masked, beyond topk_length) are never gathered or scattered.
 """
 from typing import Optional
@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ..._launch import launch
 from ..._runtime import interpreting
-from .attn_dist_wgmma import rows_16b, wgmma_usable
+from .wgmma_common import rows_16b, wgmma_usable
 from .bwd_wgmma import grads_ws_heads, grads_ws_launch, probs_ws_launch
 from .common import LOG2E, LOG2E_C, column_parts
 SCRATCH_BYTES = 2 << 30  # per row chunk: P and dS (and, deterministic, the dKV contributions)
@@ -148,7 +148,7 @@ def _grads_kernel(
 
 
 @triton.jit
-def _reduce_kernel(contrib_ptr, perm_ptr, rowptr_ptr, acc_ptr, topk, n_hb,
+def _mla_bwd_dkv_reduce_kernel(contrib_ptr, perm_ptr, rowptr_ptr, acc_ptr, topk, n_hb,
                    D_QK: tl.constexpr, DV: tl.constexpr, DR: tl.constexpr, FIRST: tl.constexpr, E: tl.constexpr):
     """acc[kv] (+)= sum of the contributions listed for kv row `kv`, in sorted-listing order (deterministic)."""
     kv = tl.program_id(0).to(tl.int64)
@@ -275,8 +275,8 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
             k = keys[: nr * topk]
             sorted_keys, perm = torch.sort(k, stable=True)  # stable: listings of a kv row stay in (row, slot) order
             rowptr = torch.searchsorted(sorted_keys, kv_ids)
-            launch(_reduce_kernel, (s_kv,), contrib, perm, rowptr, dkv_fp32, topk, n_hb,
-                                    D_QK=d_qk, DV=dv, DR=dr, FIRST=row0 == 0, E=8, num_warps=4)
+            launch(_mla_bwd_dkv_reduce_kernel, (s_kv,), contrib, perm, rowptr, dkv_fp32, topk, n_hb,
+                   D_QK=d_qk, DV=dv, DR=dr, FIRST=row0 == 0, E=8, num_warps=4)
     return dkv_fp32, delta
 
 

@@ -16,8 +16,7 @@ from ..._launch import launch
 from .common import LOG2E, LOG2E_C, column_parts
 
 if HAVE_GLUON:
-    from .attn_dist_wgmma import _cvt2, _mma_layout, _row_limits, _ws_check, _ws_idx, _ws_valid
-    from .fwd_wgmma import _q_and_slots
+    from .wgmma_common import cvt2, mma_layout, q_and_slots, row_limits, ws_check, ws_idx, ws_valid
 
     @gluon.jit
     def _p_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, do_ready, row, n_len, s_kv, limit, s_kvn, s_im,
@@ -28,20 +27,20 @@ if HAVE_GLUON:
         rl: gl.constexpr = gl.SliceLayout(1, g_l)
         d_lo = gl.arange(0, D_V, layout=gl.SliceLayout(0, g_l))
         d_hi = gl.arange(0, D_T if D_T > 0 else 16, layout=gl.SliceLayout(0, g_l))
-        valid_n, idx_n = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+        valid_n, idx_n = ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
         for j in range(gl.cdiv(n_len, BLOCK_N)):
             s = j % 2
             mbarrier.wait(empty.index(s), ((j // 2) & 1) ^ 1, pred=j >= 2)
             mbarrier.wait(do_ready, 0, pred=j == 1)
             valid = valid_n
             base = kv_ptr + gl.where(valid, idx_n, 0).to(gl.int64)[:, None] * s_kvn
-            idx_n = _ws_idx(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, BLOCK_N, rl)  # tested after the copies
+            idx_n = ws_idx(idx_ptr, row, (j + 1) * BLOCK_N, n_len, s_im, BLOCK_N, rl)  # tested after the copies
             async_copy.async_copy_global_to_shared(klo_s.index(s), base + d_lo[None, :], mask=valid[:, None])
             if D_T > 0:
                 async_copy.async_copy_global_to_shared(khi_s.index(s), base + D_V + d_hi[None, :],
                                                        mask=valid[:, None])
             async_copy.mbarrier_arrive(full.index(s), increment_count=False)
-            valid_n = _ws_check(idx_n, s_kv, limit, CAUSAL)
+            valid_n = ws_check(idx_n, s_kv, limit, CAUSAL)
 
     @gluon.jit
     def _p_consumer(q_ptr, idx_ptr, lse_ptr, p_ptr, key_ptr, klo_s, khi_s, qlo_s, qhi_s, full, empty, pready, r, row,
@@ -49,7 +48,7 @@ if HAVE_GLUON:
                     BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr,
                     WRITE_KEYS: gl.constexpr):
         """Consumer 0: S and P of every tile; P to the scratch and, through the slot's rope columns, to consumer 1."""
-        s_l: gl.constexpr = _mma_layout(BLOCK_N)
+        s_l: gl.constexpr = mma_layout(BLOCK_N)
         row_l: gl.constexpr = gl.SliceLayout(1, s_l)
         col_l: gl.constexpr = gl.SliceLayout(0, s_l)
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -77,7 +76,7 @@ if HAVE_GLUON:
         for j in range(gl.cdiv(n_len, BLOCK_N)):
             s = j % 2
             z = zero * j  # runtime 0: keeps the wgmma descriptors in the loop (fwd_wgmma.py)
-            t = _ws_idx(idx_ptr, row, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after S
+            t = ws_idx(idx_ptr, row, j * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested after S
             offs = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_l)
             offs_st = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, st_l))
             mbarrier.wait(full.index(s), (j // 2) & 1)
@@ -86,9 +85,9 @@ if HAVE_GLUON:
             if D_T > 0:
                 sa = warpgroup_mma(qhi_s, khi_s.index(s).permute((1, 0)), sa, is_async=True)
             sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
-            valid = _ws_check(t, s_kv, limit, CAUSAL)
+            valid = ws_check(t, s_kv, limit, CAUSAL)
             p = gl.where(valid[None, :], gl.exp2(sa * scale_log2 - lse2[:, None]), 0.0)
-            p16 = _cvt2(p, p_ptr.dtype.element_ty)
+            p16 = cvt2(p, p_ptr.dtype.element_ty)
             gl.thread_barrier()  # every warp's S read of the rope is done before P goes over it
             khi_s.index(s).store(p16)
             gl.thread_barrier()
@@ -110,7 +109,7 @@ if HAVE_GLUON:
                      hb, h_q, topk, n_len, s_or, s_oh, s_dor, s_doh, s_dlr, s_dlh, zero, ds_scale,
                      BLOCK_N: gl.constexpr, D_V: gl.constexpr, HAS_DLSE: gl.constexpr):
         """Consumer 1: Delta, then dP and dS of every tile."""
-        s_l: gl.constexpr = _mma_layout(BLOCK_N)
+        s_l: gl.constexpr = mma_layout(BLOCK_N)
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_l, k_width=2)
         row_l: gl.constexpr = gl.SliceLayout(1, s_l)
         # Delta = rowsum(dO * O) in column chunks (a whole [64, 512] fp32 product would not fit the registers);
@@ -152,7 +151,7 @@ if HAVE_GLUON:
             p = khi_s.index(s).load(s_l).to(gl.float32)
             ds = p * (dp - delta[:, None]) * ds_scale  # sm_scale here (Gluon second pass) or there (Triton's)
             gl.thread_barrier()  # P read by every warp (consumer 0 read its copy before pready): dS goes over it
-            khi_s.index(s).store(_cvt2(ds, ds_ptr.dtype.element_ty))
+            khi_s.index(s).store(cvt2(ds, ds_ptr.dtype.element_ty))
             gl.thread_barrier()
             ds_st = khi_s.index(s).load(st_l)
             gl.thread_barrier()
@@ -173,8 +172,8 @@ if HAVE_GLUON:
         hb = pid % n_hb
         row = (row0 + r).to(gl.int64)
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
-        n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
-        klo_s, khi_s, qlo_s, qhi_s = _q_and_slots(dtype, BLOCK_N, D_V, D_T)
+        n_len, limit = row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+        klo_s, khi_s, qlo_s, qhi_s = q_and_slots(dtype, BLOCK_N, D_V, D_T)
         full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         pready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -198,7 +197,7 @@ if HAVE_GLUON:
 
 def probs_ws_launch(args, out, dout, lse, dl, has_dlse: bool, p_buf, ds_buf, delta, keys, row0: int, nr: int,
                     write_keys: bool, scaled_ds: bool = False, config=None) -> None:
-    """bwd._probs_kernel's work for rows [row0, row0 + nr) on sm_90 (see attn_dist_wgmma.wgmma_usable); with
+    """bwd._probs_kernel's work for rows [row0, row0 + nr) on sm_90 (see wgmma_common.wgmma_usable); with
     scaled_ds the scratch gets sm_scale * dS (what grads_ws_launch expects; the Triton second pass scales itself)."""
     q, kv, idx = args.q, args.kv, args.indices
     h_q, d_qk = q.shape[1:]
@@ -234,13 +233,13 @@ if HAVE_GLUON:
         buf_rows = (r * h_q + heads).to(gl.int64) * topk
         hmask = heads < h_q
         cols = gl.arange(0, BN, layout=cl)
-        valid_n, idx_n = _ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BN, CAUSAL, rl)
+        valid_n, idx_n = ws_valid(idx_ptr, row, 0, n_len, s_im, s_kv, limit, BN, CAUSAL, rl)
         for j in range(gl.cdiv(n_len, BN)):
             s = j % STAGES
             mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1, pred=j >= STAGES)
             valid = valid_n
             base = kv_ptr + gl.where(valid, idx_n, 0).to(gl.int64)[:, None] * s_kvn
-            idx_n = _ws_idx(idx_ptr, row, (j + 1) * BN, n_len, s_im, BN, rl)  # tested after the copies
+            idx_n = ws_idx(idx_ptr, row, (j + 1) * BN, n_len, s_im, BN, rl)  # tested after the copies
             async_copy.async_copy_global_to_shared(k_s.index(s), base + d[None, :], mask=valid[:, None])
             offs = j * BN + cols
             m = hmask[:, None] & (offs < topk)[None, :]
@@ -249,7 +248,7 @@ if HAVE_GLUON:
                 async_copy.async_copy_global_to_shared(pb_s.index(s), p_ptr + buf_rows[:, None] + offs[None, :],
                                                        mask=m)
             async_copy.mbarrier_arrive(full.index(s), increment_count=False)
-            valid_n = _ws_check(idx_n, s_kv, limit, CAUSAL)
+            valid_n = ws_check(idx_n, s_kv, limit, CAUSAL)
 
     @gluon.jit
     def _red_staged(idx_ptr, dkv_ptr, stg, stg_full, stg_free, row, j, n_len, s_kv, limit, s_im, s_dkvr,
@@ -264,15 +263,15 @@ if HAVE_GLUON:
         # every piece's indices before the wait, tested after it: their L2 round trip overlaps the wait
         PN: gl.constexpr = BN // NP
         il: gl.constexpr = gl.SliceLayout(1, red_l)
-        t0 = _ws_idx(idx_ptr, row, j * BN, n_len, s_im, PN, il)
+        t0 = ws_idx(idx_ptr, row, j * BN, n_len, s_im, PN, il)
         t1 = t0
         t2 = t0
         t3 = t0
         if NP > 1:
-            t1 = _ws_idx(idx_ptr, row, j * BN + PN, n_len, s_im, PN, il)
+            t1 = ws_idx(idx_ptr, row, j * BN + PN, n_len, s_im, PN, il)
         if NP > 2:
-            t2 = _ws_idx(idx_ptr, row, j * BN + 2 * PN, n_len, s_im, PN, il)
-            t3 = _ws_idx(idx_ptr, row, j * BN + 3 * PN, n_len, s_im, PN, il)
+            t2 = ws_idx(idx_ptr, row, j * BN + 2 * PN, n_len, s_im, PN, il)
+            t3 = ws_idx(idx_ptr, row, j * BN + 3 * PN, n_len, s_im, PN, il)
         mbarrier.wait(stg_full.index(b), (j // NB) & 1)
         dr = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, red_l))
         for p in gl.static_range(NP):
@@ -284,7 +283,7 @@ if HAVE_GLUON:
                 t = t2
             else:
                 t = t3
-            v = _ws_check(t, s_kv, limit, CAUSAL)
+            v = ws_check(t, s_kv, limit, CAUSAL)
             g = stg.index(b).slice(p * PN, PN, dim=0).load(red_l)
             if p == NP - 1:
                 gl.thread_barrier()
@@ -297,12 +296,12 @@ if HAVE_GLUON:
                      s_kv, limit, s_im, s_dkvr, s_dqr, s_dqh, sm_scale,
                      c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                      STAGES: gl.constexpr, NB: gl.constexpr, HANDOFF: gl.constexpr, CAUSAL: gl.constexpr,
-                     DS_SCALED: gl.constexpr, DQSTAGE: gl.constexpr):
+                     DS_SCALED: gl.constexpr):
         """dQ[:, chunk] = sm_scale * sum over tiles of dS K[:, chunk], in registers (BH / 64 wgmma row blocks); the
         scratch's dS comes scaled by sm_scale already (DS_SCALED: bf16) or not (fp16: small dS would go subnormal).
         HANDOFF: also issues consumer 1's dKV reductions of the previous tile while its own wgmmas run, so that
         consumer 1's next products do not wait behind the reductions (bound by the L2's reduction rate)."""
-        o_l: gl.constexpr = _mma_layout(DC)
+        o_l: gl.constexpr = mma_layout(DC)
         acc0 = gl.zeros([64, DC], gl.float32, o_l)
         acc1 = gl.zeros([64, DC], gl.float32, o_l)
         n_t = gl.cdiv(n_len, BN)
@@ -327,32 +326,22 @@ if HAVE_GLUON:
             if n_t > 0:
                 _red_staged(idx_ptr, dkv_ptr, stg, stg_full, stg_free, row, n_t - 1, n_len, s_kv, limit, s_im,
                             s_dkvr, c, D0, DC, BN, NB, CAUSAL)
-        if DQSTAGE:
-            # the producer is done and only this warpgroup reads k_s: dQ goes through its slots ([BN = 64, DC] each)
-            # and out as 16-byte row pieces, not as 4-byte pieces of 8 rows from the wgmma layout (the forward's
-            # epilogue lost ~8 % of a program to those; benchmarks/notes/sparse_mla_fwd.md, version 13)
-            gl.static_assert(BN == 64 and STAGES * 64 >= BH, "dQ staging takes one k slot per 64 heads")
-            for b in gl.static_range(BH // 64):
-                a = acc0 if b == 0 else acc1
-                if not DS_SCALED:
-                    a = a * sm_scale
-                k_s.index(b).store(a.to(k_s.dtype))
-            gl.thread_barrier()
-            st_l: gl.constexpr = gl.BlockedLayout([1, 8], [256 // DC, DC // 8], [4, 1], [1, 0])  # DC <= 256
-            offs_ds = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, st_l))
-            for b in gl.static_range(BH // 64):
-                heads = hb * BH + b * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, st_l))
-                gl.store(dq_ptr + row * s_dqr + heads[:, None].to(gl.int64) * s_dqh + offs_ds[None, :],
-                         k_s.index(b).load(st_l).to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])
-        else:
-            offs_d = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, o_l))
-            for b in gl.static_range(BH // 64):
-                heads = hb * BH + b * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
-                a = acc0 if b == 0 else acc1
-                if not DS_SCALED:
-                    a = a * sm_scale
-                gl.store(dq_ptr + row * s_dqr + heads[:, None].to(gl.int64) * s_dqh + offs_d[None, :],
-                         a.to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])
+        # the producer is done and only this warpgroup reads k_s: dQ goes through its slots ([BN = 64, DC] each)
+        # and out as 16-byte row pieces, not as 4-byte pieces of 8 rows from the wgmma layout (the forward's
+        # epilogue lost ~8 % of a program to those; benchmarks/notes/sparse_mla_fwd.md, version 13)
+        gl.static_assert(BN == 64 and STAGES * 64 >= BH, "dQ staging takes one k slot per 64 heads")
+        for b in gl.static_range(BH // 64):
+            a = acc0 if b == 0 else acc1
+            if not DS_SCALED:
+                a = a * sm_scale
+            k_s.index(b).store(a.to(k_s.dtype))
+        gl.thread_barrier()
+        st_l: gl.constexpr = gl.BlockedLayout([1, 8], [256 // DC, DC // 8], [4, 1], [1, 0])  # DC <= 256
+        offs_ds = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, st_l))
+        for b in gl.static_range(BH // 64):
+            heads = hb * BH + b * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, st_l))
+            gl.store(dq_ptr + row * s_dqr + heads[:, None].to(gl.int64) * s_dqh + offs_ds[None, :],
+                     k_s.index(b).load(st_l).to(dq_ptr.dtype.element_ty), mask=(heads < h_q)[:, None])
 
     @gluon.jit
     def _dkv_consumer(q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, stg, full, empty, stg_full,
@@ -360,12 +349,12 @@ if HAVE_GLUON:
                       topk, n_len, n_hb, s_kv, limit, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
                       c, D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                       STAGES: gl.constexpr, HAS_V: gl.constexpr, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr,
-                      RED: gl.constexpr, NB: gl.constexpr, DS_SCALED: gl.constexpr):
-        """Per tile, the kv rows' gradient [BN, chunk] = sm_scale dS^T q[:, chunk] (+ P^T dO[:, chunk]), added
-        into the fp32 dKV buffer (or, deterministic, stored per listing). RED 0: 16-byte reductions issued here, after
-        a layout change through shared memory; 2: none (timing probe); 3: the tile goes to a shared-memory buffer (one
-        of NB) and consumer 0 issues its reductions. (8-byte reductions straight from the wgmma layout measured
-        slower: notes, version 6.)"""
+                      NB: gl.constexpr, DS_SCALED: gl.constexpr):
+        """Per tile, the kv rows' gradient [BN, chunk] = sm_scale dS^T q[:, chunk] (+ P^T dO[:, chunk]): stored per
+        listing (deterministic), or put in a shared-memory buffer (one of NB) whose fp32 reductions into the dKV
+        buffer consumer 0 issues (RED 3 in the notes; 16-byte reductions issued here after a layout change, RED 0,
+        and 8-byte ones straight from the wgmma layout measured slower: notes, versions 6 and RED 3; the RED switch
+        is at d0673ea)."""
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         heads = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, ld_l))
         hmask = (heads < h_q)[:, None]
@@ -380,12 +369,12 @@ if HAVE_GLUON:
         async_copy.wait_group(0)
         gl.thread_barrier()
         fence_async_shared()
-        g_l: gl.constexpr = _mma_layout(DC)
+        g_l: gl.constexpr = mma_layout(DC)
         red_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])  # 4 fp32 a thread: v4 reductions
         dr = D0 + c * DC + gl.arange(0, DC, layout=gl.SliceLayout(0, red_l))
         for j in range(gl.cdiv(n_len, BN)):
             s = j % STAGES
-            t = _ws_idx(idx_ptr, row, j * BN, n_len, s_im, BN, gl.SliceLayout(1, red_l))  # tested after the wgmma
+            t = ws_idx(idx_ptr, row, j * BN, n_len, s_im, BN, gl.SliceLayout(1, red_l))  # tested after the wgmma
             mbarrier.wait(full.index(s), (j // STAGES) & 1)
             fence_async_shared()
             # the K role of each gathered row (sm_scale dS), then the V role (first 512 columns): one chain when the
@@ -399,17 +388,13 @@ if HAVE_GLUON:
             g = warpgroup_mma_wait(num_outstanding=0, deps=(g,))
             gl.thread_barrier()
             mbarrier.arrive(empty.index(s), count=1)
-            valid = _ws_check(t, s_kv, limit, CAUSAL)
+            valid = ws_check(t, s_kv, limit, CAUSAL)
             if DETERMINISTIC:  # contribution of (row, head block, slot); summed in a fixed order later
                 gr = gl.convert_layout(g, red_l)
                 offs = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, red_l))
                 crow = ((r * n_hb + hb).to(gl.int64) * topk + offs) * s_dkvr
                 gl.store(dkv_ptr + crow[:, None] + dr[None, :], gr, mask=valid[:, None])
-            elif RED == 0:
-                gr = gl.convert_layout(g, red_l)
-                gl.atomic_add(dkv_ptr + t.to(gl.int64)[:, None] * s_dkvr + dr[None, :], gr, mask=valid[:, None],
-                              sem="relaxed")
-            elif RED == 3:
+            else:
                 b = j % NB
                 mbarrier.wait(stg_free.index(b), ((j // NB) & 1) ^ 1, pred=j >= NB)
                 stg.index(b).store(g)
@@ -422,22 +407,22 @@ if HAVE_GLUON:
                          s_qm, s_qh, s_kvn, s_dor, s_doh, s_im, s_dqr, s_dqh, s_dkvr,
                          D0: gl.constexpr, DC: gl.constexpr, BH: gl.constexpr, BN: gl.constexpr,
                          STAGES: gl.constexpr, HAS_V: gl.constexpr, DETERMINISTIC: gl.constexpr,
-                         CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr, HAS_TLEN: gl.constexpr, RED: gl.constexpr,
-                         NB: gl.constexpr, DS_SCALED: gl.constexpr, CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr,
-                         num_warps: gl.constexpr, DQSTAGE: gl.constexpr = 1):
+                         CAUSAL: gl.constexpr, QS_TENSOR: gl.constexpr, HAS_TLEN: gl.constexpr, NB: gl.constexpr,
+                         DS_SCALED: gl.constexpr, CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr,
+                         num_warps: gl.constexpr):
         c = gl.program_id(0)  # column chunk: neighbours share a row's P / dS, read once from DRAM
         r = gl.program_id(1)
         hb = gl.program_id(2)
         row = (row0 + r).to(gl.int64)
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
-        n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+        n_len, limit = row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
         sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         k_s = gl.allocate_shared_memory(dtype, [STAGES, BN, DC], sl)
         dsb_s = gl.allocate_shared_memory(dtype, [STAGES, BH, BN], sl)
         pb_s = gl.allocate_shared_memory(dtype, [STAGES, BH, BN], sl) if HAS_V else dsb_s
         qc_s = gl.allocate_shared_memory(dtype, [BH, DC], sl)
         doc_s = gl.allocate_shared_memory(dtype, [BH, DC], sl) if HAS_V else qc_s
-        handoff: gl.constexpr = RED == 3 and not DETERMINISTIC
+        handoff: gl.constexpr = not DETERMINISTIC
         # fp32 staging of consumer 1's tiles (16-byte units swizzled by row: conflict-free v2 writes, v4 reads)
         stg = gl.allocate_shared_memory(gl.float32, [NB if handoff else 1, BN if handoff else 1, DC],
                                         gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))
@@ -454,11 +439,11 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_dq_consumer, (dq_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, stg, full, empty, stg_full, stg_free, row, hb, h_q,
                             n_len, s_kv, limit, s_im, s_dkvr, s_dqr, s_dqh, sm_scale,
-                            c, D0, DC, BH, BN, STAGES, NB, handoff, CAUSAL, DS_SCALED, DQSTAGE)),
+                            c, D0, DC, BH, BN, STAGES, NB, handoff, CAUSAL, DS_SCALED)),
             (_dkv_consumer, (q_ptr, do_ptr, idx_ptr, dkv_ptr, k_s, dsb_s, pb_s, qc_s, doc_s, stg, full, empty, stg_full,
                              stg_free, r, row, hb,
                              h_q, sm_scale, topk, n_len, n_hb, s_kv, limit, s_qm, s_qh, s_dor, s_doh, s_im, s_dkvr,
-                             c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL, DETERMINISTIC, RED, NB, DS_SCALED)),
+                             c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL, DETERMINISTIC, NB, DS_SCALED)),
             (_g_producer, (kv_ptr, idx_ptr, p_ptr, ds_ptr, k_s, dsb_s, pb_s, full, empty, r, row, hb, h_q, topk,
                            n_len, s_kv, limit, s_kvn, s_im, c, D0, DC, BH, BN, STAGES, HAS_V, CAUSAL)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
@@ -479,12 +464,12 @@ def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, b
     # DC 128: twice the N of the Triton pass's wgmmas and half its P / dS re-reads; q, dO column blocks (64 KB),
     # two slots (96 KB) and the fp32 staging of one dKV tile (32 KB) fill shared memory. The producer keeps 12
     # rows' addresses: 72 registers (40 spill; the rest of the 72 B stack is the shared prologue's, read once).
-    # RED 3: the reductions are bound by the L2 (3.3 TB/s, scripts/red_ceiling.py), so consumer 1 hands them to
+    # RED 3: the reductions are bound by the L2 (3.3 TB/s, notes: sparse_mla_bwd.md), so consumer 1 hands them to
     # consumer 0 instead of stalling its next wgmmas behind them: 17.0 -> 15.7 ms (h_q 128), 11.3 -> 10.3 (h_q 64)
     # for the whole backward; a second staging buffer measured slower (16.3 / 10.9)
     # DC 256 at 64 heads (q, dO blocks 64 KB, slots 96 KB, staging 64 KB: 229.7 KB) reads P / dS 5 instead of 9
     # times: 10.45 -> 10.08 ms
-    cfg = dict(DC=256 if bh == 64 else 128, BN=64, STAGES=2, RED=3, NB=1, CONS_REGS=216, PROD_REGS=72)
+    cfg = dict(DC=256 if bh == 64 else 128, BN=64, STAGES=2, NB=1, CONS_REGS=216, PROD_REGS=72)
     cfg.update(config or {})
     n_hb = triton.cdiv(h_q, bh)
     dummy = idx

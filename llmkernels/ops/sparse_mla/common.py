@@ -6,14 +6,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._constants import LN2, LN2_C, LOG2E, LOG2E_C  # noqa: F401  (re-exported to the sparse MLA modules)
 from ..._launch import current_device, skey, tkey
 from ..._validate import (check_int, check_interpreter_dtype, check_same_device, check_scale, check_tensor,
                           check_unit_last_stride)
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
-LOG2E_C = tl.constexpr(LOG2E)  # kernels (Triton and Gluon) may only read constexpr globals
-LN2_C = tl.constexpr(LN2)
 
 
 @triton.jit

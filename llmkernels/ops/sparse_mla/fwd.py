@@ -6,8 +6,8 @@ import triton.language as tl
 from ..._launch import launch
 from ..._runtime import interpreting
 from .common import LN2_C, nan_max, row_args, row_finish, row_flags, sink_arg
-from .attn_dist_wgmma import wgmma_usable
 from .fwd_wgmma import sparse_mla_fwd_ws_launch
+from .wgmma_common import wgmma_usable
 
 
 @triton.jit

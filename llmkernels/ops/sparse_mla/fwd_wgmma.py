@@ -24,22 +24,7 @@ from ..._runtime import num_sms
 from .common import LN2_C, LOG2E_C, nan_max, row_args, row_finish, row_flags, sink_arg
 
 if HAVE_GLUON:
-    from .attn_dist_wgmma import _cvt2, _mma_layout, _row_limits, _ws_check, _ws_idx, _ws_valid
-
-    @gluon.jit
-    def _q_and_slots(dtype: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr):
-        """Shared memory of the forward and of the backward's first pass: two kv slots ([2, BLOCK_N, D_V] and the
-        rope [2, BLOCK_N, 64], which takes a [64 heads, BLOCK_N] P once S is done) and q ([64, D_V], [64, D_T])."""
-        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        gl.static_assert(BLOCK_N == 64, "P [64 heads, BLOCK_N] takes the place of a slot's [BLOCK_N, 64] rope")
-        klo_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_V], sl)
-        khi_s = gl.allocate_shared_memory(dtype, [2, BLOCK_N, 64], sl)  # rope (d_qk 576), then P; P alone at 512
-        qlo_s = gl.allocate_shared_memory(dtype, [64, D_V], sl)
-        if D_T > 0:
-            qhi_s = gl.allocate_shared_memory(dtype, [64, D_T], sl)
-        else:
-            qhi_s = qlo_s
-        return klo_s, khi_s, qlo_s, qhi_s
+    from .wgmma_common import cvt2, mma_layout, q_and_slots, row_limits, ws_check, ws_idx, ws_valid
 
     @gluon.jit
     def _xchg(buf, bars, k: gl.constexpr, x):
@@ -88,13 +73,13 @@ if HAVE_GLUON:
         CID: gl.constexpr = 0
         DH: gl.constexpr = D_V // 2
         c0: gl.constexpr = 0
-        s_l: gl.constexpr = _mma_layout(BLOCK_N)  # S, P [64 heads, BLOCK_N]
-        o_l: gl.constexpr = _mma_layout(DH)  # this consumer's O half [64 heads, DH]
+        s_l: gl.constexpr = mma_layout(BLOCK_N)  # S, P [64 heads, BLOCK_N]
+        o_l: gl.constexpr = mma_layout(DH)  # this consumer's O half [64 heads, DH]
         p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
         row_l: gl.constexpr = gl.SliceLayout(1, s_l)
         orow_l: gl.constexpr = gl.SliceLayout(1, o_l)
         sa_s = klo_s.index(z)
-        valid = _ws_check(t, s_kv, limit, CAUSAL)  # before the wait: off the softmax's path (t came long ago)
+        valid = ws_check(t, s_kv, limit, CAUSAL)  # before the wait: off the softmax's path (t came long ago)
         sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
         _stamp(stamp_ptr, i, 2, CID, STAMP)
         sc = gl.where(valid[None, :], sa * qk_scale, float("-inf"))
@@ -104,7 +89,7 @@ if HAVE_GLUON:
         alpha = gl.exp2(m_i - m_safe)
         l_i = l_i * alpha + gl.sum(p, axis=1)
         acc = acc * gl.convert_layout(alpha, orow_l)[:, None]
-        p16 = _cvt2(p, klo_s.dtype)
+        p16 = cvt2(p, klo_s.dtype)
         pb = gl.convert_layout(p16, p_l)
         acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)  # V = kv[:, :D_V]
         # P of tile a at m0 for consumer 1, which scales its O to m0 before and to m1 after adding it
@@ -157,25 +142,23 @@ if HAVE_GLUON:
                       bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om, s_oh,
                       s_lm, zero, stamp_ptr, t0, part_ptr, CID: gl.constexpr, BLOCK_N: gl.constexpr,
                       D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
-                      SINK_IN_LSE: gl.constexpr, STAMP: gl.constexpr, STAGGER: gl.constexpr, EARLY_S: gl.constexpr,
-                      OSTAGE: gl.constexpr, SPLIT: gl.constexpr):
+                      SINK_IN_LSE: gl.constexpr, STAMP: gl.constexpr, SPLIT: gl.constexpr):
         """Consumer CID of the seesaw (module docstring). Ring barriers [early 0, early 1, late 0, late 1].
-        Per pair, consumer 0: S a (then STAGGER lets consumer 1 issue S b, which queues behind it, so this
-        softmax overlaps S b), P a at m0 to consumer 1, P a V a (frees slot 0's early half), O to m1, then P b V b
+        Per pair, consumer 0: S a (then lets consumer 1 issue S b, which queues behind it, so this softmax overlaps
+        S b), P a at m0 to consumer 1, P a V a (frees slot 0's early half), O to m1, then P b V b
         (frees slot 1's late half). Consumer 1: O to m0, P a V a under S b (frees slot 0's late half without
         waiting for its own softmax), S b's softmax at m1, O to m1, P b V b (frees slot 1). P is rounded once.
-        EARLY_S (default): consumer 0 issues the next pair's S a before waiting for its P b V b, so the tensor cores
-        go from one to the other without this warpgroup's loop overhead in between (consumers alone: +12 %); 0 is
-        the earlier order, kept as the A/B control (benchmarks/notes/sparse_mla_fwd.md, version 11)."""
+        Consumer 0 issues the next pair's S a before waiting for its P b V b, so the tensor cores go from one to the
+        other without this warpgroup's loop overhead in between (consumers alone: +12 %; the earlier order, the A/B
+        switch EARLY_S=0, is at d0673ea: benchmarks/notes/sparse_mla_fwd.md, version 11)."""
         DH: gl.constexpr = D_V // 2
-        s_l: gl.constexpr = _mma_layout(BLOCK_N)  # S, P [64 heads, BLOCK_N]
-        o_l: gl.constexpr = _mma_layout(DH)  # this consumer's O half [64 heads, DH]
+        s_l: gl.constexpr = mma_layout(BLOCK_N)  # S, P [64 heads, BLOCK_N]
+        o_l: gl.constexpr = mma_layout(DH)  # this consumer's O half [64 heads, DH]
         p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
         row_l: gl.constexpr = gl.SliceLayout(1, s_l)
         orow_l: gl.constexpr = gl.SliceLayout(1, o_l)
         col_l: gl.constexpr = gl.SliceLayout(0, s_l)
         c0: gl.constexpr = CID * DH
-        oc: gl.constexpr = (1 - CID) * DH
 
         _stamp(stamp_ptr, 0, 0, CID, STAMP, True)
         _stamp(stamp_ptr, 0, 4, CID, STAMP, True)
@@ -207,19 +190,18 @@ if HAVE_GLUON:
         if SPLIT:
             off = t0
         n_pairs = gl.cdiv(n_len - off, 2 * BLOCK_N)
-        if EARLY_S and CID == 0:
+        if CID == 0:
             # FlashMLA's order: the next pair's S a is issued right behind P b V b, so the tensor cores never wait
             # for this warpgroup's loop overhead; slot 1's late half is released between S a's two halves. The
             # last pair is peeled (an in-flight S cannot be carried out of the loop) and n_len == 0 issues a dummy
             # S on whatever slot 0 holds (its result is never used), keeping the accumulator's type loop-invariant.
             has = n_pairs > 0
-            t = _ws_idx(idx_ptr, row, off, n_len, s_im, BLOCK_N, col_l)
+            t = ws_idx(idx_ptr, row, off, n_len, s_im, BLOCK_N, col_l)
             sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zero, 0, zero_s, 0, False, D_V, D_T, has)
             _stamp(stamp_ptr, 0, 1, CID, STAMP)
             sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zero, 0, sa, 0, True, D_V, D_T, has)
-            if STAGGER:
-                gl.thread_barrier()
-                mbarrier.arrive(bars.index(6), count=1)
+            gl.thread_barrier()
+            mbarrier.arrive(bars.index(6), count=1)
             for i in range(n_pairs - 1):
                 ph = i & 1
                 z = zero * i
@@ -227,7 +209,7 @@ if HAVE_GLUON:
                 acc, m_i, l_i = _c0_pair(sa, t, acc, m_i, l_i, i, z, ph, klo_s, pbuf, xm, bars, empty, s_kv, limit,
                                          qk_scale, stamp_ptr, BLOCK_N, D_V, CAUSAL, STAMP)
                 zn = zero * (i + 1)
-                t = _ws_idx(idx_ptr, row, off + (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)
+                t = ws_idx(idx_ptr, row, off + (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)
                 sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zn, ph ^ 1, zero_s, 0, False, D_V, D_T, True)
                 _stamp(stamp_ptr, i + 1, 1, CID, STAMP)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # P b V b done; S a still running
@@ -235,9 +217,8 @@ if HAVE_GLUON:
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(3), count=1)
                 sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zn, ph ^ 1, sa, 0, True, D_V, D_T, True)
-                if STAGGER:
-                    gl.thread_barrier()
-                    mbarrier.arrive(bars.index(6), count=1)
+                gl.thread_barrier()
+                mbarrier.arrive(bars.index(6), count=1)
             if has:
                 i = n_pairs - 1
                 acc, m_i, l_i = _c0_pair(sa, t, acc, m_i, l_i, i, zero * i, i & 1, klo_s, pbuf, xm, bars, empty, s_kv,
@@ -247,33 +228,21 @@ if HAVE_GLUON:
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(3), count=1)
             warpgroup_mma_wait(num_outstanding=0, deps=(sa,))  # the dummy S of an empty row
-        for i in range(0 if EARLY_S and CID == 0 else n_pairs):
-            ph = i & 1
-            # zero * i (zero is a runtime 0): shared-memory addresses the compiler cannot hoist, else it keeps the
-            # 2 x 36 wgmma descriptors of q and the tile live across the loop and spills them
-            z = zero * i
-            sa_s = klo_s.index(CID + z)
-            _stamp(stamp_ptr, i, 0, CID, STAMP)
-            t = _ws_idx(idx_ptr, row, off + (2 * i + CID) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested later
-            if STAGGER:
-                if CID == 1:  # S b queues behind S a on the tensor cores: consumer 0's softmax overlaps S b
-                    mbarrier.wait(bars.index(6), ph)
-            # the early half of the slot (this consumer's own 256 columns) lands first
-            sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, z, ph, zero_s, CID, False, D_V, D_T, True)
-            _stamp(stamp_ptr, i, 1, CID, STAMP)
-            sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, z, ph, sa, CID, True, D_V, D_T, True)
-            if STAGGER:
-                if CID == 0:
-                    gl.thread_barrier()
-                    mbarrier.arrive(bars.index(6), count=1)
-            if CID == 0:
-                acc, m_i, l_i = _c0_pair(sa, t, acc, m_i, l_i, i, z, ph, klo_s, pbuf, xm, bars, empty, s_kv, limit,
-                                         qk_scale, stamp_ptr, BLOCK_N, D_V, CAUSAL, STAMP)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                _stamp(stamp_ptr, i, 7, CID, STAMP)
-                gl.thread_barrier()
-                mbarrier.arrive(empty.index(3), count=1)
-            else:
+        else:  # consumer 1
+            for i in range(n_pairs):
+                ph = i & 1
+                # zero * i (zero is a runtime 0): shared-memory addresses the compiler cannot hoist, else it keeps the
+                # 2 x 36 wgmma descriptors of q and the tile live across the loop and spills them
+                z = zero * i
+                sa_s = klo_s.index(CID + z)
+                _stamp(stamp_ptr, i, 0, CID, STAMP)
+                t = ws_idx(idx_ptr, row, off + (2 * i + CID) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested later
+                # S b queues behind S a on the tensor cores: consumer 0's softmax overlaps S b
+                mbarrier.wait(bars.index(6), ph)
+                # the early half of the slot (this consumer's own 256 columns) lands first
+                sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, z, ph, zero_s, CID, False, D_V, D_T, True)
+                _stamp(stamp_ptr, i, 1, CID, STAMP)
+                sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, z, ph, sa, CID, True, D_V, D_T, True)
                 mbarrier.wait(bars.index(3), ph)  # P a and m0
                 m0 = xm.index(0).load(row_l)
                 m0_safe = gl.where(m0 == float("-inf"), 0.0, m0)
@@ -284,7 +253,7 @@ if HAVE_GLUON:
                 _stamp(stamp_ptr, i, 3, CID, STAMP)
                 # P a V a (at m0) under S b: slot 0 frees without waiting for this consumer's softmax
                 acc = warpgroup_mma(pbuf.index(z), klo_s.index(z).slice(c0, DH, dim=1), acc, is_async=True)
-                valid = _ws_check(t, s_kv, limit, CAUSAL)
+                valid = ws_check(t, s_kv, limit, CAUSAL)
                 sa = warpgroup_mma_wait(num_outstanding=1, deps=(sa,))
                 _stamp(stamp_ptr, i, 4, CID, STAMP)
                 sc = gl.where(valid[None, :], sa * qk_scale, float("-inf"))
@@ -292,7 +261,7 @@ if HAVE_GLUON:
                 _xchg(xm.index(1), bars, 2, m1)
                 m_safe = gl.where(m1 == float("-inf"), 0.0, m1)
                 p = gl.exp2(sc - m_safe[:, None])
-                p16 = _cvt2(p, klo_s.dtype)
+                p16 = cvt2(p, klo_s.dtype)
                 pbuf.index(1).store(p16)  # P of tile b, for consumer 0
                 fence_async_shared()
                 gl.thread_barrier()
@@ -343,48 +312,41 @@ if HAVE_GLUON:
             gl.store(maxl_ptr + row * s_lm + offs_hm, (m_i + l_i * 0.0) * LN2_C, mask=hm)  # common.nan_max
             gl.store(lse_ptr + row * s_lm + offs_hm, gl.where(empty_row, float("inf"), lse2 * LN2_C),
                      mask=hm)
-        if OSTAGE:
-            # Both consumers are past their last S (the l exchange above), so q's buffer is free: this consumer's O
-            # half goes through its columns and out as 512-byte rows. Stored straight from the wgmma layout, it was
-            # 4-byte pieces of 8 rows an instruction, and the epilogue took ~9000 clocks, ~8 % of a program.
-            o_s = qlo_s.slice(c0, DH, dim=1)
-            _stamp(stamp_ptr, 0, 6, CID, STAMP, True)
-            o_s.store(o.to(qlo_s.dtype))
-            gl.thread_barrier()
-            _stamp(stamp_ptr, 0, 7, CID, STAMP, True)
-            st_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
-            offs_hs = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, st_l))
-            offs_ds = c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, st_l))
-            gl.store(out_ptr + row * s_om + offs_hs[:, None].to(gl.int64) * s_oh + offs_ds[None, :],
-                     o_s.load(st_l).to(out_ptr.dtype.element_ty), mask=(offs_hs < h_q)[:, None])
-        else:
-            offs_ho = hb * 64 + gl.arange(0, 64, layout=orow_l)
-            offs_d = c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, o_l))
-            gl.store(out_ptr + row * s_om + offs_ho[:, None].to(gl.int64) * s_oh + offs_d[None, :],
-                     o.to(out_ptr.dtype.element_ty), mask=(offs_ho < h_q)[:, None])
+        # Both consumers are past their last S (the l exchange above), so q's buffer is free: this consumer's O
+        # half goes through its columns and out as 512-byte rows. Stored straight from the wgmma layout, it was
+        # 4-byte pieces of 8 rows an instruction, and the epilogue took ~9000 clocks, ~8 % of a program.
+        o_s = qlo_s.slice(c0, DH, dim=1)
+        _stamp(stamp_ptr, 0, 6, CID, STAMP, True)
+        o_s.store(o.to(qlo_s.dtype))
+        gl.thread_barrier()
+        _stamp(stamp_ptr, 0, 7, CID, STAMP, True)
+        st_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+        offs_hs = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, st_l))
+        offs_ds = c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, st_l))
+        gl.store(out_ptr + row * s_om + offs_hs[:, None].to(gl.int64) * s_oh + offs_ds[None, :],
+                 o_s.load(st_l).to(out_ptr.dtype.element_ty), mask=(offs_hs < h_q)[:, None])
         _stamp(stamp_ptr, 0, 3, CID, STAMP, True)
 
     @gluon.jit
     def _see_copy(klo_s, khi_s, full, empty, base, valid, ph, wait, S: gl.constexpr, LATE: gl.constexpr,
-                  D_V: gl.constexpr, D_T: gl.constexpr, layout: gl.constexpr, PROBE: gl.constexpr):
+                  D_V: gl.constexpr, D_T: gl.constexpr, layout: gl.constexpr):
         """Gather one half of a tile into slot S: early = columns [256 S, 256 S + 256), late = the others + rope."""
         DH: gl.constexpr = D_V // 2
         k: gl.constexpr = S + 2 * LATE
         c: gl.constexpr = ((1 - S) if LATE else S) * DH
         mbarrier.wait(empty.index(k), ph, pred=wait)
-        if PROBE != 1:  # probe 1: the consumers alone (no gathers; they compute on whatever smem holds)
-            async_copy.async_copy_global_to_shared(klo_s.index(S).slice(c, DH, dim=1),
-                                                   base + c + gl.arange(0, DH, layout=layout)[None, :], mask=valid)
-            if LATE and D_T > 0:
-                async_copy.async_copy_global_to_shared(khi_s.index(S),
-                                                       base + D_V + gl.arange(0, D_T, layout=layout)[None, :],
-                                                       mask=valid)
+        async_copy.async_copy_global_to_shared(klo_s.index(S).slice(c, DH, dim=1),
+                                               base + c + gl.arange(0, DH, layout=layout)[None, :], mask=valid)
+        if LATE and D_T > 0:
+            async_copy.async_copy_global_to_shared(khi_s.index(S),
+                                                   base + D_V + gl.arange(0, D_T, layout=layout)[None, :],
+                                                   mask=valid)
         async_copy.mbarrier_arrive(full.index(k), increment_count=False)
 
     @gluon.jit
     def _see_producer(kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im, t0,
                       BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr,
-                      PROBE: gl.constexpr, SPLIT: gl.constexpr):
+                      SPLIT: gl.constexpr):
         """4 warps: per pair of tiles (a -> slot 0, b -> slot 1) the four halves in the order the consumers free
         them: slot 0 (early, late), then slot 1. Tiles past n_len are all-invalid rows (zero-filled)."""
         g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -394,37 +356,23 @@ if HAVE_GLUON:
         if SPLIT:
             off = t0
         n_pairs = gl.cdiv(n_len - off, 2 * BLOCK_N)
-        va, ia = _ws_valid(idx_ptr, row, off, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
-        vb, ib = _ws_valid(idx_ptr, row, off + BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+        va, ia = ws_valid(idx_ptr, row, off, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
+        vb, ib = ws_valid(idx_ptr, row, off + BLOCK_N, n_len, s_im, s_kv, limit, BLOCK_N, CAUSAL, rl)
         for i in range(n_pairs):
             ph = (i & 1) ^ 1
             base_a = kv_ptr + gl.where(va, ia, 0).to(gl.int64)[:, None] * s_kvn
             base_b = kv_ptr + gl.where(vb, ib, 0).to(gl.int64)[:, None] * s_kvn
             # the next pair's indices now, tested only after copies were issued (a load tested at once stalls the
             # producer for its L2 round trip), so its addresses are ready when its slots free
-            ia = _ws_idx(idx_ptr, row, off + (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
-            ib_n = _ws_idx(idx_ptr, row, off + (2 * i + 3) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
-            _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, False, D_V, D_T, cl, PROBE)
-            _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, True, D_V, D_T, cl, PROBE)
-            _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, False, D_V, D_T, cl, PROBE)
-            va = _ws_check(ia, s_kv, limit, CAUSAL)
-            _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, True, D_V, D_T, cl, PROBE)
-            vb = _ws_check(ib_n, s_kv, limit, CAUSAL)
+            ia = ws_idx(idx_ptr, row, off + (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
+            ib_n = ws_idx(idx_ptr, row, off + (2 * i + 3) * BLOCK_N, n_len, s_im, BLOCK_N, rl)
+            _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, False, D_V, D_T, cl)
+            _see_copy(klo_s, khi_s, full, empty, base_a, va[:, None], ph, i > 0, 0, True, D_V, D_T, cl)
+            _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, False, D_V, D_T, cl)
+            va = ws_check(ia, s_kv, limit, CAUSAL)
+            _see_copy(klo_s, khi_s, full, empty, base_b, vb[:, None], ph, i > 0, 1, True, D_V, D_T, cl)
+            vb = ws_check(ib_n, s_kv, limit, CAUSAL)
             ib = ib_n
-
-    @gluon.jit
-    def _see_probe_consumer(full, empty, n_len, t0, CID: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr):
-        """Probe 2 (the producer alone): take each half as it lands and hand it straight back (as many pairs as the
-        producer gathers: a SPLIT piece scans [t0, n_len) only)."""
-        off = 0
-        if SPLIT:
-            off = t0
-        for i in range(gl.cdiv(n_len - off, 2 * BLOCK_N)):
-            mbarrier.wait(full.index(CID), i & 1)
-            mbarrier.wait(full.index(2 + CID), i & 1)
-            mbarrier.arrive(empty.index(CID), count=1)
-            mbarrier.arrive(empty.index(2), count=1)
-            mbarrier.arrive(empty.index(3), count=1)
 
     @gluon.jit(do_not_specialize=["zero"])
     def _fwd_see_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tlen_ptr, qs_ptr,
@@ -433,9 +381,8 @@ if HAVE_GLUON:
                         BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
                         HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
                         QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
-                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0,
-                        STAMP: gl.constexpr = 0, STAGGER: gl.constexpr = 1, EARLY_S: gl.constexpr = 1,
-                        OSTAGE: gl.constexpr = 1, SPLIT: gl.constexpr = 0):
+                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, STAMP: gl.constexpr = 0,
+                        SPLIT: gl.constexpr = 0):
         """One program per (query row, 64 heads); SPLIT: n_piece programs per item of items [item0, ...), piece p
         scanning the row's entries [p pp 128, (p + 1) pp 128) and leaving a partial result for _tail_merge."""
         pid = gl.program_id(0)
@@ -445,12 +392,12 @@ if HAVE_GLUON:
         row = (it // n_hb).to(gl.int64)
         hb = it % n_hb
         dtype: gl.constexpr = kv_ptr.dtype.element_ty
-        n_len, limit = _row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
+        n_len, limit = row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
         t0 = 0
         if SPLIT:
             t0 = (pid % n_piece) * pp * (2 * BLOCK_N)
             n_len = gl.maximum(gl.minimum(n_len, t0 + pp * (2 * BLOCK_N)), t0)
-        klo_s, khi_s, qlo_s, qhi_s = _q_and_slots(dtype, BLOCK_N, D_V, D_T)
+        klo_s, khi_s, qlo_s, qhi_s = q_and_slots(dtype, BLOCK_N, D_V, D_T)
         full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         for k in gl.static_range(4):
@@ -460,29 +407,21 @@ if HAVE_GLUON:
         xm = gl.allocate_shared_memory(gl.float32, [2, 64], v_l)
         xl = gl.allocate_shared_memory(gl.float32, [2, 64], v_l)
         # 0: q loaded (both consumers), 1: unused (m0 goes with P a), 2: m1 published, 3: P and m0 of tile a,
-        # 4: P of tile b, 5: l, 6: S of tile a issued (STAGGER)
+        # 4: P of tile b, 5: l, 6: S of tile a issued (consumer 1 then issues S b)
         bars = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(7):
             mbarrier.init(bars.index(i), count=2 if i == 0 or i == 5 else 1)
-        if PROBE == 2:
-            gl.warp_specialize([
-                (_see_probe_consumer, (full, empty, n_len, t0, 0, BLOCK_N, SPLIT)),
-                (_see_probe_consumer, (full, empty, n_len, t0, 1, BLOCK_N, SPLIT)),
-                (_see_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
-                                 t0, BLOCK_N, D_V, D_T, CAUSAL, PROBE, SPLIT)),
-            ], [4, 4], [CONS_REGS, PROD_REGS])
-            return
         gl.warp_specialize([
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
                              s_om, s_oh, s_lm, zero, stamp_ptr, t0, part_ptr, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK,
-                             SINK_IN_LSE, STAMP, STAGGER, EARLY_S, OSTAGE, SPLIT)),
+                             SINK_IN_LSE, STAMP, SPLIT)),
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
                              s_om, s_oh, s_lm, zero, stamp_ptr, t0, part_ptr, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK,
-                             SINK_IN_LSE, STAMP, STAGGER, EARLY_S, OSTAGE, SPLIT)),
+                             SINK_IN_LSE, STAMP, SPLIT)),
             (_see_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
-                             t0, BLOCK_N, D_V, D_T, CAUSAL, PROBE, SPLIT)),
+                             t0, BLOCK_N, D_V, D_T, CAUSAL, SPLIT)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
 
 
@@ -525,7 +464,7 @@ def tail_split(n_items: int, n_sm: int, n_pairs: int) -> tuple:
 
 
 def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, config=None) -> None:
-    """As fwd.sparse_mla_fwd_launch, on sm_90 (see attn_dist_wgmma.wgmma_usable)."""
+    """As fwd.sparse_mla_fwd_launch, on sm_90 (see wgmma_common.wgmma_usable)."""
     q, kv, idx = a.q, a.kv, a.indices
     s_q, h_q, d_qk = q.shape
     # 64-row tiles: q (72 KB) + two slots (144 KB) fill shared memory; 232 registers per consumer (O's half alone
@@ -548,10 +487,9 @@ def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, 
     if n_piece > 1:
         n_tail = n_items - n_main
         part = torch.empty(n_tail * n_piece * (64 * a.d_v + 128), dtype=torch.float32, device=q.device)
-        launch(_fwd_see_kernel, (n_tail * n_piece,), *args, n_main, n_piece, pp, part, **flags, **dict(cfg, STAMP=0),
-                                             SPLIT=1)
-        launch(_tail_merge, (n_tail, 64), part, out, max_logits, lse, sink_arg(a), n_main, n_piece, n_hb, h_q, out.stride(0),
-                                  out.stride(1), lse.stride(0), HAS_SINK=a.attn_sink is not None,
-                                  SINK_IN_LSE=sink_in_lse, BLOCK_P=triton.next_power_of_2(n_piece), D_V=a.d_v,
-                                  num_warps=4)
+        launch(_fwd_see_kernel, (n_tail * n_piece,), *args, n_main, n_piece, pp, part, **flags,
+               **dict(cfg, STAMP=0), SPLIT=1)
+        launch(_tail_merge, (n_tail, 64), part, out, max_logits, lse, sink_arg(a), n_main, n_piece, n_hb, h_q,
+               out.stride(0), out.stride(1), lse.stride(0), HAS_SINK=a.attn_sink is not None,
+               SINK_IN_LSE=sink_in_lse, BLOCK_P=triton.next_power_of_2(n_piece), D_V=a.d_v, num_warps=4)
 

@@ -3,6 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._constants import LN2_C, LOG2E
 from ..._launch import Launch, PlanCache, current_device, tkey
 from ..._runtime import num_sms
 from ..combine.kernel import CombinePlan, pdl_enabled, pdl_enter
@@ -135,7 +136,7 @@ def _tile_mha(n0, end, blk, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base,
 
 
 @triton.jit
-def _split_kernel(
+def _xl_decode_split_kernel(
     q_ptr, u_ptr, bd_ptr, k_ptr, v_ptr, tbl_ptr, lens_ptr, o_ptr, lse_ptr,
     Hkv, num_blocks, max_len, chunk, qk_scale,
     s_qs, s_qh, s_us, s_uh, s_bs, s_bh, s_bt,
@@ -190,7 +191,7 @@ def _split_kernel(
                                       dmask, D, BLOCK_D, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, HAS_BD, True,
                                       False)
         o = acc / tl.where(l_i == 0, 1.0, l_i)  # l == 0: nothing attended; NaN l (a NaN logit) stays NaN
-        lse = tl.where(l_i == 0, float("-inf"), (m_i + tl.log2(l_i)) * 0.6931471805599453)
+        lse = tl.where(l_i == 0, float("-inf"), (m_i + tl.log2(l_i)) * LN2_C)
         row = s * Hkv + hk
         tl.store(o_ptr + row * s_or + split * s_os + offs_d, o, mask=dmask)
         tl.store(lse_ptr + row * s_lr + split, lse)
@@ -221,7 +222,7 @@ def _split_kernel(
                                   dmask, D, BLOCK_D, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, K_NATIVE, HAS_BD,
                                   DOT_PREC, True)
         o = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]
-        lse = tl.where(l_i == 0, float("-inf"), (m_i + tl.log2(l_i)) * 0.6931471805599453)
+        lse = tl.where(l_i == 0, float("-inf"), (m_i + tl.log2(l_i)) * LN2_C)
         rows = (s * Hkv + hk) * G + offs_g
         tl.store(o_ptr + rows[:, None] * s_or + split * s_os + offs_d[None, :], o, mask=qmask)
         tl.store(lse_ptr + rows * s_lr + split, lse, mask=gmask)
@@ -248,7 +249,7 @@ def default_config(D: int, esize: int, legacy: bool = False, G: int = 1) -> dict
 
 
 # Overrides of default_config per (layout, "mha" (G == 1) / "gqa" (G > 1)), from the device sweeps of
-# scripts/xl_legacy_sweep.py (benchmarks/notes/xl_legacy_sweep_run*.txt): legacy MHA reads K and V in memory order
+# xl_legacy_sweep.py (benchmarks/notes/xl_paged_decode.md, "v4 measured"): legacy MHA reads K and V in memory order
 # with the reduce path, one 16-token tile per iteration, 2 warps, 32 programs per SM (occupancy hides the latency
 # that the missing cp.async pipeline leaves): 92.0 / 92.2 % of the floor against v2's 74 / 76 %.
 LAYOUT_DEFAULTS = {("legacy", "mha"): {"mha_path": "reduce", "prefetch_table": True, "programs_per_sm": 32,
@@ -261,12 +262,6 @@ def _plan(S: int, Hkv: int, span: int, device: torch.device, block_n: int, progr
     splits = max(1, min(triton.cdiv(target, max(S * Hkv, 1)), triton.cdiv(span, 4 * block_n)))
     chunk = triton.cdiv(triton.cdiv(max(span, 1), splits), block_n) * block_n
     return triton.cdiv(max(span, 1), chunk), chunk
-
-
-def _alloc_partials(rows: int, splits: int, D: int, device):
-    """fp32 split results (a hook: tests replace it to poison the buffers with NaN)."""
-    return (torch.empty(rows, splits, D, dtype=torch.float32, device=device),
-            torch.empty(rows, splits, dtype=torch.float32, device=device))
 
 
 class XLPlan:
@@ -303,10 +298,10 @@ class XLPlan:
         else:
             ks = (k_cache.stride(0), k_cache.stride(2), k_cache.stride(1))
             vs = (v_cache.stride(0), v_cache.stride(2), v_cache.stride(1))
-        self.ints = (Hkv, k_cache.shape[0], max_len, chunk, scale * 1.4426950408889634, q.stride(0), q.stride(1),
+        self.ints = (Hkv, k_cache.shape[0], max_len, chunk, scale * LOG2E, q.stride(0), q.stride(1),
                      *us, *bds, *ks, *vs, block_tables.stride(0), block_tables.stride(1), splits * D, D, splits)
         self.split = Launch(
-            _split_kernel, (splits, S * Hkv),
+            _xl_decode_split_kernel, (splits, S * Hkv),
             G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
             BS=bs, BSUB=min(bs, block_n), BLOCK_N=block_n, KX=k_cache.shape[4] if legacy else 1, LEGACY=legacy,
             HAS_U=u is not None, HAS_BD=bd is not None, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
@@ -318,7 +313,9 @@ class XLPlan:
     def __call__(self, q, k_cache, v_cache, block_tables, context_lens, u, bd, out, lse) -> None:
         if self.empty:
             return
-        o_part, lse_part = _alloc_partials(*self.part, q.device)
+        R, S, D = self.part
+        o_part = torch.empty(R, S, D, dtype=torch.float32, device=q.device)
+        lse_part = torch.empty(R, S, dtype=torch.float32, device=q.device)
         self.split(q, u if u is not None else q, bd if bd is not None else q, k_cache, v_cache, block_tables,
                    context_lens, o_part, lse_part, *self.ints)
         self.merge(o_part, lse_part, out, lse)

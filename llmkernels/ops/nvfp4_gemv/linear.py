@@ -1,0 +1,321 @@
+"""NVFP4 weight-only linear for Hopper (y = x W^T, bf16 / fp16 activations, NVFP4 weights decoded in registers):
+a dot kernel (tl.dot on decoded tiles), a register-fed mma.sync kernel for up to 16 tokens (weights decoded straight
+into mma fragments), and the dequantize kernel for larger batches (dequantize + matmul)."""
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._launch import launch
+from ..._runtime import capability, interpreting, num_sms
+from .common import (ASM_MMA2_BF16, ASM_MMA2_F16, ASM_MMA_BF16, ASM_MMA_F16, ASM_W16_BF16, ASM_W16_F16,
+                     _nvfp4_splitk_reduce_kernel, e2m1_f16, e4m3_f32)
+
+
+@triton.jit
+def _linear_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
+                   T, N, KH, per_split, s_xt, s_wn, s_sn, s_yt,
+                   BN: tl.constexpr, BKH: tl.constexpr, TP: tl.constexpr, PARTIAL: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, FIX_NAN: tl.constexpr, USE_ASM: tl.constexpr):
+    """y [T, N] = x [T, K] @ W^T: the weight tile is decoded once for all T (<= TP) tokens; tensor-core dot."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = pid_n * BN + tl.arange(0, BN)
+    row_ok = rows < N
+    toks = tl.arange(0, TP)
+    tok_ok = toks < T
+    k_lo = split * per_split
+    k_hi = tl.minimum(k_lo + per_split, KH)
+    w_rows = w_ptr + rows[:, None].to(tl.int64) * s_wn
+    s_rows = s_ptr + rows[:, None].to(tl.int64) * s_sn
+    acc = tl.zeros([BN, TP], tl.float32)
+    for k0 in range(k_lo, k_hi, BKH):
+        kb = k0 + tl.arange(0, BKH)  # byte index: values 2kb (low nibble) and 2kb + 1 (high nibble)
+        k_ok = kb < k_hi
+        w = tl.load(w_rows + kb[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
+        sk = k0 // 8 + tl.arange(0, BKH // 8)
+        sc = tl.load(s_rows + sk[None, :], mask=row_ok[:, None] & (sk * 8 < k_hi)[None, :], other=0)
+        xm = k_ok[:, None] & tok_ok[None, :]
+        xe = tl.load(x_ptr + toks[None, :] * s_xt + 2 * kb[:, None], mask=xm, other=0.0)  # [BKH, TP]
+        xo = tl.load(x_ptr + toks[None, :] * s_xt + 2 * kb[:, None] + 1, mask=xm, other=0.0)
+        # e2m1 * scale has <= 6 significant bits and lies in [2^-10, 2688]: exact in fp16 and bf16
+        if USE_ASM:  # two values per instruction, the scale applied in 16 bits (exact, as above)
+            sc = tl.reshape(tl.broadcast_to(e4m3_f32(sc, False).to(xe.dtype)[:, :, None], [BN, BKH // 8, 8]),
+                            [BN, BKH])
+            lo, hi = tl.inline_asm_elementwise(
+                ASM_W16_BF16 if xe.dtype == tl.bfloat16 else ASM_W16_F16, "=r,=r,=r,=r,r,r,r", [w, sc],
+                dtype=(xe.dtype, xe.dtype), is_pure=True, pack=4)
+        else:
+            sc = e4m3_f32(sc, FIX_NAN) * 16384.0  # undoes the 2^-14 of e2m1_f16
+            sc = tl.reshape(tl.broadcast_to(sc[:, :, None], [BN, BKH // 8, 8]), [BN, BKH])
+            lo = (e2m1_f16(w & 15).to(tl.float32) * sc).to(xe.dtype)
+            hi = (e2m1_f16(w >> 4).to(tl.float32) * sc).to(xe.dtype)
+        acc = tl.dot(lo, xe, acc)
+        acc = tl.dot(hi, xo, acc)
+    if PARTIAL:
+        tl.store(part_ptr + (split * T + toks[None, :]) * N + rows[:, None], acc,
+                 mask=row_ok[:, None] & tok_ok[None, :])
+    else:
+        acc = acc * tl.load(gs_ptr)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+        tl.store(y_ptr + toks[None, :] * s_yt + rows[:, None], acc.to(y_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & tok_ok[None, :])
+
+
+@triton.jit
+def _store_out(acc, row, t, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one,
+               PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Store one accumulator of the mma kernel (or its split-K partial). Offsets times the runtime 1, like every
+    lane-dependent offset there: an address that looks contiguous would change the layout Triton picks."""
+    ok = (row < N) & (t < T)
+    off = row * one
+    if PARTIAL:
+        tl.store(part_ptr + (split * T + t) * N + off, acc, mask=ok)
+    else:
+        v = acc * tl.load(gs_ptr)
+        if HAS_BIAS:
+            v += tl.load(bias_ptr + off, mask=row < N, other=0.0).to(tl.float32)
+        tl.store(y_ptr + t * s_yt + off, v.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _mma_weights(w_ptr, s_ptr, r_top, r_bot, kw, k_ok, N, s_wn, s_sn, DT: tl.constexpr):
+    """Weight word kw (one scale block) of rows r_top and r_bot, and their scales in the activations' type."""
+    m_t = (r_top < N) & k_ok
+    m_b = (r_bot < N) & k_ok
+    wt = tl.load(w_ptr + r_top.to(tl.int64) * s_wn + kw, mask=m_t, other=0)
+    wb = tl.load(w_ptr + r_bot.to(tl.int64) * s_wn + kw, mask=m_b, other=0)
+    st = e4m3_f32(tl.load(s_ptr + r_top.to(tl.int64) * s_sn + kw, mask=m_t, other=0), False).to(DT)
+    sb = e4m3_f32(tl.load(s_ptr + r_bot.to(tl.int64) * s_sn + kw, mask=m_b, other=0), False).to(DT)
+    return wt, wb, st, sb
+
+
+@triton.jit
+def _mma_acts(x_ptr, tok, kw, k_ok, T, s_xt, one):
+    """The 4 activation words (16 values) of token `tok` over the columns of weight word kw."""
+    xm = (tok < T) & k_ok
+    xb = x_ptr + tok * s_xt + 4 * kw
+    return (tl.load(xb, mask=xm, other=0), tl.load(xb + one, mask=xm, other=0),
+            tl.load(xb + 2 * one, mask=xm, other=0), tl.load(xb + 3 * one, mask=xm, other=0))
+
+
+@triton.jit
+def _mma_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w_ptr, s_ptr, x_ptr, r_top, r_bot, tok, kw, k_hi,
+              N, T, s_wn, s_sn, s_xt, one, DT: tl.constexpr, NT: tl.constexpr, K_MASK: tl.constexpr):
+    """One mma step (weight word kw of rows r_top / r_bot) for NT groups of 8 tokens; K_MASK: kw may be >= k_hi."""
+    if K_MASK:
+        k_ok = kw < k_hi
+    else:
+        k_ok = True
+    wt, wb, st, sb = _mma_weights(w_ptr, s_ptr, r_top, r_bot, kw, k_ok, N, s_wn, s_sn, DT)
+    x0, x1, x2, x3 = _mma_acts(x_ptr, tok, kw, k_ok, T, s_xt, one)
+    if NT == 2:
+        x4, x5, x6, x7 = _mma_acts(x_ptr, tok + 8, kw, k_ok, T, s_xt, one)
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = tl.inline_asm_elementwise(
+            ASM_MMA2_BF16 if DT == tl.bfloat16 else ASM_MMA2_F16,
+            "=f,=f,=f,=f,=f,=f,=f,=f,0,1,2,3,4,5,6,7,l,l,h,h,l,l,l,l,l,l,l,l",
+            [acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6, x7],
+            dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+    else:
+        acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
+            ASM_MMA_BF16 if DT == tl.bfloat16 else ASM_MMA_F16, "=f,=f,=f,=f,0,1,2,3,l,l,h,h,l,l,l,l",
+            [acc0, acc1, acc2, acc3, wt, wb, st, sb, x0, x1, x2, x3],
+            dtype=(tl.float32,) * 4, is_pure=True, pack=1)
+    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+
+
+@triton.jit(do_not_specialize=["one"])
+def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
+                       T, N, KW, per_split, s_xt, s_wn, s_sn, s_yt, one,
+                       W: tl.constexpr, U: tl.constexpr, NT: tl.constexpr, PARTIAL: tl.constexpr,
+                       HAS_BIAS: tl.constexpr):
+    """y [T <= 8 NT, N] = x @ W^T on mma.sync m16n8k16 fed from registers: warp g of the program owns rows
+    16g..16g+15 (of BM = 16 W), tokens are the mma's N (NT groups of 8, the weights decoded once for all). x_ptr
+    int64 [T, K/4] (4 activations a word), w_ptr int64 [N, K/16] (one scale block a word), s_ptr uint8 [N, K/16];
+    KW = K/16 words per row.
+
+    Element e of the [32 W] tensors below must live in lane e % 32 of warp e // 32 (so lane = 4 * group + thread
+    in group, the mma fragment order): Triton's default layout for a 1-D tensor of 32 W elements over W warps, as
+    long as no address looks contiguous (which would give a thread several elements): the runtime `one` (= 1, not
+    specialised) sees to that. The GPU tests check the result."""
+    DT: tl.constexpr = y_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    e = tl.arange(0, 32 * W)
+    lane = e % 32
+    c = (lane % 4) * one  # thread in group: its scale block within 4 consecutive ones
+    r_top = pid * (16 * W) + (e // 32) * 16 + lane // 4
+    r_bot = r_top + 8
+    tok = lane // 4  # the mma's column n: a token (of each group of 8)
+    k_lo = split * per_split
+    k_hi = tl.minimum(k_lo + per_split, KW)
+    # per group of 8 tokens: (row r, token 2c), (r, 2c + 1), (r + 8, 2c), (r + 8, 2c + 1)
+    acc0 = tl.zeros([32 * W], tl.float32)
+    acc1 = tl.zeros([32 * W], tl.float32)
+    acc2 = tl.zeros([32 * W], tl.float32)
+    acc3 = tl.zeros([32 * W], tl.float32)
+    acc4 = tl.zeros([32 * W], tl.float32)
+    acc5 = tl.zeros([32 * W], tl.float32)
+    acc6 = tl.zeros([32 * W], tl.float32)
+    acc7 = tl.zeros([32 * W], tl.float32)
+    # whole steps without K masks (the row and token masks are loop-invariant), then the tail with them
+    k_full = k_lo + (k_hi - k_lo) // (4 * U) * (4 * U)
+    for k0 in range(k_lo, k_full, 4 * U):
+        for u in tl.static_range(U):
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _mma_step(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w_ptr, s_ptr, x_ptr, r_top, r_bot, tok,
+                k0 + 4 * u + c, k_hi, N, T, s_wn, s_sn, s_xt, one, DT, NT, False)
+    for k0 in range(k_full, k_hi, 4 * U):
+        for u in tl.static_range(U):
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _mma_step(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w_ptr, s_ptr, x_ptr, r_top, r_bot, tok,
+                k0 + 4 * u + c, k_hi, N, T, s_wn, s_sn, s_xt, one, DT, NT, True)
+    t0 = 2 * c
+    _store_out(acc0, r_top, t0, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
+    _store_out(acc1, r_top, t0 + 1, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
+    _store_out(acc2, r_bot, t0, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
+    _store_out(acc3, r_bot, t0 + 1, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
+    if NT == 2:
+        _store_out(acc4, r_top, t0 + 8, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
+        _store_out(acc5, r_top, t0 + 9, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
+        _store_out(acc6, r_bot, t0 + 8, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
+        _store_out(acc7, r_bot, t0 + 9, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
+
+
+@triton.jit
+def _dequant_kernel(w_ptr, s_ptr, gs_ptr, out_ptr, N, KH, s_wn, s_sn, s_on,
+                    BN: tl.constexpr, BKH: tl.constexpr, FIX_NAN: tl.constexpr):
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    k0 = tl.program_id(1) * BKH
+    kb = k0 + tl.arange(0, BKH)
+    m2 = (rows < N)[:, None] & (kb < KH)[None, :]
+    w = tl.load(w_ptr + rows[:, None].to(tl.int64) * s_wn + kb[None, :], mask=m2, other=0)
+    sk = k0 // 8 + tl.arange(0, BKH // 8)
+    sc = tl.load(s_ptr + rows[:, None].to(tl.int64) * s_sn + sk[None, :],
+                 mask=(rows < N)[:, None] & (sk * 8 < KH)[None, :], other=0)
+    sc = e4m3_f32(sc, FIX_NAN) * (16384.0 * tl.load(gs_ptr))
+    sc = tl.reshape(tl.broadcast_to(sc[:, :, None], [BN, BKH // 8, 8]), [BN, BKH])
+    lo = e2m1_f16(w & 15).to(tl.float32) * sc
+    hi = e2m1_f16(w >> 4).to(tl.float32) * sc
+    v = tl.reshape(tl.join(lo, hi), [BN, 2 * BKH])  # interleave: value 2kb then 2kb + 1
+    cols = 2 * k0 + tl.arange(0, 2 * BKH)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * s_on + cols[None, :], v.to(out_ptr.dtype.element_ty),
+             mask=(rows < N)[:, None] & (cols < 2 * KH)[None, :])
+
+
+# ---- host side -------------------------------------------------------------------------------------
+
+MAX_FUSED_T = 16  # tokens handled by the fused kernel (weights read once); above that: dequantize + matmul
+
+
+def linear_plan(T: int, N: int, KH: int, device: torch.device) -> dict:
+    """Measured on H100: 128-row tiles with 8 warps for <= 4 tokens, 64-row tiles with 4 warps above."""
+    BN, BKH, nw = (128, 64, 8) if T <= 4 else (64, 128, 4)
+    tiles = triton.cdiv(N, BN)
+    target = 2 * num_sms(device)
+    split = 1 if tiles >= target else min(-(-target // tiles), triton.cdiv(KH, BKH))
+    return dict(BN=BN, BKH=BKH, num_warps=nw, split=split, num_stages=2)
+
+
+_linear_plan = functools.lru_cache(maxsize=1024)(linear_plan)  # per call shape, read-only (the host path)
+
+
+def _unit_k(t: torch.Tensor) -> torch.Tensor:
+    """The [rows, K-bytes] weight or scale matrix with unit stride along K (copied once if not)."""
+    return t if t.stride(1) == 1 else t.contiguous()
+
+
+def _reduce_linear(part, y, gs, bias):
+    """y [T, N] = global scale * sum over splits of part [S, T, N] (+ bias), in a fixed order."""
+    S, T, N = part.shape
+    blk = 256
+    launch(_nvfp4_splitk_reduce_kernel, (triton.cdiv(N, blk), T), part, y, gs, bias if bias is not None else gs, 1.0,
+           T, N, y.stride(0), 1, SPLIT=S, BLOCK=blk, HAS_SCALE_PTR=True, HAS_BIAS=bias is not None)
+
+
+MMA_MAX_T = 16  # tokens of the register-fed mma kernel: one or two groups of 8 (the mma's N)
+
+
+def _mma_usable(x, w8, y) -> bool:
+    """sm_90+ (mma.sync, mul.rn.bf16x2), at most 16 tokens, 8-byte aligned rows of weights and activations."""
+    if interpreting() or x.device.type != "cuda" or capability(x.device)[0] < 9:
+        return False
+    return (x.shape[0] <= MMA_MAX_T and x.stride(1) == 1 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0
+            and w8.stride(0) % 8 == 0 and w8.data_ptr() % 8 == 0 and y.stride(1) == 1)
+
+
+def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
+    """T <= 16: the mma-fragment kernel. x [T, K], w8 uint8 [N, K/2] (8-byte aligned rows), s8 uint8 [N, K/16]."""
+    T, K = x.shape
+    N, KH = w8.shape
+    KW = KH // 8
+    c = {"W": 4, "U": 4, "programs_per_sm": 8, **(cfg or {})}
+    BM = 16 * c["W"]
+    tiles = triton.cdiv(N, BM)
+    step = 4 * c["U"]
+    target = c["programs_per_sm"] * num_sms(x.device)
+    split = 1 if tiles >= target else min(-(-target // tiles), triton.cdiv(KW, step))
+    per = -(-(-(-KW // split)) // step) * step
+    split = max(1, -(-KW // per))
+    part = torch.empty(split, T, N, dtype=torch.float32, device=x.device) if split > 1 else y
+    launch(_linear_mma_kernel, (tiles, split),
+        x.view(torch.int64), w8.view(torch.int64), s8, gs, bias if bias is not None else gs, y, part,
+        T, N, KW, per, x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), y.stride(0), 1,
+        W=c["W"], U=c["U"], NT=1 if T <= 8 else 2, PARTIAL=split > 1, HAS_BIAS=bias is not None,
+        num_warps=c["W"])
+    if split > 1:
+        _reduce_linear(part, y, gs, bias)
+    return y
+
+
+def _asm_decode_usable(x) -> bool:
+    """The dot kernel's inline-PTX decode: mul.rn.f16x2 (sm_53+) for fp16, mul.rn.bf16x2 (sm_90+) for bf16; elsewhere
+    (bf16 before Hopper, the interpreter) the element-wise decode."""
+    if interpreting() or x.device.type != "cuda":
+        return False
+    return x.dtype == torch.float16 or capability(x.device)[0] >= 9
+
+
+def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
+    """x [T, K] (unit last stride), w8 uint8 [N, K/2], s8 uint8 [N, K/16], gs fp32 [1] -> y [T, N].
+
+    T <= 16 on sm_90 with 8-byte aligned rows: the register-fed mma kernel (cfg {"kernel": "dot"} or a dot-kernel
+    cfg (with "BN") skips it; W / U / programs_per_sm tune it); else the dot kernel (use_asm=False: with
+    its element-wise decode, and never the mma kernel)."""
+    T, K = x.shape
+    N, KH = w8.shape
+    if T == 0 or N == 0:
+        return y
+    w8, s8 = _unit_k(w8), _unit_k(s8)
+    kernel = (cfg or {}).get("kernel") or ("dot" if use_asm is False or (cfg and "BN" in cfg) else "mma")
+    if kernel == "mma" and _mma_usable(x, w8, y):  # sm_90: ~2x the dot kernel (notes, linear rounds 3-4)
+        return linear_mma_launch(x, w8, s8, gs, bias, y, {k: v for k, v in (cfg or {}).items() if k != "kernel"})
+    cfg = {k: v for k, v in cfg.items() if k != "kernel"} if cfg and "BN" in cfg else _linear_plan(T, N, KH, x.device)
+    BN, BKH = cfg["BN"], cfg["BKH"]
+    per = -(-(-(-KH // cfg["split"])) // BKH) * BKH
+    split = max(1, -(-KH // per))
+    part = torch.empty(split, T, N, dtype=torch.float32, device=x.device) if split > 1 else y
+    launch(_linear_kernel, (triton.cdiv(N, BN), split),
+        x, w8, s8, gs, bias if bias is not None else gs, y, part,
+        T, N, KH, per, x.stride(0), w8.stride(0), s8.stride(0), y.stride(0),
+        BN=BN, BKH=BKH, TP=max(16, triton.next_power_of_2(T)), PARTIAL=split > 1, HAS_BIAS=bias is not None,
+        FIX_NAN=interpreting(), USE_ASM=_asm_decode_usable(x) if use_asm is None else use_asm,
+        num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2))
+    if split > 1:
+        _reduce_linear(part, y, gs, bias)
+    return y
+
+
+def dequant_launch(w8, s8, gs, out):
+    """w8 uint8 [N, K/2], s8 uint8 [N, K/16], gs fp32 [1] -> out [N, K] (e2m1 * scale * gs, rounded once)."""
+    N, KH = w8.shape
+    if N == 0 or KH == 0:
+        return out
+    w8, s8 = _unit_k(w8), _unit_k(s8)
+    BN, BKH = 32, 128
+    launch(_dequant_kernel, (triton.cdiv(N, BN), triton.cdiv(KH, BKH)),
+        w8, s8, gs, out, N, KH, w8.stride(0), s8.stride(0), out.stride(0), BN=BN, BKH=BKH,
+        FIX_NAN=interpreting(), num_warps=4)
+    return out
