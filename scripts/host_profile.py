@@ -97,14 +97,23 @@ def main():
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--no-profile", action="store_true", help="host / GPU / wall split only")
+    ap.add_argument("--peers", action="store_true", help="the host / GPU / wall split of the available peers too")
+    ap.add_argument("--no-units", action="store_true", help="skip the unit costs")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("host_profile.py needs a CUDA GPU")
     for b in benches(args.ops or None):
         impl = next(i for i in b.impls if i.name == "llmkernels-eager")
         for case in b.cases(False):
-            fn = impl.build(case.make_inputs())
+            x = case.make_inputs()
+            fn = impl.build(x)
             host, gpu, wall = split_us(fn, args.calls)
+            print(f"\n=== {b.op} {case.shape}: host {host:.1f} us, GPU {gpu:.1f} us, wall {wall:.1f} us per call")
+            for peer in (b.impls if args.peers else []):
+                if peer is impl or peer.available() is not None:
+                    continue
+                ph, pg, pw = split_us(peer.build(x), args.calls)
+                print(f"    {peer.name:<22} host {ph:.1f} us, GPU {pg:.1f} us, wall {pw:.1f} us per call")
             if args.no_profile:
                 continue
             pr = cProfile.Profile()
@@ -113,13 +122,13 @@ def main():
                 fn()
             pr.disable()
             torch.cuda.synchronize()
-            print(f"\n=== {b.op} {case.shape}: host {host:.1f} us, GPU {gpu:.1f} us, wall {wall:.1f} us per call")
             st = pstats.Stats(pr)
             rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:args.top]
             for (file, line, func), (cc, nc, tt, ct, _) in rows:
                 print(f"  {tt * 1e6 / args.calls:7.1f} us own {ct * 1e6 / args.calls:7.1f} cum  x{nc // args.calls:<3}"
                       f" {file.split('site-packages/')[-1].split('llmkernels/')[-1]}:{line} {func}")
-    units()
+    if not args.no_units:
+        units()
 
 
 if __name__ == "__main__":
