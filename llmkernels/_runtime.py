@@ -19,6 +19,7 @@ def setup_interpreter() -> bool:
                           "the interpreter. Import llmkernels first, or set TRITON_INTERPRET=1 before starting "
                           "Python.", RuntimeWarning, stacklevel=3)
         os.environ["TRITON_INTERPRET"] = "1"
+    _INTERP[:] = [os.environ.get("TRITON_INTERPRET", "0") == "1"]  # fixed from here on, as Triton's choice is
     if interpreting():
         _fix_interpreter_index()
     return interpreting()
@@ -45,8 +46,11 @@ def _fix_interpreter_index() -> None:
     interpreter._patch_lang_tensor = patched
 
 
+_INTERP = []  # set by setup_interpreter (reading the environment costs ~1.5 us, and launch paths ask often)
+
+
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return _INTERP[0] if _INTERP else os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def default_device() -> torch.device:
@@ -73,3 +77,13 @@ def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
     return sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) on the host (triton.cdiv is a constexpr_function: ~5 us a call outside a kernel)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), on the host."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()

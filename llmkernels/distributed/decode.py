@@ -5,6 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._runtime import cdiv
 from .._validate import check_bool, check_int, check_tensor
 from ..ops.masked_decode.kernel import masked_decode_fwd
 from ..ops.masked_decode.op import prepare as masked_prepare
@@ -193,7 +194,7 @@ def cp_decode_setup(q, k_shard, v_shard, drop_mask=None, kv_len=None, group=None
         lens = lens_t
         if kind == 2 and lens is None:  # this rank's share of each global length, one small kernel
             lens = torch.empty(B, dtype=torch.int32, device=qq.device)
-            _local_lens_kernel[(triton.cdiv(B, 128),)](glob, lens, B, offset, L, rank, world, interleave,
+            _local_lens_kernel[(cdiv(B, 128),)](glob, lens, B, offset, L, rank, world, interleave,
                                                        INTERLEAVE=interleave > 0, BLOCK=128)
         masked_decode_fwd(qq, k, v, drop, lens, len_int, scale, out, lse)
 

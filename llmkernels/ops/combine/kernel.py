@@ -7,7 +7,7 @@ import triton.language as tl
 
 from ..._constants import LOG2E_C
 from ..._launch import Launch, launch
-from ..._runtime import capability, interpreting
+from ..._runtime import capability, interpreting, next_pow2
 
 @triton.jit
 def pdl_enter(USE_GDC: tl.constexpr):
@@ -95,7 +95,7 @@ def _combine_kernel(
 def combine_blocks(S: int, D: int):
     """(BLOCK_S, BLOCK_D, ONE_SHOT) for merging S parts of width D: all parts at once while the [S, D] fp32 tile
     stays within 64 registers a thread (4 warps), else 16 parts at a time."""
-    s_all, d_all = triton.next_power_of_2(max(S, 1)), triton.next_power_of_2(D)
+    s_all, d_all = next_pow2(max(S, 1)), next_pow2(D)
     if s_all * d_all <= 8192:
         return s_all, d_all, True
     return min(s_all, 16), min(d_all, 256), False

@@ -5,7 +5,7 @@ import triton.language as tl
 
 from ..._constants import LN2_C, LOG2E
 from ..._launch import Launch, PlanCache, current_device, tkey
-from ..._runtime import num_sms
+from ..._runtime import cdiv, next_pow2, num_sms
 from ..combine.kernel import CombinePlan, pdl_enabled, pdl_enter
 
 
@@ -108,9 +108,9 @@ MASKED_CONFIG = {**CONFIG, "block_n": 64, "num_stages": 3}
 def _plan(B: int, Hkv: int, L: int, device: torch.device, waves: int):
     """Split L so that B * Hkv * splits ~ waves * SMs, with chunks of >= 512 tokens (multiples of 16)."""
     # rounded down: one program too many starts a second wave (round(3 * 132 / 8) = 50 splits = 400 > 396 slots)
-    splits = max(1, min(int(waves * num_sms(device) / max(B * Hkv, 1)), triton.cdiv(L, 512)))
-    chunk = triton.cdiv(triton.cdiv(max(L, 1), splits), 16) * 16
-    return triton.cdiv(max(L, 1), chunk), chunk
+    splits = max(1, min(int(waves * num_sms(device) / max(B * Hkv, 1)), cdiv(L, 512)))
+    chunk = cdiv(cdiv(max(L, 1), splits), 16) * 16
+    return cdiv(max(L, 1), chunk), chunk
 
 
 class DecodePlan:
@@ -133,7 +133,7 @@ class DecodePlan:
         self.ints = (Hkv, L, kv_len, chunk, sm_scale * LOG2E, q.stride(0), q.stride(1),
                      *k.stride()[:3], *v.stride()[:3], *ms, splits * D, D, splits)
         self.split = Launch(_masked_decode_split_kernel, (splits, B * Hkv), G=Hq // Hkv,
-                            BLOCK_G=max(16, triton.next_power_of_2(Hq // Hkv)), D=D, BLOCK_N=block_n,
+                            BLOCK_G=max(16, next_pow2(Hq // Hkv)), D=D, BLOCK_N=block_n,
                             HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl,
                             INTERLEAVE=cfg["interleave"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
                             **({"launch_pdl": True} if pdl and cfg["pdl"] else {}))

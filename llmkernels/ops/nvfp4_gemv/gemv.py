@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ..._launch import launch
-from ..._runtime import interpreting, num_sms
+from ..._runtime import cdiv, interpreting, next_pow2, num_sms
 from ..combine.kernel import pdl_enabled
 from .common import ASM_A, ASM_A_IMM, ASM_B, ASM_B_IMM, _nvfp4_splitk_reduce_kernel, e4m3_f32
 
@@ -286,7 +286,7 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: boo
     elif KB >= 128:
         BB, nw = 128, 2
     else:  # short rows: one warp per program, rows spread over the warp's threads
-        BB, nw = max(16, min(64, triton.next_power_of_2(KB))), 1
+        BB, nw = max(16, min(64, next_pow2(KB))), 1
     BM = gemv_tile(BB, R, nw)
     tiles = -(-M // BM) * L
     split = 1 if tiles >= sms else min(-(-2 * sms // tiles), -(-KB // BB))
@@ -333,7 +333,7 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
     # cfg["pdl"] under the interpreter: the PDL code order (weights before the wait) without the launch
     order = bool(cfg.get("pdl", False)) and (interpreting() or pdl_enabled(a8.device))
     pdl = order and not interpreting()
-    n_mtiles = triton.cdiv(M, BM)
+    n_mtiles = cdiv(M, BM)
     persistent = int(cfg.get("persistent", 0)) if split == 1 else 0
     if persistent:
         grid = (min(n_mtiles * L, persistent * num_sms(a8.device)), 1, 1)
@@ -356,7 +356,7 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1), **({"launch_pdl": True} if pdl else {}))
     if split > 1:
         blk = 256
-        launch(_nvfp4_splitk_reduce_kernel, (triton.cdiv(M, blk), L), part, out, part, part, alpha, L, M, out.stride(2),
+        launch(_nvfp4_splitk_reduce_kernel, (cdiv(M, blk), L), part, out, part, part, alpha, L, M, out.stride(2),
                out.stride(0), SPLIT=split, BLOCK=blk, HAS_SCALE_PTR=False, HAS_BIAS=False, USE_GDC=pdl,
                **({"launch_pdl": True} if pdl else {}))
     return out

@@ -7,8 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._launch import launch
-from ..._runtime import capability, interpreting, num_sms
+from ..._launch import Launch, launch
+from ..._runtime import capability, cdiv, interpreting, next_pow2, num_sms
 from .common import (ASM_MMA2_BF16, ASM_MMA2_F16, ASM_MMA_BF16, ASM_MMA_F16, ASM_W16_BF16, ASM_W16_F16,
                      _nvfp4_splitk_reduce_kernel, e2m1_f16, e4m3_f32)
 
@@ -213,9 +213,9 @@ MAX_FUSED_T = 16  # tokens handled by the fused kernel (weights read once); abov
 def linear_plan(T: int, N: int, KH: int, device: torch.device) -> dict:
     """Measured on H100: 128-row tiles with 8 warps for <= 4 tokens, 64-row tiles with 4 warps above."""
     BN, BKH, nw = (128, 64, 8) if T <= 4 else (64, 128, 4)
-    tiles = triton.cdiv(N, BN)
+    tiles = cdiv(N, BN)
     target = 2 * num_sms(device)
-    split = 1 if tiles >= target else min(-(-target // tiles), triton.cdiv(KH, BKH))
+    split = 1 if tiles >= target else min(-(-target // tiles), cdiv(KH, BKH))
     return dict(BN=BN, BKH=BKH, num_warps=nw, split=split, num_stages=2)
 
 
@@ -231,7 +231,7 @@ def _reduce_linear(part, y, gs, bias):
     """y [T, N] = global scale * sum over splits of part [S, T, N] (+ bias), in a fixed order."""
     S, T, N = part.shape
     blk = 256
-    launch(_nvfp4_splitk_reduce_kernel, (triton.cdiv(N, blk), T), part, y, gs, bias if bias is not None else gs, 1.0,
+    launch(_nvfp4_splitk_reduce_kernel, (cdiv(N, blk), T), part, y, gs, bias if bias is not None else gs, 1.0,
            T, N, y.stride(0), 1, SPLIT=S, BLOCK=blk, HAS_SCALE_PTR=True, HAS_BIAS=bias is not None)
 
 
@@ -246,19 +246,23 @@ def _mma_usable(x, w8, y) -> bool:
             and w8.stride(0) % 8 == 0 and w8.data_ptr() % 8 == 0 and y.stride(1) == 1)
 
 
+def _mma_config(T, N, KW, device, cfg=None):
+    """(c, tiles, split, per): W warps of 16 rows, U k-steps, and the split over K that fills the GPU."""
+    c = {"W": 4, "U": 4, "programs_per_sm": 8, **(cfg or {})}
+    tiles = cdiv(N, 16 * c["W"])
+    step = 4 * c["U"]
+    target = c["programs_per_sm"] * num_sms(device)
+    split = 1 if tiles >= target else min(-(-target // tiles), cdiv(KW, step))
+    per = -(-(-(-KW // split)) // step) * step
+    return c, tiles, max(1, -(-KW // per)), per
+
+
 def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
     """T <= 16: the mma-fragment kernel. x [T, K], w8 uint8 [N, K/2] (8-byte aligned rows), s8 uint8 [N, K/16]."""
     T, K = x.shape
     N, KH = w8.shape
     KW = KH // 8
-    c = {"W": 4, "U": 4, "programs_per_sm": 8, **(cfg or {})}
-    BM = 16 * c["W"]
-    tiles = triton.cdiv(N, BM)
-    step = 4 * c["U"]
-    target = c["programs_per_sm"] * num_sms(x.device)
-    split = 1 if tiles >= target else min(-(-target // tiles), triton.cdiv(KW, step))
-    per = -(-(-(-KW // split)) // step) * step
-    split = max(1, -(-KW // per))
+    c, tiles, split, per = _mma_config(T, N, KW, x.device, cfg)
     part = torch.empty(split, T, N, dtype=torch.float32, device=x.device) if split > 1 else y
     launch(_linear_mma_kernel, (tiles, split),
         x.view(torch.int64), w8.view(torch.int64), s8, gs, bias if bias is not None else gs, y, part,
@@ -268,6 +272,42 @@ def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
     if split > 1:
         _reduce_linear(part, y, gs, bias)
     return y
+
+
+class MmaPlan:
+    """The launches of one mma-kernel call shape, for the op's cached plans (see _launch): the key fixes T, N, K,
+    dtypes, strides and alignment, so the configuration, grids and kernels are worked out once; a call allocates
+    y (and the split parts) and hands its pointers to the compiled kernels."""
+    __slots__ = ("T", "N", "KW", "per", "split", "dtype", "bias", "strides", "main", "reduce")
+
+    def __init__(self, x, w8, s8, bias):
+        T, N, KW = x.shape[0], w8.shape[0], w8.shape[1] // 8
+        c, tiles, self.split, self.per = _mma_config(T, N, KW, x.device)
+        self.T, self.N, self.KW, self.dtype, self.bias = T, N, KW, x.dtype, bias is not None
+        self.strides = (x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), N, 1)
+        self.main = Launch(_linear_mma_kernel, (tiles, self.split), W=c["W"], U=c["U"], NT=1 if T <= 8 else 2,
+                           PARTIAL=self.split > 1, HAS_BIAS=self.bias, num_warps=c["W"])
+        self.reduce = Launch(_nvfp4_splitk_reduce_kernel, (cdiv(N, 256), T), SPLIT=self.split, BLOCK=256,
+                             HAS_SCALE_PTR=True, HAS_BIAS=self.bias) if self.split > 1 else None
+
+    @staticmethod
+    def usable(x, w8, s8, bias) -> bool:
+        return 0 < x.shape[0] and w8.shape[0] > 0 and w8.stride(1) == 1 and s8.stride(1) == 1 and \
+            (bias is None or bias.stride(0) == 1) and _mma_usable(x, w8, x)
+
+    def __call__(self, x, w8, s8, gs, bias):
+        T, N = self.T, self.N
+        y = torch.empty(T, N, dtype=self.dtype, device=x.device)
+        b = bias if bias is not None else gs
+        if self.reduce is None:
+            self.main(x.view(torch.int64), w8.view(torch.int64), s8, gs, b, y, y, T, N, self.KW, self.per,
+                      *self.strides)
+            return y
+        part = torch.empty(self.split, T, N, dtype=torch.float32, device=x.device)
+        self.main(x.view(torch.int64), w8.view(torch.int64), s8, gs, b, y, part, T, N, self.KW, self.per,
+                  *self.strides)
+        self.reduce(part, y, gs, b, 1.0, T, N, N, 1)
+        return y
 
 
 def _asm_decode_usable(x) -> bool:
@@ -297,10 +337,10 @@ def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
     per = -(-(-(-KH // cfg["split"])) // BKH) * BKH
     split = max(1, -(-KH // per))
     part = torch.empty(split, T, N, dtype=torch.float32, device=x.device) if split > 1 else y
-    launch(_linear_kernel, (triton.cdiv(N, BN), split),
+    launch(_linear_kernel, (cdiv(N, BN), split),
         x, w8, s8, gs, bias if bias is not None else gs, y, part,
         T, N, KH, per, x.stride(0), w8.stride(0), s8.stride(0), y.stride(0),
-        BN=BN, BKH=BKH, TP=max(16, triton.next_power_of_2(T)), PARTIAL=split > 1, HAS_BIAS=bias is not None,
+        BN=BN, BKH=BKH, TP=max(16, next_pow2(T)), PARTIAL=split > 1, HAS_BIAS=bias is not None,
         FIX_NAN=interpreting(), USE_ASM=_asm_decode_usable(x) if use_asm is None else use_asm,
         num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2))
     if split > 1:
@@ -315,7 +355,7 @@ def dequant_launch(w8, s8, gs, out):
         return out
     w8, s8 = _unit_k(w8), _unit_k(s8)
     BN, BKH = 32, 128
-    launch(_dequant_kernel, (triton.cdiv(N, BN), triton.cdiv(KH, BKH)),
+    launch(_dequant_kernel, (cdiv(N, BN), cdiv(KH, BKH)),
         w8, s8, gs, out, N, KH, w8.stride(0), s8.stride(0), out.stride(0), BN=BN, BKH=BKH,
         FIX_NAN=interpreting(), num_warps=4)
     return out

@@ -8,7 +8,7 @@ from ..._validate import (check_bool, check_int, check_interpreter_dtype, check_
                           check_scale, check_shape, check_tensor)
 from .format import BLOCK, SCALE_DTYPES, as_bytes, check_k, nvfp4_quantize
 from .gemv import gemv_launch
-from .linear import MAX_FUSED_T, dequant_launch, linear_launch
+from .linear import MAX_FUSED_T, MmaPlan, dequant_launch, linear_launch
 
 _X_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -185,9 +185,13 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         hit = _CHECKED_LINEAR.get(key)
         gs_t = global_scale if isinstance(global_scale, torch.Tensor) else None
         if hit is not None and direct_ok(x, packed, scales, bias, gs_t):
-            gs = hit[0] if gs_t is None else gs_t.reshape(1)
-            y = run_planned(hit[1], _linear, x.reshape(-1, x.shape[-1]), packed, scales, gs, bias)
-            return y.reshape(*x.shape[:-1], -1)
+            gs = hit.gs if gs_t is None else gs_t if hit.flat_gs else gs_t.reshape(1)
+            x2 = x if hit.flat_x else x.reshape(-1, x.shape[-1])
+            if hit.plan is not None:
+                y = hit.plan(x2, packed, _u8(scales), gs, bias)
+            else:
+                y = run_planned(hit.token, _linear, x2, packed, scales, gs, bias)
+            return y if hit.flat_x else y.reshape(*x.shape[:-1], -1)
     check_tensor("x", x, dtypes=_X_DTYPES)
     if x.dim() < 1:
         raise ValueError("x must have at least one dim [..., K]")
@@ -222,14 +226,29 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         x2 = x2.contiguous()
     gs_t = global_scale if isinstance(global_scale, torch.Tensor) else None
     if key is not None and direct_ok(x, packed, scales, bias, gs_t):  # the custom op would only run _linear
-        # a number's fp32 tensor is kept with the plan (made once); a tensor's is the caller's, reshaped per call
-        token = _CHECKED_LINEAR.put(key, (gs if gs_t is None else None, new_token()))[1]
-        return run_planned(token, _linear, x2, packed, scales, gs, bias).reshape(*lead, N)
+        hit = _CHECKED_LINEAR.put(key, _LinearHit(x, x2, packed, scales, gs, gs_t, bias))
+        y = hit.plan(x2, packed, _u8(scales), gs, bias) if hit.plan is not None else \
+            run_planned(hit.token, _linear, x2, packed, scales, gs, bias)
+        return y.reshape(*lead, N)
     y = _linear_op(x2, packed, scales, gs, bias.contiguous() if bias is not None else None)
     return y.reshape(*lead, N)
 
 
-_CHECKED_LINEAR = PlanCache()  # raw-argument key -> (a number global scale's fp32 tensor, plan token) once checked
+class _LinearHit:
+    """What a checked nvfp4_linear key keeps: a number global scale's fp32 tensor (made once; a tensor's is the
+    caller's), whether x and the global scale need no reshape, and the mma plan (else a token for run_planned)."""
+    __slots__ = ("gs", "flat_x", "flat_gs", "plan", "token")
+
+    def __init__(self, x, x2, packed, scales, gs, gs_t, bias):
+        self.gs = gs if gs_t is None else None
+        unit = x.stride(-1) == 1  # then a call's x.reshape(-1, K) is this x2 again (the key fixes shape and strides)
+        self.flat_x, self.flat_gs = x.dim() == 2 and unit, gs_t is not None and gs_t.dim() == 1
+        w8, s8 = _u8(packed), _u8(scales)
+        self.plan = MmaPlan(x2, w8, s8, bias) if unit and MmaPlan.usable(x2, w8, s8, bias) else None
+        self.token = new_token()
+
+
+_CHECKED_LINEAR = PlanCache()  # raw-argument key -> _LinearHit, once the call passed every check
 
 
 class NVFP4Linear(torch.nn.Module):

@@ -6,13 +6,12 @@ of rows (then one per row for the last ones).
 Gluon has no interpreter: the plain-Triton kernel in attn_dist.py is the portable path (and what CPU tests
 cover); this one runs on sm_90 and is tested on the GPU (tests marked gpu, scripts/memcheck.py).
 """
-import triton
 
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
 
 from ..._launch import launch
-from ..._runtime import num_sms
+from ..._runtime import cdiv, num_sms
 from .common import LOG2E_C, row_args, row_flags
 
 if HAVE_GLUON:
@@ -321,7 +320,7 @@ def attn_dist_ws_launch(a, lse, out, config=None) -> None:
             n_pairs, D_V=a.d_v, D_T=d_qk - a.d_v, num_warps=4, **row_flags(a), **cfg)
         return
     cfg.pop("SINGLES", None)
-    n_hb = triton.cdiv(h_q, 128 if split else 64)
+    n_hb = cdiv(h_q, 128 if split else 64)
     launch(_dist_ws_kernel, (s_q * n_hb,),
         q, kv, idx, lse, out, *row_args(a, n_hb),
         q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0),

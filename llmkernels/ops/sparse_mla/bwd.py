@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..._launch import launch
-from ..._runtime import interpreting
+from ..._runtime import cdiv, interpreting, next_pow2
 from .wgmma_common import rows_16b, wgmma_usable
 from .bwd_wgmma import grads_ws_heads, grads_ws_launch, probs_ws_launch
 from .common import LOG2E, LOG2E_C, column_parts
@@ -182,7 +182,7 @@ def default_config(h_q: int, d_qk: int) -> dict:
     """Block shapes and launch options of both passes: the H100 sweep's winners (bwd_tuned.py) by head
     block, else a heuristic; tiny blocks under the interpreter."""
     from .bwd_tuned import TUNED
-    bh = min(max(16, triton.next_power_of_2(h_q)), 128)
+    bh = min(max(16, next_pow2(h_q)), 128)
     if interpreting():
         return dict(p_bh=min(bh, 64), p_bn=16, p_warps=4, p_stages=1, g_bh=min(bh, 64), g_bn=16, g_dc=128,
                     g_warps=4, g_stages=1, hints=False)
@@ -226,7 +226,7 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
     # bf16: the first pass stores sm_scale dS, so the second pass chains its two dKV products (fp16 keeps dS
     # unscaled: typical |dS| ~ 1e-3 times sm_scale would fall below fp16's normal range)
     scaled_ds = use_ws2 and q.dtype == torch.bfloat16
-    n_hb = triton.cdiv(h_q, cfg["g_bh"])
+    n_hb = cdiv(h_q, cfg["g_bh"])
     row_bytes = 2 * h_q * topk * q.element_size() + (n_hb * topk * d_qk * 4 if deterministic else 0)
     rows = max(1, min(s_q, scratch_bytes // row_bytes))
     p_buf = torch.empty(rows, h_q, topk, dtype=q.dtype, device=dev)
@@ -249,7 +249,7 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
                             keys if deterministic else dummy, row0, nr, deterministic, scaled_ds=scaled_ds,
                             config=cfg.get("p_ws"))
         else:
-            launch(_probs_kernel, (nr, triton.cdiv(h_q, cfg["p_bh"])),
+            launch(_probs_kernel, (nr, cdiv(h_q, cfg["p_bh"])),
                 q, kv, out, dout, idx, lse, dl, qs_t, tlen, p_buf, ds_buf, delta, keys if deterministic else dummy,
                 row0, h_q, s_kv, topk, args.q_start_int, args.k_stride, *flags, int(dlse is not None),
                 args.sm_scale * LOG2E,

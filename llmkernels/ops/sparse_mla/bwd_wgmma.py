@@ -8,8 +8,8 @@ dS = P (dP - Delta) with P handed over through the slot's rope columns (only S r
 Second pass, one program per (128-column chunk, query row, block of 128 or 64 heads): consumer 0 accumulates dQ,
 consumer 1 the gathered rows' dKV, added with 16-byte reductions. Measured history: benchmarks/notes/sparse_mla_bwd.md.
 """
-import triton
 
+from ..._runtime import cdiv
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
 from ..._launch import launch
@@ -203,7 +203,7 @@ def probs_ws_launch(args, out, dout, lse, dl, has_dlse: bool, p_buf, ds_buf, del
     h_q, d_qk = q.shape[1:]
     cfg = dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=40)
     cfg.update(config or {})
-    n_hb = triton.cdiv(h_q, 64)
+    n_hb = cdiv(h_q, 64)
     dummy = idx
     launch(_probs_ws_kernel, (nr * n_hb,),
         q, kv, out, dout, idx, lse, dl, args.q_start_t if args.q_start_t is not None else dummy,
@@ -471,7 +471,7 @@ def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, b
     # times: 10.45 -> 10.08 ms
     cfg = dict(DC=256 if bh == 64 else 128, BN=64, STAGES=2, NB=1, CONS_REGS=216, PROD_REGS=72)
     cfg.update(config or {})
-    n_hb = triton.cdiv(h_q, bh)
+    n_hb = cdiv(h_q, bh)
     dummy = idx
     for d0, dcp, n_c, has_v in column_parts(args.d_v, d_qk, cfg.pop("DC")):
         launch(_grads_ws_kernel, (n_c, nr, n_hb),

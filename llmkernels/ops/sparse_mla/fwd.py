@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 from ..._launch import launch
-from ..._runtime import interpreting
+from ..._runtime import cdiv, interpreting, next_pow2
 from .common import LN2_C, nan_max, row_args, row_finish, row_flags, sink_arg
 from .fwd_wgmma import sparse_mla_fwd_ws_launch
 from .wgmma_common import wgmma_usable
@@ -131,12 +131,12 @@ def fwd_config(h_q: int, topk: int, device: torch.device) -> dict:
     registers and spills at BLOCK_N 64), so it is off on the GPU.
     """
     if interpreting() or device.type != "cuda":
-        return dict(BLOCK_H=max(16, triton.next_power_of_2(min(h_q, 64))),
-                    BLOCK_N=max(16, min(32, triton.next_power_of_2(topk))), num_warps=4, num_stages=1,
+        return dict(BLOCK_H=max(16, next_pow2(min(h_q, 64))),
+                    BLOCK_N=max(16, min(32, next_pow2(topk))), num_warps=4, num_stages=1,
                     PREFETCH=True)
     if h_q > 32:
         return dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2, PREFETCH=False)
-    return dict(BLOCK_H=max(16, triton.next_power_of_2(h_q)), BLOCK_N=64, num_warps=4, num_stages=2, PREFETCH=False)
+    return dict(BLOCK_H=max(16, next_pow2(h_q)), BLOCK_N=64, num_warps=4, num_stages=2, PREFETCH=False)
 
 
 def sparse_mla_fwd_launch(a, out, max_logits, lse, sink_in_lse: bool = True, config=None) -> None:
@@ -157,7 +157,7 @@ def sparse_mla_fwd_launch(a, out, max_logits, lse, sink_in_lse: bool = True, con
     cfg = dict(config or fwd_config(h_q, topk, q.device))
     cfg.setdefault("PREFETCH", False)
     bh = cfg.pop("BLOCK_H")
-    n_hb = triton.cdiv(h_q, bh)
+    n_hb = cdiv(h_q, bh)
     launch(_fwd_kernel, (s_q * n_hb,),
         q, kv, idx, out, max_logits, lse, sink_arg(a), *row_args(a, n_hb),
         q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0),

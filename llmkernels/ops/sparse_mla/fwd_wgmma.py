@@ -20,7 +20,7 @@ import triton.language as tl
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
 from ..._launch import launch
-from ..._runtime import num_sms
+from ..._runtime import cdiv, next_pow2, num_sms
 from .common import LN2_C, LOG2E_C, nan_max, row_args, row_finish, row_flags, sink_arg
 
 if HAVE_GLUON:
@@ -459,8 +459,8 @@ def tail_split(n_items: int, n_sm: int, n_pairs: int) -> tuple:
     tail = n_items % n_sm
     if tail == 0 or n_sm // tail < 2 or n_pairs < 2:
         return n_items, 1, n_pairs
-    pp = triton.cdiv(n_pairs, min(n_sm // tail, n_pairs, 16))  # <= 16 pieces: _tail_merge holds them in registers
-    return n_items - tail, triton.cdiv(n_pairs, pp), pp
+    pp = cdiv(n_pairs, min(n_sm // tail, n_pairs, 16))  # <= 16 pieces: _tail_merge holds them in registers
+    return n_items - tail, cdiv(n_pairs, pp), pp
 
 
 def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, config=None) -> None:
@@ -472,12 +472,12 @@ def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, 
     cfg = dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=48)
     cfg.update(config or {})
     stamp = cfg.pop("stamp", lse)  # timeline probe buffer (STAMP=1): int64 [programs, 2, 17, 8] (16 pairs, program)
-    n_hb = triton.cdiv(h_q, 64)
+    n_hb = cdiv(h_q, 64)
     n_items = s_q * n_hb
     n_main, n_piece, pp = n_items, 1, 0
     n_sm = cfg.pop("NSM", None) or num_sms(q.device)  # NSM: tests split at other SM counts
     if cfg.pop("TAIL", 1):
-        n_main, n_piece, pp = tail_split(n_items, n_sm, triton.cdiv(idx.shape[1], 2 * cfg["BLOCK_N"]))
+        n_main, n_piece, pp = tail_split(n_items, n_sm, cdiv(idx.shape[1], 2 * cfg["BLOCK_N"]))
     args = (q, kv, idx, out, max_logits, lse, sink_arg(a), *row_args(a, n_hb), q.stride(0), q.stride(1),
             kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0), 0, stamp)
     flags = dict(D_V=a.d_v, D_T=d_qk - a.d_v, HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse, num_warps=4,
@@ -491,5 +491,5 @@ def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, 
                **dict(cfg, STAMP=0), SPLIT=1)
         launch(_tail_merge, (n_tail, 64), part, out, max_logits, lse, sink_arg(a), n_main, n_piece, n_hb, h_q,
                out.stride(0), out.stride(1), lse.stride(0), HAS_SINK=a.attn_sink is not None,
-               SINK_IN_LSE=sink_in_lse, BLOCK_P=triton.next_power_of_2(n_piece), D_V=a.d_v, num_warps=4)
+               SINK_IN_LSE=sink_in_lse, BLOCK_P=next_pow2(n_piece), D_V=a.d_v, num_warps=4)
 

@@ -5,7 +5,7 @@ import triton.language as tl
 
 from ..._constants import LN2_C, LOG2E
 from ..._launch import Launch, PlanCache, current_device, tkey
-from ..._runtime import num_sms
+from ..._runtime import cdiv, next_pow2, num_sms
 from ..combine.kernel import CombinePlan, pdl_enabled, pdl_enter
 
 
@@ -241,7 +241,7 @@ def default_config(D: int, esize: int, legacy: bool = False, G: int = 1) -> dict
         order, permuted to K^T for the dot); dot path, legacy layout only.
     legacy and G pick the measured per-layout overrides of LAYOUT_DEFAULTS.
     """
-    block_n = max(16, min(64, 16384 // (triton.next_power_of_2(D) * esize)))
+    block_n = max(16, min(64, 16384 // (next_pow2(D) * esize)))
     cfg = {"block_n": block_n, "num_warps": 8 if esize == 4 else 4, "num_stages": 2, "programs_per_sm": 16,
            "mha_path": "dot", "legacy_k": "v2", "prefetch_table": False, "pdl": True}
     cfg.update(LAYOUT_DEFAULTS.get(("legacy" if legacy else "nhd", "mha" if G == 1 else "gqa"), {}))
@@ -259,9 +259,9 @@ LAYOUT_DEFAULTS = {("legacy", "mha"): {"mha_path": "reduce", "prefetch_table": T
 def _plan(S: int, Hkv: int, span: int, device: torch.device, block_n: int, programs_per_sm: int):
     """Split the table span so that S * Hkv * splits reaches the target, with chunks of >= 4 tiles."""
     target = programs_per_sm * num_sms(device)
-    splits = max(1, min(triton.cdiv(target, max(S * Hkv, 1)), triton.cdiv(span, 4 * block_n)))
-    chunk = triton.cdiv(triton.cdiv(max(span, 1), splits), block_n) * block_n
-    return triton.cdiv(max(span, 1), chunk), chunk
+    splits = max(1, min(cdiv(target, max(S * Hkv, 1)), cdiv(span, 4 * block_n)))
+    chunk = cdiv(cdiv(max(span, 1), splits), block_n) * block_n
+    return cdiv(max(span, 1), chunk), chunk
 
 
 class XLPlan:
@@ -302,7 +302,7 @@ class XLPlan:
                      *us, *bds, *ks, *vs, block_tables.stride(0), block_tables.stride(1), splits * D, D, splits)
         self.split = Launch(
             _xl_decode_split_kernel, (splits, S * Hkv),
-            G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
+            G=G, BLOCK_G=max(16, next_pow2(G)), D=D, BLOCK_D=next_pow2(D),
             BS=bs, BSUB=min(bs, block_n), BLOCK_N=block_n, KX=k_cache.shape[4] if legacy else 1, LEGACY=legacy,
             HAS_U=u is not None, HAS_BD=bd is not None, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
             K_NATIVE=legacy and cfg["legacy_k"] == "native", MHA_REDUCE=G == 1 and cfg["mha_path"] == "reduce",
