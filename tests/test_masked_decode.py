@@ -177,6 +177,29 @@ def test_merge_one_shot_and_looped(device, S, D):
     assert rel_err(mo, ro) <= 1e-5 and rel_err(ml, rl) <= 1e-6  # fp32 in and out: rounding only
 
 
+@pytest.mark.parametrize("D", [1, 72, 1024])
+@pytest.mark.parametrize("ldtype", [torch.float32, torch.bfloat16])
+def test_merge_two_parts_in_place(device, D, ldtype):
+    # two separate contiguous parts go to the two-pointer kernel (no stack): the same result as the stacked merge
+    outs = torch.randn(2, 3, 5, D, device=device)
+    lses = (torch.randn(2, 3, 5, device=device) * 3).to(ldtype)
+    lses[0, 0] = -math.inf          # part 0 saw no key in these rows
+    lses[1, 1, :2] = math.inf       # nor part 1 here (sparse_mla's marker)
+    lses[:, 2, 4] = -math.inf       # a row no part saw
+    outs[0, 0] = float("nan")       # a part with zero weight is never read
+    mo, ml = merge_attention_states([outs[0].clone(), outs[1].clone()], [lses[0].clone(), lses[1].clone()])
+    so, sl = merge_attention_states(outs, lses)
+    ro, rl = merge_attention_states_ref(outs.nan_to_num(), lses.masked_fill(lses == math.inf, -math.inf))
+    assert torch.all(mo[2, 4] == 0) and ml[2, 4] == -math.inf and not mo.isnan().any()
+    assert rel_err(mo, ro) <= 1e-5 and rel_err(ml, rl) <= 1e-6  # fp32 out: rounding only
+    assert rel_err(mo, so) <= 1e-6 and rel_err(ml, sl) <= 1e-6  # the stacked kernel's arithmetic (FMA order aside)
+    # a strided part takes the stacked path; a NaN lse makes its row NaN
+    lses[1, 0, 3] = float("nan")
+    mo, ml = merge_attention_states([outs[0], outs[1, :, :, :].transpose(0, 1).contiguous().transpose(0, 1)],
+                                    [lses[0].clone(), lses[1].clone()])
+    assert mo[0, 3].isnan().all() and ml[0, 3].isnan() and not mo[1].isnan().any()
+
+
 def test_torch_compile_fullgraph(device):
     x = make_inputs(2, 2, 4, 40, 64, torch.float16, device, kept=0.5)
     lens = torch.tensor([40, 17], dtype=torch.int32, device=device)

@@ -78,7 +78,11 @@ def test_merge_attention_states(device):
     case(3, 5, 32)                                          # parts
     case(2, 5, 32, dtype=torch.float32)                     # dtype
     case(2, 5, 32, ldtype=torch.float16)
-    case(2, 5, 32, as_list=True)
+    case(2, 5, 32, as_list=True)                            # two parts in place (no stack)
+    case(2, 7, 32, as_list=True)                            # shape
+    case(2, 7, 32, ldtype=torch.float16, as_list=True)      # lse dtype
+    case(2, 7, 48, dtype=torch.bfloat16, as_list=True)      # D and out dtype
+    case(3, 7, 48, as_list=True)                            # three parts (stacked)
     with pytest.raises(ValueError, match="lses must have shape"):
         merge_attention_states(torch.randn(2, 5, 32, device=device), torch.randn(2, 4, device=device))
 

@@ -92,6 +92,40 @@ def _combine_kernel(
               stride_os, stride_or, stride_ls, stride_lr, stride_out_r, HAS_LSE_OUT, BLOCK_S, BLOCK_D, ONE_SHOT)
 
 
+@triton.jit
+def _merge2_kernel(oa_ptr, ob_ptr, la_ptr, lb_ptr, out_ptr, lse_out_ptr, D, BLOCK_D: tl.constexpr):
+    """merge_row for two parts given as two contiguous [R, D] tensors (no stacking on the host); same arithmetic."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < D
+    la = tl.load(la_ptr + row).to(tl.float32)
+    lb = tl.load(lb_ptr + row).to(tl.float32)
+    la = tl.where(la == float("inf"), float("-inf"), la) * LOG2E_C  # as _lse2: +inf is a part with no key
+    lb = tl.where(lb == float("inf"), float("-inf"), lb) * LOG2E_C
+    m_all = tl.maximum(la, lb)
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    wa = tl.exp2(la - m_safe)
+    wb = tl.exp2(lb - m_safe)
+    total = wa + wb
+    inv = tl.where(total == 0, 0.0, 1.0 / total)  # NaN total (a NaN part) stays NaN
+    oa = tl.where(wa > 0, tl.load(oa_ptr + row * D + offs_d, mask=dmask, other=0.0).to(tl.float32), 0.0)
+    ob = tl.where(wb > 0, tl.load(ob_ptr + row * D + offs_d, mask=dmask, other=0.0).to(tl.float32), 0.0)
+    tl.store(out_ptr + row * D + offs_d, ((oa * wa + ob * wb) * inv).to(out_ptr.dtype.element_ty), mask=dmask)
+    tl.store(lse_out_ptr + row, tl.where(total == 0, float("-inf"), (m_safe + tl.log2(total)) / LOG2E_C))
+
+
+class Merge2Plan:
+    """Two contiguous parts [..., D] with contiguous lses [...]: one launch over the rows, no stacking."""
+
+    def __init__(self, R: int, D: int):
+        self.R, self.D = R, D
+        self.launch = Launch(_merge2_kernel, (R,), BLOCK_D=next_pow2(D), num_warps=4 if D > 512 else 1)
+
+    def __call__(self, oa, ob, la, lb, out, lse_out) -> None:
+        if self.R:
+            self.launch(oa, ob, la, lb, out, lse_out, self.D)
+
+
 def combine_blocks(S: int, D: int):
     """(BLOCK_S, BLOCK_D, ONE_SHOT) for merging S parts of width D: all parts at once while the [S, D] fp32 tile
     stays within 64 registers a thread (4 warps), else 16 parts at a time."""

@@ -5,7 +5,7 @@ import torch
 
 from ..._launch import PlanCache, current_device, direct_ok, tkey, tracing
 from ..._validate import check_same_device, check_tensor
-from .kernel import CombinePlan
+from .kernel import CombinePlan, Merge2Plan
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -85,6 +85,8 @@ def merge_attention_states(
         key = (_key(outs), _key(lses), current_device())
         plan = _CHECKED.get(key)
         if plan is not None and direct_ok(*_tensors(outs), *_tensors(lses)):
+            if type(plan) is Merge2Plan:
+                return _run2(plan, outs, lses)
             return _run(plan, _stack(outs), _stack(lses))
     raw = (outs, lses)
     outs = _stacked("outs", outs, _OUT_DTYPES)
@@ -97,8 +99,23 @@ def merge_attention_states(
     check_same_device(outs=outs, lses=lses)
     outs, lses = outs.contiguous(), lses.contiguous()  # the kernel reads lse in any float dtype, +inf as -inf
     if not tracing() and direct_ok(*_tensors(raw[0]), *_tensors(raw[1])):
+        if _two_contiguous(*raw):  # two separate parts: read in place, no stack (the checks above stacked them)
+            return _run2(_CHECKED.put(key, Merge2Plan(outs[0].numel() // outs.shape[-1], outs.shape[-1])), *raw)
         return _run(_CHECKED.put(key, _plan(outs)), outs, lses)
     return _merge_op(outs, lses)
+
+
+def _two_contiguous(outs, lses) -> bool:
+    return isinstance(outs, (list, tuple)) and isinstance(lses, (list, tuple)) and len(outs) == 2 and \
+        all(t.is_contiguous() for t in (*outs, *lses))
+
+
+def _run2(plan: Merge2Plan, outs, lses):
+    oa, ob = outs
+    out = torch.empty(oa.shape, dtype=oa.dtype, device=oa.device)
+    lse = torch.empty(lses[0].shape, dtype=torch.float32, device=oa.device)
+    plan(oa, ob, lses[0], lses[1], out, lse)
+    return out, lse
 
 
 def _tensors(parts):
