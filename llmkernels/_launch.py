@@ -165,6 +165,11 @@ def launch(fn, grid, *args, **kwargs) -> None:
         _SITES[(token, n)] = (fn, hit)
 
 
+def keyed(fn, grid, **kwargs):
+    """Launch's interface over launch(): a plan made for one call (kept=False) launches through the keyed path."""
+    return lambda *args: launch(fn, grid, *args, **kwargs)
+
+
 def _fire(kept, g, args) -> None:
     """Launch a kept compiled kernel (see _direct) on grid g (3 or more entries) on the current stream."""
     d, tail = kept
@@ -198,6 +203,11 @@ class Launch:
     def __init__(self, fn, grid, **kwargs):
         self.fn, self.kwargs, self.kept = fn, kwargs, None
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
+
+    def direct(self) -> bool:
+        """The next call goes straight to the kept kernel's launcher, which reads only the addresses of tensor
+        arguments (Triton's path would type them: a plan then passes correctly typed views)."""
+        return self.kept is not None and not _hooks()
 
     def __call__(self, *args):
         if self.kept is not None and not _hooks():

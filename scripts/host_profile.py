@@ -30,14 +30,16 @@ def split_us(fn, calls=300):
     e1.record()
     torch.cuda.synchronize()
     t2 = time.perf_counter()
-    # host alone: the same loop queued behind a ~50 ms GPU sleep, so no launch waits for the GPU
+    # host alone: a short loop queued behind a ~50 ms GPU sleep, so no launch waits for the GPU (few calls: a
+    # full launch queue, ~1000 kernels, would block the host on the GPU again)
+    n = min(calls, 64)
     torch.cuda._sleep(100_000_000)
     t3 = time.perf_counter()
-    for _ in range(calls):
+    for _ in range(n):
         fn()
     t4 = time.perf_counter()
     torch.cuda.synchronize()
-    return (t4 - t3) * 1e6 / calls, e0.elapsed_time(e1) * 1e3 / calls, (t2 - t0) * 1e6 / calls
+    return (t4 - t3) * 1e6 / n, e0.elapsed_time(e1) * 1e3 / calls, (t2 - t0) * 1e6 / calls
 
 
 def per_call_us(fn, calls=2000):

@@ -52,6 +52,17 @@ def test_launch_object_keeps_the_compiled_kernel(fake_gpu):
     assert k.direct == [(5, 2, 1, 77, 1234, 0, 1, None, None, (4, 1, 0), None, None, None, x, 3, 0.5, 16, True)]
 
 
+def test_launch_direct_only_once_kept(fake_gpu, monkeypatch):
+    # plans pass untyped tensors only when direct() says the kept launcher (addresses only) takes the call
+    k = FakeKernel()
+    ln = _launch.Launch(k, (1,), C0=1, C1=False)
+    assert not ln.direct()
+    ln(torch.zeros(4), 1, 1.0)
+    assert ln.direct()
+    monkeypatch.setattr(_launch, "_hooks", lambda: True)  # a profiler's launch hooks: Triton's path again
+    assert not ln.direct()
+
+
 def test_keyed_launch_never_reuses_another_specialisation(fake_gpu):
     k = FakeKernel()
     buf = torch.zeros(64)

@@ -145,10 +145,14 @@ class DecodePlan:
         # one scratch buffer for the parts' out and lse (one allocation instead of two)
         R, S, D = self.part
         scratch = torch.empty(R * S * (D + 1), dtype=torch.float32, device=q.device)
-        o_part, lse_part = scratch[:R * S * D], scratch[R * S * D:]
-        self.split(q, k, v, drop_mask.view(torch.uint8) if drop_mask is not None else q,
-                   kv_lens if kv_lens is not None else q, o_part, lse_part, *self.ints)
-        self.merge(o_part, lse_part, out, lse)
+        lse_part = scratch[R * S * D:]
+        if self.split.direct():  # kept kernels read addresses only: the parts' out starts the scratch, the mask's
+            mask = drop_mask     # bools are its bytes
+        else:
+            mask, scratch = drop_mask.view(torch.uint8) if drop_mask is not None else None, scratch[:R * S * D]
+        self.split(q, k, v, mask if mask is not None else q, kv_lens if kv_lens is not None else q, scratch,
+                   lse_part, *self.ints)
+        self.merge(scratch, lse_part, out, lse)
 
 
 _PLANS = PlanCache()

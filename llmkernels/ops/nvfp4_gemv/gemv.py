@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._launch import launch
+from ..._launch import Launch, keyed
 from ..._runtime import cdiv, interpreting, next_pow2, num_sms
 from ..combine.kernel import pdl_enabled
 from .common import ASM_A, ASM_A_IMM, ASM_B, ASM_B_IMM, _nvfp4_splitk_reduce_kernel, e4m3_f32
@@ -318,45 +318,86 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
     end), the kernels before it back to the first that does not.
     """
     M, KH, L = a8.shape
-    KB = KH // 8
     if M == 0 or L == 0:
         return out
-    if KB == 0:
+    if KH // 8 == 0:
         return out.zero_()
-    a64 = _blocks(a8)
-    b64 = _blocks(b8[:1])[:, 0]
-    sb8 = sb8[0]
-    cfg = cfg or _gemv_plan(M, KB, L, a8.device, static_weights)
-    BM, BB = cfg["BM"], cfg["BB"]
-    per = -(-(-(-KB // cfg["split"])) // BB) * BB  # blocks per split, a multiple of BB
-    split = -(-KB // per)
-    # cfg["pdl"] under the interpreter: the PDL code order (weights before the wait) without the launch
-    order = bool(cfg.get("pdl", False)) and (interpreting() or pdl_enabled(a8.device))
-    pdl = order and not interpreting()
-    n_mtiles = cdiv(M, BM)
-    persistent = int(cfg.get("persistent", 0)) if split == 1 else 0
-    if persistent:
-        grid = (min(n_mtiles * L, persistent * num_sms(a8.device)), 1, 1)
-    else:
-        grid = (n_mtiles, L, split)
-    part = torch.empty(split, L, M, dtype=torch.float32, device=a8.device) if split > 1 else out
-    if use_asm is None:
-        use_asm = not interpreting()
-    launch(_gemv_kernel, grid,
-        a64, sa8, b64, sb8, out, part, alpha if split == 1 else 1.0,
-        M, L, KB, per, n_mtiles,
-        a64.stride(0), a64.stride(1), *sa8.stride(), *b64.stride()[:1], *sb8.stride(), out.stride(0), out.stride(2),
-        BM=BM, BB=BB, PARTIAL=split > 1, PREFETCH=cfg.get("prefetch", False), USE_ASM=use_asm,
-        FIX_NAN=interpreting(), USE_GDC=order, PRE=int(cfg.get("pre", 1)) if order else 0,
-        TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0, PERSISTENT=bool(persistent), EMIT=pdl,
-        L2=bool(cfg.get("l2", False)) and pdl,
-        EVEN=bool(cfg.get("even")) and M % BM == 0 and KB % BB == 0 and not cfg.get("prefetch"),
-        LUT_REG=bool(cfg.get("lut_reg", True)),
-        **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
-        num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1), **({"launch_pdl": True} if pdl else {}))
-    if split > 1:
-        blk = 256
-        launch(_nvfp4_splitk_reduce_kernel, (cdiv(M, blk), L), part, out, part, part, alpha, L, M, out.stride(2),
-               out.stride(0), SPLIT=split, BLOCK=blk, HAS_SCALE_PTR=False, HAS_BIAS=False, USE_GDC=pdl,
-               **({"launch_pdl": True} if pdl else {}))
+    a64, b64, sb = _blocks(a8), _blocks(b8[:1])[:, 0], sb8[0]
+    GemvPlan(a64, sa8, b64, sb, out, alpha, cfg, use_asm, static_weights, kept=False)(a64, sa8, b64, sb, out)
     return out
+
+
+class GemvPlan:
+    """gemv_launch's launches for one call shape, worked out once (kept=True: the compiled kernels held, for a
+    cached plan whose key fixes shapes, strides, dtypes and alignment; see _launch). Called with the int64 block
+    views a64 [L, M, K/16] and b64 [L, K/16], sa8 [M, K/16, L], sb8 [K/16, L] and out [M, 1, L]. A kept kernel reads
+    only the addresses of its tensor arguments, so a caller may pass any tensors at the views' addresses."""
+    __slots__ = ("main", "reduce", "ints", "red_ints", "part_shape")
+
+    def __init__(self, a64, sa8, b64, sb8, out, alpha, cfg=None, use_asm=None, static_weights=False, kept=True):
+        L, M, KB = a64.shape
+        cfg = cfg or _gemv_plan(M, KB, L, a64.device, static_weights)
+        BM, BB = cfg["BM"], cfg["BB"]
+        per = -(-(-(-KB // cfg["split"])) // BB) * BB  # blocks per split, a multiple of BB
+        split = -(-KB // per)
+        # cfg["pdl"] under the interpreter: the PDL code order (weights before the wait) without the launch
+        order = bool(cfg.get("pdl", False)) and (interpreting() or pdl_enabled(a64.device))
+        pdl = order and not interpreting()
+        n_mtiles = cdiv(M, BM)
+        persistent = int(cfg.get("persistent", 0)) if split == 1 else 0
+        if persistent:
+            grid = (min(n_mtiles * L, persistent * num_sms(a64.device)), 1, 1)
+        else:
+            grid = (n_mtiles, L, split)
+        self.part_shape = (split, L, M) if split > 1 else None
+        if use_asm is None:
+            use_asm = not interpreting()
+        self.ints = (alpha if split == 1 else 1.0, M, L, KB, per, n_mtiles, a64.stride(0), a64.stride(1),
+                     *sa8.stride(), *b64.stride()[:1], *sb8.stride(), out.stride(0), out.stride(2))
+        go = Launch if kept else keyed
+        self.main = go(_gemv_kernel, grid,
+            BM=BM, BB=BB, PARTIAL=split > 1, PREFETCH=cfg.get("prefetch", False), USE_ASM=use_asm,
+            FIX_NAN=interpreting(), USE_GDC=order, PRE=int(cfg.get("pre", 1)) if order else 0,
+            TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0, PERSISTENT=bool(persistent), EMIT=pdl,
+            L2=bool(cfg.get("l2", False)) and pdl,
+            EVEN=bool(cfg.get("even")) and M % BM == 0 and KB % BB == 0 and not cfg.get("prefetch"),
+            LUT_REG=bool(cfg.get("lut_reg", True)),
+            **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
+            num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1), **({"launch_pdl": True} if pdl else {}))
+        self.reduce = None
+        if split > 1:
+            blk = 256
+            self.red_ints = (alpha, L, M, out.stride(2), out.stride(0))
+            self.reduce = go(_nvfp4_splitk_reduce_kernel, (cdiv(M, blk), L), SPLIT=split, BLOCK=blk,
+                             HAS_SCALE_PTR=False, HAS_BIAS=False, USE_GDC=pdl, **({"launch_pdl": True} if pdl else {}))
+
+    def __call__(self, a64, sa8, b64, sb8, out):
+        if self.reduce is None:
+            self.main(a64, sa8, b64, sb8, out, out, *self.ints)
+            return
+        part = torch.empty(self.part_shape, dtype=torch.float32, device=out.device)
+        self.main(a64, sa8, b64, sb8, out, part, *self.ints)
+        self.reduce(part, out, part, part, *self.red_ints)
+
+
+def gemv_kept_plan(a, b, sfa, sfb, out, alpha, static_weights):
+    """A kept GemvPlan called with the raw (a, sfa, b, sfb, out) of nvfp4_gemv: only where the int64 block views
+    are the raw tensors' own addresses (no copy), M, L and K/16 >= 1. Else None."""
+    M, KH, L = a.shape
+    if M == 0 or L == 0 or KH // 8 == 0:
+        return None
+    a64, b64 = _blocks(a.view(torch.uint8)), _blocks(b.view(torch.uint8)[:1])[:, 0]
+    if a64.data_ptr() != a.data_ptr() or b64.data_ptr() != b.data_ptr():
+        return None
+    sa8, sb8 = sfa.view(torch.uint8), sfb.view(torch.uint8)[0]
+    return GemvPlan(a64, sa8, b64, sb8, out, alpha, static_weights=static_weights)
+
+
+def gemv_kept_call(plan, a, b, sfa, sfb, out) -> None:
+    """Run a plan of gemv_kept_plan on nvfp4_gemv's raw tensors: they sit at the block views' addresses, which is
+    all a kept kernel reads; Triton's path (the first call, launch hooks) gets the typed views."""
+    if plan.main.direct() and (plan.reduce is None or plan.reduce.direct()):
+        plan(a, sfa, b, sfb, out)
+    else:
+        plan(_blocks(a.view(torch.uint8)), sfa.view(torch.uint8), _blocks(b.view(torch.uint8)[:1])[:, 0],
+             sfb.view(torch.uint8)[0], out)

@@ -284,6 +284,7 @@ class MmaPlan:
         T, N, KW = x.shape[0], w8.shape[0], w8.shape[1] // 8
         c, tiles, self.split, self.per = _mma_config(T, N, KW, x.device)
         self.T, self.N, self.KW, self.dtype, self.bias = T, N, KW, x.dtype, bias is not None
+        x, w8 = x.view(torch.int64), w8.view(torch.int64)  # the kernel's pointer types (first launch compiles)
         self.strides = (x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), N, 1)
         self.main = Launch(_linear_mma_kernel, (tiles, self.split), W=c["W"], U=c["U"], NT=1 if T <= 8 else 2,
                            PARTIAL=self.split > 1, HAS_BIAS=self.bias, num_warps=c["W"])
@@ -296,16 +297,18 @@ class MmaPlan:
             (bias is None or bias.stride(0) == 1) and _mma_usable(x, w8, x)
 
     def __call__(self, x, w8, s8, gs, bias):
+        """x [T, K], w8 [N, K/2] and s8 [N, K/16] as the plan's key had them, in any dtype of their element size
+        (a kept kernel reads addresses only: x stands for its int64 view, a float4 / fp8 weight for its uint8 one)."""
         T, N = self.T, self.N
         y = torch.empty(T, N, dtype=self.dtype, device=x.device)
         b = bias if bias is not None else gs
+        if not self.main.direct():  # Triton's path (first call, launch hooks) types the pointers from the tensors
+            x, w8, s8 = x.view(torch.int64), w8.view(torch.int64), s8.view(torch.uint8)
         if self.reduce is None:
-            self.main(x.view(torch.int64), w8.view(torch.int64), s8, gs, b, y, y, T, N, self.KW, self.per,
-                      *self.strides)
+            self.main(x, w8, s8, gs, b, y, y, T, N, self.KW, self.per, *self.strides)
             return y
         part = torch.empty(self.split, T, N, dtype=torch.float32, device=x.device)
-        self.main(x.view(torch.int64), w8.view(torch.int64), s8, gs, b, y, part, T, N, self.KW, self.per,
-                  *self.strides)
+        self.main(x, w8, s8, gs, b, y, part, T, N, self.KW, self.per, *self.strides)
         self.reduce(part, y, gs, b, 1.0, T, N, N, 1)
         return y
 

@@ -7,7 +7,7 @@ from ..._launch import PlanCache, current_device, direct_ok, new_token, run_plan
 from ..._validate import (check_bool, check_int, check_interpreter_dtype, check_no_self_overlap, check_same_device,
                           check_scale, check_shape, check_tensor)
 from .format import BLOCK, SCALE_DTYPES, as_bytes, check_k, nvfp4_quantize
-from .gemv import gemv_launch
+from .gemv import gemv_kept_call, gemv_kept_plan, gemv_launch
 from .linear import MAX_FUSED_T, MmaPlan, dequant_launch, linear_launch
 
 _X_DTYPES = (torch.float16, torch.bfloat16)
@@ -97,12 +97,18 @@ def nvfp4_gemv(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.T
         key = (tkey(a), tkey(b), tkey(sfa), tkey(sfb), tkey(out), skey(alpha), skey(static_weights), current_device())
         hit = _CHECKED_GEMV.get(key)
         if hit is not None and direct_ok(a, b, sfa, sfb, out):
+            if hit[2] is not None:
+                return _gemv_kept(hit[2], a, b, sfa, sfb, out)
             return run_planned(hit[1], _gemv, a, b, sfa, sfb, out, hit[0], static_weights)
     _check_gemv(a, b, sfa, sfb, out)
     al = 1.0 if alpha is None else check_scale("alpha", alpha)
     check_bool("static_weights", static_weights)
     if key is not None and direct_ok(a, b, sfa, sfb, out):  # the custom op would only run _gemv: call it
-        token = _CHECKED_GEMV.put(key, (al, new_token()))[1]
+        plan = gemv_kept_plan(a, b, sfa, sfb, out if out is not None else _new_out(a), al, static_weights) \
+            if a.is_cuda else None
+        _, token, _ = _CHECKED_GEMV.put(key, (al, new_token(), plan))
+        if plan is not None:
+            return _gemv_kept(plan, a, b, sfa, sfb, out)
         return run_planned(token, _gemv, a, b, sfa, sfb, out, al, static_weights)
     if out is None:
         return _gemv_op(a, b, sfa, sfb, al, static_weights)
@@ -110,7 +116,17 @@ def nvfp4_gemv(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.T
     return out
 
 
-_CHECKED_GEMV = PlanCache()  # key of a call's raw arguments -> (its alpha, plan token), once it passed every check
+_CHECKED_GEMV = PlanCache()  # raw-argument key -> (its alpha, plan token, kept GemvPlan or None) once fully checked
+
+
+def _gemv_kept(plan, a, b, sfa, sfb, out):
+    if out is None:
+        out = _new_out(a)
+        gemv_kept_call(plan, a, b, sfa, sfb, out)
+        return out
+    gemv_kept_call(plan, a, b, sfa, sfb, out)
+    torch.autograd.graph.increment_version(out)  # as the dispatcher does for an op that mutates out
+    return out
 
 
 def _gemv(a, b, sfa, sfb, out, alpha: float, static_weights: bool):
@@ -188,7 +204,7 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
             gs = hit.gs if gs_t is None else gs_t if hit.flat_gs else gs_t.reshape(1)
             x2 = x if hit.flat_x else x.reshape(-1, x.shape[-1])
             if hit.plan is not None:
-                y = hit.plan(x2, packed, _u8(scales), gs, bias)
+                y = hit.plan(x2, packed, scales, gs, bias)
             else:
                 y = run_planned(hit.token, _linear, x2, packed, scales, gs, bias)
             return y if hit.flat_x else y.reshape(*x.shape[:-1], -1)
@@ -227,7 +243,7 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     gs_t = global_scale if isinstance(global_scale, torch.Tensor) else None
     if key is not None and direct_ok(x, packed, scales, bias, gs_t):  # the custom op would only run _linear
         hit = _CHECKED_LINEAR.put(key, _LinearHit(x, x2, packed, scales, gs, gs_t, bias))
-        y = hit.plan(x2, packed, _u8(scales), gs, bias) if hit.plan is not None else \
+        y = hit.plan(x2, packed, scales, gs, bias) if hit.plan is not None else \
             run_planned(hit.token, _linear, x2, packed, scales, gs, bias)
         return y.reshape(*lead, N)
     y = _linear_op(x2, packed, scales, gs, bias.contiguous() if bias is not None else None)

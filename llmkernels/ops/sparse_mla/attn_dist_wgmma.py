@@ -10,7 +10,7 @@ cover); this one runs on sm_90 and is tested on the GPU (tests marked gpu, scrip
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
 
-from ..._launch import launch
+from ..._launch import Launch, keyed
 from ..._runtime import cdiv, num_sms
 from .common import LOG2E_C, row_args, row_flags
 
@@ -299,30 +299,44 @@ if HAVE_GLUON:
 def attn_dist_ws_launch(a, lse, out, config=None) -> None:
     """As attn_dist.attn_dist_launch: out zero-filled. Deterministic for h_q <= 128 (at most two partial sums per
     entry, added atomically onto 0: exact in either order); above that the last bits may vary between runs."""
-    q, kv, idx = a.q, a.kv, a.indices
-    s_q, h_q, d_qk = q.shape
-    split = h_q > 64  # 2 x 64 heads on every tile; else both consumers take 64 heads on alternate tiles
-    # measured on an H100 (benchmarks/notes/sparse_mla_fwd.md, version 5): slots of 64 rows, 3 where the consumers
-    # take alternate tiles, 2 where both read every tile (507-514 vs 490 TFLOP/s at h_q 128); consumers get 232
-    # registers (q alone is 144). h_q <= 64: pairs of rows per program (PAIR, notes version 9: 431-438 -> 451-453
-    # TFLOP/s at h_q 64 on one H100, 448 -> 453 on another); PAIR=0 gives one row per program
-    cfg = dict(BLOCK_N=64, STAGES=2, CONS_REGS=232, PROD_REGS=48) if split else \
-        dict(BLOCK_N=64, STAGES=3, CONS_REGS=232, PROD_REGS=40, PAIR=1)
-    cfg.update(config or {})
-    pair = cfg.pop("PAIR", False)
-    if not split and pair:
-        # PAIR = 1: pairs of rows, then SINGLES single-row programs (default: one per SM) to even out the last wave
-        singles = min(s_q, cfg.pop("SINGLES", num_sms(q.device)))
-        n_pairs = (s_q - singles) // 2
-        launch(_dist_pair_kernel, (s_q - n_pairs,),
-            q, kv, idx, lse, out, *row_args(a, 1),
-            q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0), s_q,
-            n_pairs, D_V=a.d_v, D_T=d_qk - a.d_v, num_warps=4, **row_flags(a), **cfg)
-        return
-    cfg.pop("SINGLES", None)
-    n_hb = cdiv(h_q, 128 if split else 64)
-    launch(_dist_ws_kernel, (s_q * n_hb,),
-        q, kv, idx, lse, out, *row_args(a, n_hb),
-        q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0),
-        D_V=a.d_v, D_T=d_qk - a.d_v, SPLIT_HEADS=split, ATOMIC=split or n_hb > 1, num_warps=4, **row_flags(a),
-        **cfg)
+    DistWsPlan(a, lse, out, config, kept=False)(a, lse, out)
+
+
+class DistWsPlan:
+    """The launch of one attn_dist call shape on sm_90, worked out once (as fwd_wgmma.FwdWsPlan: kept=True holds the
+    compiled kernel for a cached plan, kept=False launches through the keyed _launch.launch)."""
+    __slots__ = ("go", "ints")
+
+    def __init__(self, a, lse, out, config=None, kept=True):
+        q, kv, idx = a.q, a.kv, a.indices
+        s_q, h_q, d_qk = q.shape
+        split = h_q > 64  # 2 x 64 heads on every tile; else both consumers take 64 heads on alternate tiles
+        # measured on an H100 (benchmarks/notes/sparse_mla_fwd.md, version 5): slots of 64 rows, 3 where the
+        # consumers take alternate tiles, 2 where both read every tile (507-514 vs 490 TFLOP/s at h_q 128); consumers
+        # get 232 registers (q alone is 144). h_q <= 64: pairs of rows per program (PAIR, notes version 9: 431-438 ->
+        # 451-453 TFLOP/s at h_q 64 on one H100, 448 -> 453 on another); PAIR=0 gives one row per program
+        cfg = dict(BLOCK_N=64, STAGES=2, CONS_REGS=232, PROD_REGS=48) if split else \
+            dict(BLOCK_N=64, STAGES=3, CONS_REGS=232, PROD_REGS=40, PAIR=1)
+        cfg.update(config or {})
+        pair = cfg.pop("PAIR", False)
+        go = Launch if kept else keyed
+        strides = (q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0))
+        if not split and pair:
+            # PAIR = 1: pairs of rows, then SINGLES single-row programs (default: one per SM) to even out the last
+            # wave
+            singles = min(s_q, cfg.pop("SINGLES", num_sms(q.device)))
+            n_pairs = (s_q - singles) // 2
+            self.ints = (*row_args(a, 1)[2:], *strides, s_q, n_pairs)
+            self.go = go(_dist_pair_kernel, (s_q - n_pairs,), D_V=a.d_v, D_T=d_qk - a.d_v, num_warps=4,
+                         **row_flags(a), **cfg)
+            return
+        cfg.pop("SINGLES", None)
+        n_hb = cdiv(h_q, 128 if split else 64)
+        self.ints = (*row_args(a, n_hb)[2:], *strides)
+        self.go = go(_dist_ws_kernel, (s_q * n_hb,), D_V=a.d_v, D_T=d_qk - a.d_v, SPLIT_HEADS=split,
+                     ATOMIC=split or n_hb > 1, num_warps=4, **row_flags(a), **cfg)
+
+    def __call__(self, a, lse, out) -> None:
+        dummy = a.indices
+        self.go(a.q, a.kv, a.indices, lse, out, a.topk_length if a.topk_length is not None else dummy,
+                a.q_start_t if a.q_start_t is not None else dummy, *self.ints)

@@ -7,7 +7,7 @@ import torch
 
 from ..._launch import PlanCache, direct_ok, new_token, run_planned, skey, tkey, tracing
 from ..._validate import check_bool, check_shape, check_tensor, check_unit_last_stride
-from .bwd import sparse_mla_bwd_launch
+from .bwd import BwdWsPlan, sparse_mla_bwd_launch
 from .common import SparseArgs, bare, call_key, prepare, rebind
 
 
@@ -27,10 +27,13 @@ def sparse_mla_bwd_op(
     return _bwd(a, out, dout, lse, dlse, deterministic, dkv_fp32)
 
 
-def _bwd(a: SparseArgs, out, dout, lse, dlse, deterministic: bool, dkv_fp32: bool):
+def _bwd(a: SparseArgs, out, dout, lse, dlse, deterministic: bool, dkv_fp32: bool, plan=None):
     q, kv, attn_sink = a.q, a.kv, a.attn_sink
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dkv, delta = sparse_mla_bwd_launch(a, out, dout, lse, dlse, dq, deterministic=deterministic)
+    if plan is not None:
+        dkv, delta = plan(a, out, dout, lse, dq)
+    else:
+        dkv, delta = sparse_mla_bwd_launch(a, out, dout, lse, dlse, dq, deterministic=deterministic)
     if attn_sink is not None:
         # d sink_h = -sum_i exp(sink_h - lse_ih) * Delta_ih (Delta already holds - dlse); lse = +inf rows give 0.
         # A sink of +inf takes the whole softmax (share 1, out 0): exp(inf - inf) would be NaN
@@ -77,7 +80,7 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
         if hit is not None and direct_ok(q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t):
             a = rebind(hit[0], q, kv, indices, attn_sink, topk_length, q_start)
             return _public(run_planned(hit[1], _bwd, a, out, dout, lse, None, deterministic,
-                                       dkv_dtype == torch.float32), kv, attn_sink)
+                                       dkv_dtype == torch.float32, hit[2]), kv, attn_sink)
     a = prepare(*raw)
     s_q, h_q, _ = a.q.shape
     for name, t in (("out", out), ("dout", dout)):
@@ -93,9 +96,11 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
         if t.device != a.q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {a.q.device}; all tensors must be on one device")
     if key is not None and direct_ok(q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t):
-        token = _CHECKED.put(key, (bare(a), new_token()))[1]  # the custom op would only run _bwd: call it
-        return _public(run_planned(token, _bwd, a, out, dout, lse, None, deterministic, dkv_dtype == torch.float32),
-                       kv, attn_sink)
+        # the custom op would only run _bwd: call it (a kept plan for the default mode: see bwd.BwdWsPlan)
+        plan = None if deterministic else BwdWsPlan.make(a, out, dout, lse, torch.empty_like(a.q))
+        _, token, _ = _CHECKED.put(key, (bare(a), new_token(), plan))
+        return _public(run_planned(token, _bwd, a, out, dout, lse, None, deterministic, dkv_dtype == torch.float32,
+                                   plan), kv, attn_sink)
     return _public(sparse_mla_bwd_op(
         a.q, a.kv, out, dout, a.indices, lse, None, a.sm_scale, a.d_v, a.attn_sink, a.topk_length, a.q_start_t,
         a.q_start_int, a.causal, a.k_stride, deterministic, dkv_dtype == torch.float32), kv, attn_sink)

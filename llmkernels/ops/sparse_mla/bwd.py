@@ -20,7 +20,7 @@ import triton.language as tl
 from ..._launch import launch
 from ..._runtime import cdiv, interpreting, next_pow2
 from .wgmma_common import rows_16b, wgmma_usable
-from .bwd_wgmma import grads_ws_heads, grads_ws_launch, probs_ws_launch
+from .bwd_wgmma import GradsWs, ProbsWs, grads_ws_heads, grads_ws_launch, probs_ws_launch
 from .common import LOG2E, LOG2E_C, column_parts
 SCRATCH_BYTES = 2 << 30  # per row chunk: P and dS (and, deterministic, the dKV contributions)
 
@@ -193,6 +193,52 @@ def default_config(h_q: int, d_qk: int) -> dict:
                 g_warps=4, g_stages=3, hints=False)
 
 
+def _ws_passes(args, dout, cfg) -> tuple:
+    """(Gluon first pass, Gluon second pass)."""
+    # sm_90: the warp-specialised Gluon kernels (bwd_wgmma.py) unless the config says p_gluon / g_gluon=False
+    use_ws = cfg.get("p_gluon", True) and wgmma_usable(args)
+    # and the second pass too (its head blocks are 64 or 128: fewer heads stay on the Triton kernel); it cp.asyncs
+    # dO and the P / dS scratch rows, so those must be provably 16-byte aligned (strides, topk multiples of 16)
+    # (and it relies on the Gluon first pass's zeros past topk_length in the scratch)
+    return use_ws, (cfg.get("g_gluon", True) and use_ws and args.q.shape[1] > 32 and args.indices.shape[1] % 16 == 0
+                    and rows_16b(dout, (0, 1)))
+
+
+class BwdWsPlan:
+    """sparse_mla_bwd_launch's default (non-deterministic) mode where both passes are Gluon and the scratch holds
+    every row at once, worked out once for a cached plan (see _launch): buffers allocated per call, kernels kept.
+    make() returns None for any other case (the call then takes sparse_mla_bwd_launch)."""
+    __slots__ = ("probs", "grads", "s_kv", "d_qk", "h_q", "topk")
+
+    @staticmethod
+    def make(args, out, dout, lse, dq) -> Optional["BwdWsPlan"]:
+        s_q, h_q, d_qk = args.q.shape
+        cfg = default_config(h_q, d_qk)
+        if s_q == 0 or h_q == 0 or not _ws_passes(args, dout, cfg)[1]:
+            return None
+        if SCRATCH_BYTES // (2 * h_q * args.indices.shape[1] * args.q.element_size()) < s_q:
+            return None  # row chunks: row0 varies (a kernel specialises on it)
+        return BwdWsPlan(args, out, dout, lse, dq)
+
+    def __init__(self, args, out, dout, lse, dq):
+        q = args.q
+        self.s_kv, self.d_qk, self.h_q, self.topk = args.kv.shape[0], q.shape[2], q.shape[1], args.indices.shape[1]
+        scaled_ds = q.dtype == torch.bfloat16  # as sparse_mla_bwd_launch with both Gluon passes
+        dkv = torch.empty(self.s_kv, self.d_qk, dtype=torch.float32, device=q.device)  # strides only
+        self.probs = ProbsWs(args, out, dout, lse, lse, False, q.shape[0], False, scaled_ds)
+        self.grads = GradsWs(args, dout, dq, dkv, q.shape[0], grads_ws_heads(self.h_q), False, scaled_ds)
+
+    def __call__(self, args, out, dout, lse, dq):
+        q = args.q
+        dkv = torch.zeros(self.s_kv, self.d_qk, dtype=torch.float32, device=q.device)
+        delta = torch.empty(q.shape[0], self.h_q, dtype=torch.float32, device=q.device)
+        p_buf = torch.empty(q.shape[0], self.h_q, self.topk, dtype=q.dtype, device=q.device)
+        ds_buf = torch.empty_like(p_buf)
+        self.probs(args, out, dout, lse, lse, p_buf, ds_buf, delta, args.indices, 0)
+        self.grads(args, dout, p_buf, ds_buf, dq, dkv, 0)
+        return dkv, delta
+
+
 def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq: torch.Tensor,
                           deterministic: bool = False, dkv_fp32: Optional[torch.Tensor] = None,
                           config: Optional[dict] = None, scratch_bytes: int = SCRATCH_BYTES):
@@ -215,12 +261,7 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
         if deterministic:
             dkv_fp32.zero_()
         return dkv_fp32, delta
-    # sm_90: the warp-specialised Gluon kernels (bwd_wgmma.py) unless the config says p_gluon / g_gluon=False
-    use_ws = cfg.get("p_gluon", True) and wgmma_usable(args)
-    # and the second pass too (its head blocks are 64 or 128: fewer heads stay on the Triton kernel); it cp.asyncs
-    # dO and the P / dS scratch rows, so those must be provably 16-byte aligned (strides, topk multiples of 16)
-    # (and it relies on the Gluon first pass's zeros past topk_length in the scratch)
-    use_ws2 = cfg.get("g_gluon", True) and use_ws and h_q > 32 and topk % 16 == 0 and rows_16b(dout, (0, 1))
+    use_ws, use_ws2 = _ws_passes(args, dout, cfg)
     if use_ws2:
         cfg["g_bh"] = grads_ws_heads(h_q)  # the Gluon pass's head blocks (the deterministic buffers follow them)
     # bf16: the first pass stores sm_scale dS, so the second pass chains its two dKV products (fp16 keeps dS

@@ -12,7 +12,7 @@ consumer 1 the gathered rows' dKV, added with 16-byte reductions. Measured histo
 from ..._runtime import cdiv
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
-from ..._launch import launch
+from ..._launch import Launch, keyed
 from .common import LOG2E, LOG2E_C, column_parts
 
 if HAVE_GLUON:
@@ -199,21 +199,36 @@ def probs_ws_launch(args, out, dout, lse, dl, has_dlse: bool, p_buf, ds_buf, del
                     write_keys: bool, scaled_ds: bool = False, config=None) -> None:
     """bwd._probs_kernel's work for rows [row0, row0 + nr) on sm_90 (see wgmma_common.wgmma_usable); with
     scaled_ds the scratch gets sm_scale * dS (what grads_ws_launch expects; the Triton second pass scales itself)."""
-    q, kv, idx = args.q, args.kv, args.indices
-    h_q, d_qk = q.shape[1:]
-    cfg = dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=40)
-    cfg.update(config or {})
-    n_hb = cdiv(h_q, 64)
-    dummy = idx
-    launch(_probs_ws_kernel, (nr * n_hb,),
-        q, kv, out, dout, idx, lse, dl, args.q_start_t if args.q_start_t is not None else dummy,
-        args.topk_length if args.topk_length is not None else dummy, p_buf, ds_buf, delta, keys,
-        row0, n_hb, h_q, kv.shape[0], idx.shape[1], args.q_start_int, args.k_stride, args.sm_scale * LOG2E,
-        q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), dout.stride(0), dout.stride(1),
-        idx.stride(0), lse.stride(0), lse.stride(1), dl.stride(0), dl.stride(1), 0,
-        args.sm_scale if scaled_ds else 1.0,
-        D_V=args.d_v, D_T=d_qk - args.d_v, CAUSAL=args.causal, QS_TENSOR=args.q_start_t is not None,
-        HAS_TLEN=args.topk_length is not None, HAS_DLSE=has_dlse, WRITE_KEYS=write_keys, num_warps=4, **cfg)
+    ProbsWs(args, out, dout, lse, dl, has_dlse, nr, write_keys, scaled_ds, config, kept=False)(
+        args, out, dout, lse, dl, p_buf, ds_buf, delta, keys, row0)
+
+
+class ProbsWs:
+    """probs_ws_launch's launch for nr rows, worked out once (kept=True: the compiled kernel held, for a cached plan
+    whose key fixes shapes, strides and row0; see fwd_wgmma.FwdWsPlan)."""
+    __slots__ = ("go", "ints")
+
+    def __init__(self, args, out, dout, lse, dl, has_dlse, nr, write_keys, scaled_ds=False, config=None, kept=True):
+        q, kv, idx = args.q, args.kv, args.indices
+        h_q, d_qk = q.shape[1:]
+        cfg = dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=40)
+        cfg.update(config or {})
+        n_hb = cdiv(h_q, 64)
+        self.ints = (n_hb, h_q, kv.shape[0], idx.shape[1], args.q_start_int, args.k_stride, args.sm_scale * LOG2E,
+                     q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), dout.stride(0),
+                     dout.stride(1), idx.stride(0), lse.stride(0), lse.stride(1), dl.stride(0), dl.stride(1), 0,
+                     args.sm_scale if scaled_ds else 1.0)
+        self.go = (Launch if kept else keyed)(
+            _probs_ws_kernel, (nr * n_hb,), D_V=args.d_v, D_T=d_qk - args.d_v, CAUSAL=args.causal,
+            QS_TENSOR=args.q_start_t is not None, HAS_TLEN=args.topk_length is not None, HAS_DLSE=has_dlse,
+            WRITE_KEYS=write_keys, num_warps=4, **cfg)
+
+    def __call__(self, args, out, dout, lse, dl, p_buf, ds_buf, delta, keys, row0) -> None:
+        dummy = args.indices
+        self.go(args.q, args.kv, out, dout, args.indices, lse, dl,
+                args.q_start_t if args.q_start_t is not None else dummy,
+                args.topk_length if args.topk_length is not None else dummy, p_buf, ds_buf, delta, keys, row0,
+                *self.ints)
 
 
 # --- second pass: dQ and dKV per (column chunk, query row, block of heads) --------------------------------------
@@ -459,26 +474,40 @@ def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, b
     """bwd._grads_kernel's work (both column parts) for rows [row0, row0 + nr) on sm_90; bh: 64 or 128 heads a
     program (the deterministic contributions are laid out by head block); ds_scaled: the scratch holds sm_scale dS
     (probs_ws_launch's scaled_ds)."""
-    q, kv, idx = args.q, args.kv, args.indices
-    h_q, d_qk = q.shape[1:]
-    # DC 128: twice the N of the Triton pass's wgmmas and half its P / dS re-reads; q, dO column blocks (64 KB),
-    # two slots (96 KB) and the fp32 staging of one dKV tile (32 KB) fill shared memory. The producer keeps 12
-    # rows' addresses: 72 registers (40 spill; the rest of the 72 B stack is the shared prologue's, read once).
-    # RED 3: the reductions are bound by the L2 (3.3 TB/s, notes: sparse_mla_bwd.md), so consumer 1 hands them to
-    # consumer 0 instead of stalling its next wgmmas behind them: 17.0 -> 15.7 ms (h_q 128), 11.3 -> 10.3 (h_q 64)
-    # for the whole backward; a second staging buffer measured slower (16.3 / 10.9)
-    # DC 256 at 64 heads (q, dO blocks 64 KB, slots 96 KB, staging 64 KB: 229.7 KB) reads P / dS 5 instead of 9
-    # times: 10.45 -> 10.08 ms
-    cfg = dict(DC=256 if bh == 64 else 128, BN=64, STAGES=2, NB=1, CONS_REGS=216, PROD_REGS=72)
-    cfg.update(config or {})
-    n_hb = cdiv(h_q, bh)
-    dummy = idx
-    for d0, dcp, n_c, has_v in column_parts(args.d_v, d_qk, cfg.pop("DC")):
-        launch(_grads_ws_kernel, (n_c, nr, n_hb),
-            q, kv, dout, idx, args.q_start_t if args.q_start_t is not None else dummy,
-            args.topk_length if args.topk_length is not None else dummy, p_buf, ds_buf, dq, target,
-            row0, h_q, kv.shape[0], idx.shape[1], args.q_start_int, args.k_stride, n_hb, args.sm_scale,
-            q.stride(0), q.stride(1), kv.stride(0), dout.stride(0), dout.stride(1), idx.stride(0),
-            dq.stride(0), dq.stride(1), target.stride(0),
-            D0=d0, DC=dcp, BH=bh, HAS_V=has_v, DETERMINISTIC=deterministic, CAUSAL=args.causal, DS_SCALED=ds_scaled,
-            QS_TENSOR=args.q_start_t is not None, HAS_TLEN=args.topk_length is not None, num_warps=4, **cfg)
+    GradsWs(args, dout, dq, target, nr, bh, deterministic, ds_scaled, config, kept=False)(
+        args, dout, p_buf, ds_buf, dq, target, row0)
+
+
+class GradsWs:
+    """grads_ws_launch's launches for nr rows, worked out once (kept: as ProbsWs)."""
+    __slots__ = ("gos", "ints")
+
+    def __init__(self, args, dout, dq, target, nr, bh, deterministic, ds_scaled=True, config=None, kept=True):
+        q, kv, idx = args.q, args.kv, args.indices
+        h_q, d_qk = q.shape[1:]
+        # DC 128: twice the N of the Triton pass's wgmmas and half its P / dS re-reads; q, dO column blocks (64 KB),
+        # two slots (96 KB) and the fp32 staging of one dKV tile (32 KB) fill shared memory. The producer keeps 12
+        # rows' addresses: 72 registers (40 spill; the rest of the 72 B stack is the shared prologue's, read once).
+        # RED 3: the reductions are bound by the L2 (3.3 TB/s, notes: sparse_mla_bwd.md), so consumer 1 hands them
+        # to consumer 0 instead of stalling its next wgmmas behind them: 17.0 -> 15.7 ms (h_q 128), 11.3 -> 10.3
+        # (h_q 64) for the whole backward; a second staging buffer measured slower (16.3 / 10.9)
+        # DC 256 at 64 heads (q, dO blocks 64 KB, slots 96 KB, staging 64 KB: 229.7 KB) reads P / dS 5 instead of 9
+        # times: 10.45 -> 10.08 ms
+        cfg = dict(DC=256 if bh == 64 else 128, BN=64, STAGES=2, NB=1, CONS_REGS=216, PROD_REGS=72)
+        cfg.update(config or {})
+        n_hb = cdiv(h_q, bh)
+        self.ints = (h_q, kv.shape[0], idx.shape[1], args.q_start_int, args.k_stride, n_hb, args.sm_scale,
+                     q.stride(0), q.stride(1), kv.stride(0), dout.stride(0), dout.stride(1), idx.stride(0),
+                     dq.stride(0), dq.stride(1), target.stride(0))
+        go = Launch if kept else keyed
+        self.gos = [go(_grads_ws_kernel, (n_c, nr, n_hb), D0=d0, DC=dcp, BH=bh, HAS_V=has_v,
+                       DETERMINISTIC=deterministic, CAUSAL=args.causal, DS_SCALED=ds_scaled,
+                       QS_TENSOR=args.q_start_t is not None, HAS_TLEN=args.topk_length is not None, num_warps=4,
+                       **cfg) for d0, dcp, n_c, has_v in column_parts(args.d_v, d_qk, cfg.pop("DC"))]
+
+    def __call__(self, args, dout, p_buf, ds_buf, dq, target, row0) -> None:
+        dummy = args.indices
+        head = (args.q, args.kv, dout, args.indices, args.q_start_t if args.q_start_t is not None else dummy,
+                args.topk_length if args.topk_length is not None else dummy, p_buf, ds_buf, dq, target, row0)
+        for go in self.gos:
+            go(*head, *self.ints)

@@ -19,9 +19,9 @@ import triton.language as tl
 
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
-from ..._launch import launch
+from ..._launch import Launch, keyed
 from ..._runtime import cdiv, next_pow2, num_sms
-from .common import LN2_C, LOG2E_C, nan_max, row_args, row_finish, row_flags, sink_arg
+from .common import LN2_C, LOG2E_C, nan_max, row_args, row_finish, row_flags
 
 if HAVE_GLUON:
     from .wgmma_common import cvt2, mma_layout, q_and_slots, row_limits, ws_check, ws_idx, ws_valid
@@ -465,31 +465,56 @@ def tail_split(n_items: int, n_sm: int, n_pairs: int) -> tuple:
 
 def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, config=None) -> None:
     """As fwd.sparse_mla_fwd_launch, on sm_90 (see wgmma_common.wgmma_usable)."""
-    q, kv, idx = a.q, a.kv, a.indices
-    s_q, h_q, d_qk = q.shape
-    # 64-row tiles: q (72 KB) + two slots (144 KB) fill shared memory; 232 registers per consumer (O's half alone
-    # is 128), 48 for the producer (40 spills the next pair's indices; benchmarks/notes/sparse_mla_fwd.md, v4-5)
-    cfg = dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=48)
-    cfg.update(config or {})
-    stamp = cfg.pop("stamp", lse)  # timeline probe buffer (STAMP=1): int64 [programs, 2, 17, 8] (16 pairs, program)
-    n_hb = cdiv(h_q, 64)
-    n_items = s_q * n_hb
-    n_main, n_piece, pp = n_items, 1, 0
-    n_sm = cfg.pop("NSM", None) or num_sms(q.device)  # NSM: tests split at other SM counts
-    if cfg.pop("TAIL", 1):
-        n_main, n_piece, pp = tail_split(n_items, n_sm, cdiv(idx.shape[1], 2 * cfg["BLOCK_N"]))
-    args = (q, kv, idx, out, max_logits, lse, sink_arg(a), *row_args(a, n_hb), q.stride(0), q.stride(1),
-            kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0), 0, stamp)
-    flags = dict(D_V=a.d_v, D_T=d_qk - a.d_v, HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse, num_warps=4,
-                 **row_flags(a))
-    if n_main:
-        launch(_fwd_see_kernel, (n_main,), *args, 0, 1, 0, lse, **flags, **cfg)
-    if n_piece > 1:
-        n_tail = n_items - n_main
-        part = torch.empty(n_tail * n_piece * (64 * a.d_v + 128), dtype=torch.float32, device=q.device)
-        launch(_fwd_see_kernel, (n_tail * n_piece,), *args, n_main, n_piece, pp, part, **flags,
-               **dict(cfg, STAMP=0), SPLIT=1)
-        launch(_tail_merge, (n_tail, 64), part, out, max_logits, lse, sink_arg(a), n_main, n_piece, n_hb, h_q,
-               out.stride(0), out.stride(1), lse.stride(0), HAS_SINK=a.attn_sink is not None,
-               SINK_IN_LSE=sink_in_lse, BLOCK_P=next_pow2(n_piece), D_V=a.d_v, num_warps=4)
+    FwdWsPlan(a, out, lse, sink_in_lse, config, kept=False)(a, out, max_logits, lse)
 
+
+class FwdWsPlan:
+    """The launches of one forward call shape on sm_90: the tail split, grids, constexprs and every int argument
+    worked out once from a call's canonical arguments (common.SparseArgs) and its out / lse strides. kept=True holds
+    the compiled kernels (_launch.Launch) for a cached plan, whose key fixes all of that; kept=False launches through
+    the keyed _launch.launch (one call's plan)."""
+    __slots__ = ("main", "piece", "merge", "ints", "tail", "stamp", "part_numel", "n_main", "n_piece", "pp",
+                 "merge_ints")
+
+    def __init__(self, a, out, lse, sink_in_lse: bool = True, config=None, kept=True):
+        q, kv, idx = a.q, a.kv, a.indices
+        s_q, h_q, d_qk = q.shape
+        # 64-row tiles: q (72 KB) + two slots (144 KB) fill shared memory; 232 registers per consumer (O's half
+        # alone is 128), 48 for the producer (40 spills the next pair's indices; notes: sparse_mla_fwd.md, v4-5)
+        cfg = dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=48)
+        cfg.update(config or {})
+        self.stamp = cfg.pop("stamp", None)  # timeline probe buffer (STAMP=1): int64 [programs, 2, 17, 8]
+        n_hb = cdiv(h_q, 64)
+        n_items = s_q * n_hb
+        n_main, n_piece, pp = n_items, 1, 0
+        n_sm = cfg.pop("NSM", None) or num_sms(q.device)  # NSM: tests split at other SM counts
+        if cfg.pop("TAIL", 1):
+            n_main, n_piece, pp = tail_split(n_items, n_sm, cdiv(idx.shape[1], 2 * cfg["BLOCK_N"]))
+        self.n_main, self.n_piece, self.pp = n_main, n_piece, pp
+        self.ints = (*row_args(a, n_hb)[2:], q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0),
+                     out.stride(1), lse.stride(0), 0)
+        flags = dict(D_V=a.d_v, D_T=d_qk - a.d_v, HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse,
+                     num_warps=4, **row_flags(a))
+        go = Launch if kept else keyed
+        self.main = go(_fwd_see_kernel, (n_main,), **flags, **cfg) if n_main else None
+        self.piece = self.merge = None
+        if n_piece > 1:
+            n_tail = n_items - n_main
+            self.part_numel = n_tail * n_piece * (64 * a.d_v + 128)
+            self.piece = go(_fwd_see_kernel, (n_tail * n_piece,), **flags, **dict(cfg, STAMP=0), SPLIT=1)
+            self.merge = go(_tail_merge, (n_tail, 64), HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse,
+                            BLOCK_P=next_pow2(n_piece), D_V=a.d_v, num_warps=4)
+            self.merge_ints = (n_main, n_piece, n_hb, h_q, out.stride(0), out.stride(1), lse.stride(0))
+
+    def __call__(self, a, out, max_logits, lse) -> None:
+        dummy = a.indices
+        sink = a.attn_sink if a.attn_sink is not None else dummy
+        head = (a.q, a.kv, a.indices, out, max_logits, lse, sink, a.topk_length if a.topk_length is not None else dummy,
+                a.q_start_t if a.q_start_t is not None else dummy, *self.ints,
+                self.stamp if self.stamp is not None else lse)
+        if self.main is not None:
+            self.main(*head, 0, 1, 0, lse)
+        if self.piece is not None:
+            part = torch.empty(self.part_numel, dtype=torch.float32, device=out.device)
+            self.piece(*head, self.n_main, self.n_piece, self.pp, part)
+            self.merge(part, out, max_logits, lse, sink, *self.merge_ints)

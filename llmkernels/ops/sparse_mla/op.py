@@ -9,6 +9,9 @@ from ..._validate import check_same_device, check_shape, check_tensor
 from .attn_dist import attn_dist_launch
 from .common import SparseArgs, bare, call_key, prepare, rebind
 from .fwd import sparse_mla_fwd_launch
+from .attn_dist_wgmma import DistWsPlan
+from .fwd_wgmma import FwdWsPlan
+from .wgmma_common import wgmma_usable
 
 
 def _args(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start_t, q_start_int, causal, k_stride):
@@ -21,16 +24,37 @@ def _fwd_outputs(q, d_v):
             q.new_empty((s_q, h_q), dtype=torch.float32))
 
 
-def _fwd(a: SparseArgs, sink_in_lse: bool):
+def _fwd(a: SparseArgs, sink_in_lse: bool, plan=None):
     out, max_logits, lse = _fwd_outputs(a.q, a.d_v)
-    sparse_mla_fwd_launch(a, out, max_logits, lse, sink_in_lse=sink_in_lse)
+    if plan is not None:
+        plan(a, out, max_logits, lse)
+    else:
+        sparse_mla_fwd_launch(a, out, max_logits, lse, sink_in_lse=sink_in_lse)
     return out, max_logits, lse
 
 
-def _dist(a: SparseArgs, lse):
+def _fwd_plan(a: SparseArgs, sink_in_lse: bool):
+    """A kept plan where the forward takes the Gluon kernels (else None: run_planned's keyed launches)."""
+    if a.q.shape[0] == 0 or a.q.shape[1] == 0 or not wgmma_usable(a):
+        return None
+    out, _, lse = _fwd_outputs(a.q, a.d_v)  # strides only: the outputs of every call are allocated alike
+    return FwdWsPlan(a, out, lse, sink_in_lse)
+
+
+def _dist(a: SparseArgs, lse, plan=None):
     out = torch.zeros(a.indices.shape, dtype=torch.float32, device=a.q.device)  # the kernel adds into it
-    attn_dist_launch(a, lse, out)
+    if plan is not None:
+        plan(a, lse, out)
+    else:
+        attn_dist_launch(a, lse, out)
     return out
+
+
+def _dist_plan(a: SparseArgs, lse):
+    """A kept plan where attn_dist takes the Gluon kernels (attn_dist_launch's choice), else None."""
+    if a.q.shape[0] == 0 or a.q.shape[1] == 0 or a.q.shape[1] > 128 or not wgmma_usable(a):
+        return None
+    return DistWsPlan(a, lse, torch.empty(a.indices.shape, dtype=torch.float32, device=a.q.device))
 
 
 # key of a call's raw arguments -> its canonical scalars (common.bare), once that call passed every check
@@ -38,8 +62,8 @@ _CHECKED = {"fwd": PlanCache(), "flash": PlanCache(), "dist": PlanCache()}
 
 
 def _checked(kind, raw, extra_tensors=()):
-    """(key, canonical arguments, plan token) of an eager call whose key a direct call has seen, else (key, None,
-    None); the key is None while tracing."""
+    """(key, canonical arguments, (plan token, kept plan or None)) of an eager call whose key a direct call has seen,
+    else (key, None, None); the key is None while tracing."""
     if tracing():
         return None, None, None
     key = call_key(*raw) + tuple(tkey(t) for t in extra_tensors)
@@ -51,13 +75,14 @@ def _checked(kind, raw, extra_tensors=()):
     return key, rebind(hit[0], q, kv, indices, attn_sink, topk_length, q_start), hit[1]
 
 
-def _direct(kind, key, a, raw, extra_tensors=()):
-    """After the checks: the plan token of a call that runs directly (its key recorded), or None: the custom op."""
+def _direct(kind, key, a, raw, extra_tensors=(), plan=None):
+    """After the checks: (plan token, plan()) of a call that runs directly (its key recorded), or None: the custom
+    op. plan: a function of the canonical arguments making the kept plan (or None)."""
     q, kv, indices, _, _, attn_sink, topk_length, q_start, _ = raw
     if key is None or not direct_ok(q, kv, indices, attn_sink, topk_length, *extra_tensors,
                                     q_start if isinstance(q_start, Tensor) else None):
         return None
-    return _CHECKED[kind].put(key, (bare(a), new_token()))[1]
+    return _CHECKED[kind].put(key, (bare(a), (new_token(), plan(a) if plan is not None else None)))[1]
 
 
 @torch.library.custom_op("llmkernels::sparse_mla_fwd", mutates_args=())
@@ -129,9 +154,9 @@ def sparse_mla(q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, d_v: int
     key, a, token = _checked("fwd", raw)
     if a is None:
         a = prepare(*raw)
-        token = _direct("fwd", key, a, raw)  # inference: the custom op would only run _fwd (autograd needs the op)
-    if token is not None:
-        return run_planned(token, _fwd, a, True)
+        token = _direct("fwd", key, a, raw, plan=lambda a: _fwd_plan(a, True))  # inference: the custom op
+    if token is not None:  # would only run _fwd (autograd needs the op)
+        return run_planned(token[0], _fwd, a, True, token[1])
     return sparse_mla_fwd_op(a.q, a.kv, a.indices, a.sm_scale, a.d_v, a.attn_sink, a.topk_length,
                              a.q_start_t, a.q_start_int, a.causal, a.k_stride)
 
@@ -149,9 +174,9 @@ def flash_mla_sparse_fwd(q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float
     key, a, token = _checked("flash", raw)
     if a is None:
         a = prepare(*raw)
-        token = _direct("flash", key, a, raw)
+        token = _direct("flash", key, a, raw, plan=lambda a: _fwd_plan(a, False))
     if token is not None:
-        return run_planned(token, _fwd, a, False)
+        return run_planned(token[0], _fwd, a, False, token[1])
     return _flash_mla_op(a.q, a.kv, a.indices, a.sm_scale, a.d_v, a.attn_sink, a.topk_length)
 
 
@@ -175,9 +200,9 @@ def sparse_mla_attn_dist(q: Tensor, kv: Tensor, indices: Tensor, lse: Tensor, sm
     if a is None:
         a = prepare(*raw)
         _check_lse(lse, a.q)
-        token = _direct("dist", key, a, raw, (lse,))
+        token = _direct("dist", key, a, raw, (lse,), plan=lambda a: _dist_plan(a, lse))
     if token is not None:
-        return run_planned(token, _dist, a, lse)
+        return run_planned(token[0], _dist, a, lse, token[1])
     return sparse_mla_attn_dist_op(a.q, a.kv, a.indices, lse, a.sm_scale, a.topk_length, a.q_start_t,
                                    a.q_start_int, a.causal, a.k_stride)
 
