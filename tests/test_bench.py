@@ -63,6 +63,22 @@ def test_run_op_bench_ceilings_around_the_cases(fake_device):
     assert "gemm" not in fake_device and not any(c.startswith("sleep") for c in fake_device)
 
 
+def test_eager_cases_interleaved_before_any_ceiling(fake_device, monkeypatch):
+    # eager timings first (a copy or GEMM burst changes the clocks), all implementations of a case interleaved
+    def interleaved(fns, *a):
+        fake_device.append(f"eager x{len(fns)}")
+        return [0.04 + 0.01 * i for i in range(len(fns))]
+
+    monkeypatch.setattr(harness, "eager_interleaved", interleaved)
+    cases = lambda quick: [Case(shape={"n": n}, make_inputs=dict, bytes=0, timing="eager") for n in (1, 2)]  # noqa
+    bench = OpBench("op_e", cases, [Impl("llmkernels-eager", lambda x: None), Impl("peer-eager", lambda x: None),
+                                    Impl("absent", lambda x: None, available=lambda: "not installed")])
+    recs = harness.run_op_bench(bench, log=lambda m: None)
+    assert fake_device[:3] == ["eager x2", "eager x2", "copy"]
+    assert [(r["impl"], r["ms"], r["timing"]) for r in recs][:2] == [("llmkernels-eager", 0.04, "eager"),
+                                                                     ("peer-eager", 0.05, "eager")]
+
+
 def test_registry_resolves_public_names():
     from llmkernels.registry import SPECS, resolve
     assert resolve(None) == list(SPECS) and resolve([]) == list(SPECS)

@@ -180,3 +180,34 @@ def test_nvfp4(device):
     gemv(8, 64, 2)
     gemv(8, 64, 2, out=True)
     gemv(9, 32, 2)
+
+
+def test_repeated_calls_with_fresh_data(device):
+    """The same key three times with fresh values: on sm_90 the second and third calls take the kept plans on the raw
+    tensors (3-d kv and indices, a q_start tensor, a sink, topk_length), which must read this call's data."""
+    dt = _low(device)
+    for _ in range(3):
+        q, kv, idx = _mla(device, s_q=5, h_q=64, topk=32)
+        idx3 = idx[:, None]
+        kw = dict(attn_sink=torch.randn(64, device=device), q_start=torch.tensor([30], dtype=torch.int32, device=device),
+                  topk_length=torch.tensor([32, 7, 0, 20, 31], dtype=torch.int32, device=device))
+        got = sparse_mla(q, kv, idx3, 0.07, **kw)
+        ref = sparse_mla_fwd_ref(q, kv, idx, 0.07, **kw)
+        assert all(rel_err(g, r) <= TOL for g, r in zip(got, ref))
+        dist_kw = dict(q_start=kw["q_start"], topk_length=kw["topk_length"])
+        assert rel_err(sparse_mla_attn_dist(q, kv, idx3, got[2], 0.07, **dist_kw),
+                       sparse_mla_attn_dist_ref(q, kv, idx, got[2], 0.07, **dist_kw)) <= TOL
+        dout = torch.randn_like(got[0])
+        dq, dkv, dsink = sparse_mla_bwd(q, kv, got[0], dout, idx3, got[2], 0.07, **kw)
+        qr, kvr = q.float().requires_grad_(), kv.float().requires_grad_()
+        sink = kw["attn_sink"].clone().requires_grad_()
+        sparse_mla_fwd_ref(qr, kvr, idx, 0.07, **dict(kw, attn_sink=sink))[0].backward(dout.float())
+        assert dkv.shape == kv.shape and dkv.dtype == kv.dtype
+        assert rel_err(dq, qr.grad) <= 2e-2 and rel_err(dkv, kvr.grad) <= 2e-2 and rel_err(dsink, sink.grad) <= 2e-2
+        w = torch.randn(48, 64, device=device)
+        p, s, g = nvfp4_quantize(w)
+        x = torch.randn(2, 64, device=device).to(dt)
+        assert rel_err(nvfp4_linear(x, p, s, g), x.float() @ nvfp4_dequantize(p, s, g).t()) <= TOL
+        xg = gemv_inputs(16, 64, 1, device, n_pad=1)
+        c = nvfp4_gemv(xg["a"], xg["b"], xg["sfa"], xg["sfb"], out=xg["c"])
+        assert c is xg["c"] and rel_err(c, nvfp4_gemv_ref(xg["a"], xg["b"], xg["sfa"], xg["sfb"])) <= 2e-3

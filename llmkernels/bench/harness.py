@@ -117,17 +117,26 @@ def rotation_sets(nbytes: int) -> int:
 
 def _eager_ms(fn: Callable[[], object], calls: int = 300, rounds: int = 5) -> float:
     """Median over rounds of the wall time per call of `calls` back-to-back eager calls (synchronised at both ends)."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+    return eager_interleaved([fn], calls, rounds)[0]
+
+
+def eager_interleaved(fns, calls: int = 300, rounds: int = 7) -> List[float]:
+    """_eager_ms of several implementations of one case, their rounds interleaved (A B C A B C ...), so that they
+    share the GPU's clock and power state and the host's: a round of 300 calls lasts ~10 ms, and runs apart by
+    seconds differed by up to 1.5x for the same call (benchmarks/notes/host_path.md)."""
+    for fn in fns:
+        for _ in range(20):
             fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3 / calls)
-    return sorted(times)[rounds // 2]
+    torch.cuda.synchronize()
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            ts.append((time.perf_counter() - t0) * 1e3 / calls)
+    return [sorted(ts)[rounds // 2] for ts in times]
 
 
 def time_impl(impl: Impl, case: Case) -> tuple:
@@ -167,7 +176,10 @@ class Progress:
 def run_op_bench(bench: OpBench, quick: bool = False, log=print, progress: Optional[Progress] = None) -> List[dict]:
     # the copy rate first; the bf16 GEMM ceiling only after the cases: it runs at the power cap and leaves the
     # GPU slow for seconds (nvfp4_gemv read 9-18 points low right after it: benchmarks/notes/nvfp4_gemv.md, round 8)
-    copy_tbps = copy_bandwidth() / 1e12
+    cases = bench.cases(quick)
+    eager = bool(cases) and all(c.timing == "eager" for c in cases)
+    # eager calls (no floor) are timed before any ceiling is measured: a copy or GEMM burst changes the clocks
+    copy_tbps = None if eager else copy_bandwidth() / 1e12
     device = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
     commit = _git_commit()
@@ -179,7 +191,9 @@ def run_op_bench(bench: OpBench, quick: bool = False, log=print, progress: Optio
             log(f"[{bench.op}] skipping peer {impl.name}: {reason}")
         else:
             impls.append(impl)
-    for case in bench.cases(quick):
+    for case in cases if eager else ():
+        timed += _eager_case(bench.op, case, impls, log, progress)
+    for case in () if eager else cases:
         for impl in impls:
             label = f"{bench.op} {impl.name} " + " ".join(f"{k}={v}" for k, v in case.shape.items())
             if impl.max_bytes is not None and case.bytes > impl.max_bytes:
@@ -201,6 +215,8 @@ def run_op_bench(bench: OpBench, quick: bool = False, log=print, progress: Optio
             log(f"\n[{bench.op}] {impl.name} {case.shape}: {ms:.4f} ms")
             if progress:
                 progress.step(label)
+    if copy_tbps is None:
+        copy_tbps = copy_bandwidth() / 1e12
     fresh = gemm_rate.cache_info().currsize == 0
     gemm_tflops = gemm_rate() / 1e12
     if fresh:  # let the GPU recover before whatever is timed next (another op of the same run)
@@ -220,6 +236,38 @@ def run_op_bench(bench: OpBench, quick: bool = False, log=print, progress: Optio
             "date": date, "commit": commit,
         })
     return records
+
+
+def _eager_case(op, case, impls, log, progress) -> list:
+    """(case, impl, ms, "eager") for every implementation that runs, their rounds interleaved."""
+    built = []
+    for impl in impls:
+        try:
+            built.append((impl, impl.build(case.make_inputs())))
+        except Exception as e:  # a peer failing must not stop the run
+            log(f"\n[{op}] {impl.name} failed at {case.shape}: {type(e).__name__}: {str(e)[:200]}")
+    try:
+        ms = eager_interleaved([fn for _, fn in built])
+    except Exception as e:  # one failing call: time them one at a time to keep the others
+        log(f"\n[{op}] interleaved eager timing failed at {case.shape} ({type(e).__name__}); one at a time")
+        ms = []
+        for impl, fn in built:
+            try:
+                ms.append(_eager_ms(fn))
+            except Exception as e2:
+                log(f"\n[{op}] {impl.name} failed at {case.shape}: {type(e2).__name__}: {str(e2)[:200]}")
+                ms.append(None)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    out = []
+    for (impl, _), t in zip(built, ms):
+        if t is not None:
+            out.append((case, impl, t, "eager"))
+            log(f"\n[{op}] {impl.name} {case.shape}: {t:.4f} ms")
+    for impl in impls:
+        if progress:
+            progress.step(f"{op} {impl.name} " + " ".join(f"{k}={v}" for k, v in case.shape.items()))
+    return out
 
 
 def merge_records(path, new: List[dict]) -> List[dict]:

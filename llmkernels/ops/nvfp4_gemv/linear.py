@@ -284,7 +284,6 @@ class MmaPlan:
         T, N, KW = x.shape[0], w8.shape[0], w8.shape[1] // 8
         c, tiles, self.split, self.per = _mma_config(T, N, KW, x.device)
         self.T, self.N, self.KW, self.dtype, self.bias = T, N, KW, x.dtype, bias is not None
-        x, w8 = x.view(torch.int64), w8.view(torch.int64)  # the kernel's pointer types (first launch compiles)
         self.strides = (x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), N, 1)
         self.main = Launch(_linear_mma_kernel, (tiles, self.split), W=c["W"], U=c["U"], NT=1 if T <= 8 else 2,
                            PARTIAL=self.split > 1, HAS_BIAS=self.bias, num_warps=c["W"])

@@ -337,6 +337,11 @@ class DistWsPlan:
                      ATOMIC=split or n_hb > 1, num_warps=4, **row_flags(a), **cfg)
 
     def __call__(self, a, lse, out) -> None:
-        dummy = a.indices
-        self.go(a.q, a.kv, a.indices, lse, out, a.topk_length if a.topk_length is not None else dummy,
-                a.q_start_t if a.q_start_t is not None else dummy, *self.ints)
+        self.run(a.q, a.kv, a.indices, a.topk_length, a.q_start_t, lse, out)
+
+    def direct(self) -> bool:
+        return self.go.direct()  # a kept plan only (see FwdWsPlan.direct)
+
+    def run(self, q, kv, idx, tlen, qs_t, lse, out) -> None:
+        self.go(q, kv, idx, lse, out, tlen if tlen is not None else idx, qs_t if qs_t is not None else idx,
+                *self.ints)

@@ -34,14 +34,26 @@ def _bwd(a: SparseArgs, out, dout, lse, dlse, deterministic: bool, dkv_fp32: boo
         dkv, delta = plan(a, out, dout, lse, dq)
     else:
         dkv, delta = sparse_mla_bwd_launch(a, out, dout, lse, dlse, dq, deterministic=deterministic)
-    if attn_sink is not None:
-        # d sink_h = -sum_i exp(sink_h - lse_ih) * Delta_ih (Delta already holds - dlse); lse = +inf rows give 0.
-        # A sink of +inf takes the whole softmax (share 1, out 0): exp(inf - inf) would be NaN
-        share = torch.where(attn_sink[None, :] == float("inf"), 1.0, torch.exp(attn_sink[None, :] - lse))
-        d_sink = -(share * delta).sum(0)
-    else:
-        d_sink = delta.new_empty(0)
+    d_sink = _d_sink(attn_sink, lse, delta) if attn_sink is not None else delta.new_empty(0)
     return dq, (dkv if dkv_fp32 else dkv.to(kv.dtype)), d_sink
+
+
+def _d_sink(attn_sink, lse, delta):
+    # d sink_h = -sum_i exp(sink_h - lse_ih) * Delta_ih (Delta already holds - dlse); lse = +inf rows give 0.
+    # A sink of +inf takes the whole softmax (share 1, out 0): exp(inf - inf) would be NaN
+    share = torch.where(attn_sink[None, :] == float("inf"), 1.0, torch.exp(attn_sink[None, :] - lse))
+    return -(share * delta).sum(0)
+
+
+def _bwd_raw(plan, q, kv, out, dout, indices, lse, attn_sink, topk_length, q_start, dkv_fp32: bool):
+    """A kept backward plan on the caller's tensors (BwdWsPlan.direct): no canonical arguments built."""
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dkv, delta = plan.run(q, kv, indices, topk_length, q_start if isinstance(q_start, torch.Tensor) else None, out,
+                          dout, lse, dq)
+    dkv = dkv if dkv_fp32 else dkv.to(kv.dtype)
+    if kv.dim() == 3:
+        dkv = dkv.view(kv.shape)
+    return (dq, dkv) if attn_sink is None else (dq, dkv, _d_sink(attn_sink, lse, delta))
 
 
 @sparse_mla_bwd_op.register_fake
@@ -78,6 +90,9 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
         key = call_key(*raw) + (tkey(out), tkey(dout), tkey(lse), skey(deterministic), dkv_dtype)
         hit = _CHECKED.get(key)
         if hit is not None and direct_ok(q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t):
+            if hit[2] is not None and hit[3] and hit[2].direct():
+                return _bwd_raw(hit[2], q, kv, out, dout, indices, lse, attn_sink, topk_length, q_start,
+                                dkv_dtype == torch.float32)
             a = rebind(hit[0], q, kv, indices, attn_sink, topk_length, q_start)
             return _public(run_planned(hit[1], _bwd, a, out, dout, lse, None, deterministic,
                                        dkv_dtype == torch.float32, hit[2]), kv, attn_sink)
@@ -98,7 +113,8 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
     if key is not None and direct_ok(q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t):
         # the custom op would only run _bwd: call it (a kept plan for the default mode: see bwd.BwdWsPlan)
         plan = None if deterministic else BwdWsPlan.make(a, out, dout, lse, torch.empty_like(a.q))
-        _, token, _ = _CHECKED.put(key, (bare(a), new_token(), plan))
+        raw_ok = all(t is None or t.is_contiguous() for t in (attn_sink, topk_length))  # see op._direct
+        _, token, _, _ = _CHECKED.put(key, (bare(a), new_token(), plan, raw_ok))
         return _public(run_planned(token, _bwd, a, out, dout, lse, None, deterministic, dkv_dtype == torch.float32,
                                    plan), kv, attn_sink)
     return _public(sparse_mla_bwd_op(

@@ -229,13 +229,21 @@ class BwdWsPlan:
         self.grads = GradsWs(args, dout, dq, dkv, q.shape[0], grads_ws_heads(self.h_q), False, scaled_ds)
 
     def __call__(self, args, out, dout, lse, dq):
-        q = args.q
+        return self.run(args.q, args.kv, args.indices, args.topk_length, args.q_start_t, out, dout, lse, dq)
+
+    def direct(self) -> bool:
+        """Both passes go straight to their kept kernels: run() may take the caller's raw tensors (see
+        fwd_wgmma.FwdWsPlan.direct)."""
+        return self.probs.direct() and self.grads.direct()
+
+    def run(self, q, kv, idx, tlen, qs_t, out, dout, lse, dq):
+        """(dkv fp32 [s_kv, d_qk], delta [s_q, h_q]); dq written."""
         dkv = torch.zeros(self.s_kv, self.d_qk, dtype=torch.float32, device=q.device)
         delta = torch.empty(q.shape[0], self.h_q, dtype=torch.float32, device=q.device)
         p_buf = torch.empty(q.shape[0], self.h_q, self.topk, dtype=q.dtype, device=q.device)
         ds_buf = torch.empty_like(p_buf)
-        self.probs(args, out, dout, lse, lse, p_buf, ds_buf, delta, args.indices, 0)
-        self.grads(args, dout, p_buf, ds_buf, dq, dkv, 0)
+        self.probs.run(q, kv, idx, tlen, qs_t, out, dout, lse, lse, p_buf, ds_buf, delta, idx, 0)
+        self.grads.run(q, kv, idx, tlen, qs_t, dout, p_buf, ds_buf, dq, dkv, 0)
         return dkv, delta
 
 

@@ -223,12 +223,16 @@ class ProbsWs:
             QS_TENSOR=args.q_start_t is not None, HAS_TLEN=args.topk_length is not None, HAS_DLSE=has_dlse,
             WRITE_KEYS=write_keys, num_warps=4, **cfg)
 
+    def direct(self) -> bool:
+        return self.go.direct()
+
     def __call__(self, args, out, dout, lse, dl, p_buf, ds_buf, delta, keys, row0) -> None:
-        dummy = args.indices
-        self.go(args.q, args.kv, out, dout, args.indices, lse, dl,
-                args.q_start_t if args.q_start_t is not None else dummy,
-                args.topk_length if args.topk_length is not None else dummy, p_buf, ds_buf, delta, keys, row0,
-                *self.ints)
+        self.run(args.q, args.kv, args.indices, args.topk_length, args.q_start_t, out, dout, lse, dl, p_buf, ds_buf,
+                 delta, keys, row0)
+
+    def run(self, q, kv, idx, tlen, qs_t, out, dout, lse, dl, p_buf, ds_buf, delta, keys, row0) -> None:
+        self.go(q, kv, out, dout, idx, lse, dl, qs_t if qs_t is not None else idx, tlen if tlen is not None else idx,
+                p_buf, ds_buf, delta, keys, row0, *self.ints)
 
 
 # --- second pass: dQ and dKV per (column chunk, query row, block of heads) --------------------------------------
@@ -506,8 +510,14 @@ class GradsWs:
                        **cfg) for d0, dcp, n_c, has_v in column_parts(args.d_v, d_qk, cfg.pop("DC"))]
 
     def __call__(self, args, dout, p_buf, ds_buf, dq, target, row0) -> None:
-        dummy = args.indices
-        head = (args.q, args.kv, dout, args.indices, args.q_start_t if args.q_start_t is not None else dummy,
-                args.topk_length if args.topk_length is not None else dummy, p_buf, ds_buf, dq, target, row0)
+        self.run(args.q, args.kv, args.indices, args.topk_length, args.q_start_t, dout, p_buf, ds_buf, dq, target,
+                 row0)
+
+    def run(self, q, kv, idx, tlen, qs_t, dout, p_buf, ds_buf, dq, target, row0) -> None:
+        head = (q, kv, dout, idx, qs_t if qs_t is not None else idx, tlen if tlen is not None else idx, p_buf,
+                ds_buf, dq, target, row0)
         for go in self.gos:
             go(*head, *self.ints)
+
+    def direct(self) -> bool:
+        return all(go.direct() for go in self.gos)

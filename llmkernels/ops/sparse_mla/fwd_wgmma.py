@@ -507,11 +507,17 @@ class FwdWsPlan:
             self.merge_ints = (n_main, n_piece, n_hb, h_q, out.stride(0), out.stride(1), lse.stride(0))
 
     def __call__(self, a, out, max_logits, lse) -> None:
-        dummy = a.indices
-        sink = a.attn_sink if a.attn_sink is not None else dummy
-        head = (a.q, a.kv, a.indices, out, max_logits, lse, sink, a.topk_length if a.topk_length is not None else dummy,
-                a.q_start_t if a.q_start_t is not None else dummy, *self.ints,
-                self.stamp if self.stamp is not None else lse)
+        self.run(a.q, a.kv, a.indices, a.attn_sink, a.topk_length, a.q_start_t, out, max_logits, lse)
+
+    def direct(self) -> bool:
+        """Every launch goes straight to its kept kernel (see _launch.Launch.direct): run() may then take the
+        caller's raw kv [s_kv, 1, d_qk], indices [s_q, 1, topk] and q_start tensor (same addresses)."""
+        return all(g.direct() for g in (self.main, self.piece, self.merge) if g is not None)
+
+    def run(self, q, kv, idx, sink, tlen, qs_t, out, max_logits, lse) -> None:
+        sink = sink if sink is not None else idx
+        head = (q, kv, idx, out, max_logits, lse, sink, tlen if tlen is not None else idx,
+                qs_t if qs_t is not None else idx, *self.ints, self.stamp if self.stamp is not None else lse)
         if self.main is not None:
             self.main(*head, 0, 1, 0, lse)
         if self.piece is not None:

@@ -61,28 +61,44 @@ def _dist_plan(a: SparseArgs, lse):
 _CHECKED = {"fwd": PlanCache(), "flash": PlanCache(), "dist": PlanCache()}
 
 
-def _checked(kind, raw, extra_tensors=()):
-    """(key, canonical arguments, (plan token, kept plan or None)) of an eager call whose key a direct call has seen,
-    else (key, None, None); the key is None while tracing."""
+def _lookup(kind, raw, extra_tensors=()):
+    """(key, hit): hit = (canonical scalars, plan token, kept plan or None, the plan may take the raw tensors) where a
+    direct call has seen the key and this call may run directly too, else None; the key is None while tracing."""
     if tracing():
-        return None, None, None
+        return None, None
     key = call_key(*raw) + tuple(tkey(t) for t in extra_tensors)
     hit = _CHECKED[kind].get(key)
     q, kv, indices, _, _, attn_sink, topk_length, q_start, _ = raw
     if hit is None or not direct_ok(q, kv, indices, attn_sink, topk_length, *extra_tensors,
                                     q_start if isinstance(q_start, Tensor) else None):
-        return key, None, None
-    return key, rebind(hit[0], q, kv, indices, attn_sink, topk_length, q_start), hit[1]
+        return key, None
+    return key, hit
+
+
+def _rebind(hit, raw):
+    q, kv, indices, _, _, attn_sink, topk_length, q_start, _ = raw
+    return rebind(hit[0], q, kv, indices, attn_sink, topk_length, q_start)
 
 
 def _direct(kind, key, a, raw, extra_tensors=(), plan=None):
-    """After the checks: (plan token, plan()) of a call that runs directly (its key recorded), or None: the custom
-    op. plan: a function of the canonical arguments making the kept plan (or None)."""
+    """After the checks: the hit (see _lookup) recorded for a call that runs directly, or None: the custom op.
+    plan: a function of the canonical arguments making the kept plan (or None)."""
     q, kv, indices, _, _, attn_sink, topk_length, q_start, _ = raw
     if key is None or not direct_ok(q, kv, indices, attn_sink, topk_length, *extra_tensors,
                                     q_start if isinstance(q_start, Tensor) else None):
         return None
-    return _CHECKED[kind].put(key, (bare(a), (new_token(), plan(a) if plan is not None else None)))[1]
+    # raw tensors stand for the canonical ones where those are views at the same address (no contiguous copy)
+    raw_ok = all(t is None or t.is_contiguous() for t in (attn_sink, topk_length))
+    return _CHECKED[kind].put(key, (bare(a), new_token(), plan(a) if plan is not None else None, raw_ok))
+
+
+def _fwd_raw(plan, raw):
+    """A kept forward plan on the caller's tensors (FwdWsPlan.direct): no canonical arguments built."""
+    q, kv, indices, _, _, attn_sink, topk_length, q_start, _ = raw
+    out, max_logits, lse = _fwd_outputs(q, 512)
+    plan.run(q, kv, indices, attn_sink, topk_length, q_start if isinstance(q_start, Tensor) else None, out,
+             max_logits, lse)
+    return out, max_logits, lse
 
 
 @torch.library.custom_op("llmkernels::sparse_mla_fwd", mutates_args=())
@@ -151,12 +167,22 @@ def sparse_mla(q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, d_v: int
     valid indices, and express causality in the indices (-1) when sequences start at different positions.
     """
     raw = (q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start, k_stride)
-    key, a, token = _checked("fwd", raw)
-    if a is None:
-        a = prepare(*raw)
-        token = _direct("fwd", key, a, raw, plan=lambda a: _fwd_plan(a, True))  # inference: the custom op
-    if token is not None:  # would only run _fwd (autograd needs the op)
-        return run_planned(token[0], _fwd, a, True, token[1])
+    return _forward("fwd", raw, True)
+
+
+def _forward(kind, raw, sink_in_lse):
+    key, hit = _lookup(kind, raw)
+    if hit is not None:
+        if hit[2] is not None and hit[3] and hit[2].direct():
+            return _fwd_raw(hit[2], raw)
+        return run_planned(hit[1], _fwd, _rebind(hit, raw), sink_in_lse, hit[2])
+    a = prepare(*raw)
+    # inference: the custom op would only run _fwd (autograd needs the op)
+    hit = _direct(kind, key, a, raw, plan=lambda a: _fwd_plan(a, sink_in_lse))
+    if hit is not None:
+        return run_planned(hit[1], _fwd, a, sink_in_lse, hit[2])
+    if kind == "flash":
+        return _flash_mla_op(a.q, a.kv, a.indices, a.sm_scale, a.d_v, a.attn_sink, a.topk_length)
     return sparse_mla_fwd_op(a.q, a.kv, a.indices, a.sm_scale, a.d_v, a.attn_sink, a.topk_length,
                              a.q_start_t, a.q_start_int, a.causal, a.k_stride)
 
@@ -170,14 +196,7 @@ def flash_mla_sparse_fwd(q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float
     of the returned lse and max_logits (natural log; +inf / -inf for rows with no valid index).
     No autograd: use :func:`sparse_mla` for training.
     """
-    raw = (q, kv, indices, sm_scale, d_v, attn_sink, topk_length, None, 1)
-    key, a, token = _checked("flash", raw)
-    if a is None:
-        a = prepare(*raw)
-        token = _direct("flash", key, a, raw, plan=lambda a: _fwd_plan(a, False))
-    if token is not None:
-        return run_planned(token[0], _fwd, a, False, token[1])
-    return _flash_mla_op(a.q, a.kv, a.indices, a.sm_scale, a.d_v, a.attn_sink, a.topk_length)
+    return _forward("flash", (q, kv, indices, sm_scale, d_v, attn_sink, topk_length, None, 1), False)
 
 
 def _check_lse(lse, q):
@@ -196,13 +215,18 @@ def sparse_mla_attn_dist(q: Tensor, kv: Tensor, indices: Tensor, lse: Tensor, sm
     returns that shard's partial sum: summing the shards' results (all-reduce) gives the full distribution.
     """
     raw = (q, kv, indices, sm_scale, 512, None, topk_length, q_start, k_stride)
-    key, a, token = _checked("dist", raw, (lse,))
-    if a is None:
-        a = prepare(*raw)
-        _check_lse(lse, a.q)
-        token = _direct("dist", key, a, raw, (lse,), plan=lambda a: _dist_plan(a, lse))
-    if token is not None:
-        return run_planned(token[0], _dist, a, lse, token[1])
+    key, hit = _lookup("dist", raw, (lse,))
+    if hit is not None:
+        if hit[2] is not None and hit[3] and hit[2].direct():
+            out = torch.zeros(indices.shape[0], indices.shape[-1], dtype=torch.float32, device=q.device)
+            hit[2].run(q, kv, indices, topk_length, q_start if isinstance(q_start, Tensor) else None, lse, out)
+            return out
+        return run_planned(hit[1], _dist, _rebind(hit, raw), lse, hit[2])
+    a = prepare(*raw)
+    _check_lse(lse, a.q)
+    hit = _direct("dist", key, a, raw, (lse,), plan=lambda a: _dist_plan(a, lse))
+    if hit is not None:
+        return run_planned(hit[1], _dist, a, lse, hit[2])
     return sparse_mla_attn_dist_op(a.q, a.kv, a.indices, lse, a.sm_scale, a.topk_length, a.q_start_t,
                                    a.q_start_int, a.causal, a.k_stride)
 
