@@ -82,6 +82,8 @@ HEADLINES = [
     ("sparse_mla_bwd", {"h_q": 128, "topk": 2048, "d_qk": 576}),
     ("nvfp4_gemv", {"M": 7168, "K": 16384, "L": 1}),
     ("nvfp4_linear", {"T": 1, "N": 14336, "K": 4096}),
+    ("cp_decode", {"B": 8, "L": 1048576, "world": 1}),  # the one-GPU baseline of the row below (same run)
+    ("cp_decode", {"B": 8, "L": 1048576, "world": 2}),
 ]
 
 
@@ -187,8 +189,8 @@ def _with_eager(body):
 
 
 EAGER_HEADER = ("Eager calls (`llmkernels bench --eager`): wall time per call of 300 back-to-back calls from plain "
-                "PyTorch at a small shape, host included (median of 5 rounds); the peers through their usual eager "
-                "API.")
+                "PyTorch at a small shape, host included (median of 7 rounds, interleaved with the peers' rounds); the "
+                "peers through their usual eager API.")
 
 
 def readme_section(records: list[dict]) -> str:
