@@ -189,7 +189,8 @@ def test_repeated_calls_with_fresh_data(device):
     for _ in range(3):
         q, kv, idx = _mla(device, s_q=5, h_q=64, topk=32)
         idx3 = idx[:, None]
-        kw = dict(attn_sink=torch.randn(64, device=device), q_start=torch.tensor([30], dtype=torch.int32, device=device),
+        kw = dict(attn_sink=torch.randn(64, device=device),
+                  q_start=torch.tensor([30], dtype=torch.int32, device=device),
                   topk_length=torch.tensor([32, 7, 0, 20, 31], dtype=torch.int32, device=device))
         got = sparse_mla(q, kv, idx3, 0.07, **kw)
         ref = sparse_mla_fwd_ref(q, kv, idx, 0.07, **kw)

@@ -25,3 +25,16 @@ def test_op_without_headline_shows_its_first_shape_and_no_peer():
     records = [_rec("new_op", "llmkernels", 1.0, {"n": 2}), _rec("new_op", "llmkernels", 1.0, {"n": 3})]
     assert [r["shape"] for r in report.headline_rows(records)] == [{"n": 2}]
     assert report.headline_table(records).splitlines()[-1].endswith("| - | - | - |")
+
+
+def test_e2e_records_get_their_own_table():
+    def e2e(fmt, graph, ms, tps):
+        r = _rec("e2e_decode", "llmkernels", ms, {"model": "m", "batch": 1, "format": fmt, "graph": graph})
+        return dict(r, timing="graph" if graph else "eager", tokens_per_s=tps, peak_mem_gb=6.5)
+
+    records = [e2e("bf16", True, 8.0, 125.0), e2e("nvfp4", True, 6.0, 166.0), e2e("nvfp4", False, 30.0, 33.0),
+               dict(_rec("masked_decode", "llmkernels-eager", 0.04, {"B": 4}), timing="eager")]
+    text = report.readme_section(records)
+    assert "| m | 1 | 125 | 166 | 6.00 (8 %) | 6.5 | abc |" in text
+    assert "e2e_decode" not in text  # neither a headline row nor an eager-call row
+    assert "| masked_decode | B=4 | 40.0 |" in text

@@ -93,7 +93,34 @@ def _ours(r: dict) -> bool:
 
 def eager(r: dict) -> bool:
     """A record of `llmkernels bench --eager`: wall time per eager call (host included), not GPU time."""
-    return r.get("timing") == "eager"
+    return r.get("timing") == "eager" and not e2e(r)
+
+
+def e2e(r: dict) -> bool:
+    """A record of the end-to-end model decode (llmkernels.hf.bench): one step of a whole model, its own table."""
+    return r["op"] == "e2e_decode"
+
+
+def e2e_table(records: list[dict]) -> str:
+    """Greedy decode of the random-weight model shapes, CUDA-graph steps: bf16 beside NVFP4 where bf16 fits."""
+    rows = {}
+    for r in records:
+        if e2e(r) and r["shape"].get("graph"):
+            sh = r["shape"]
+            rows.setdefault((sh["model"], sh["batch"]), {})[sh["format"]] = r
+    if not rows:
+        return ""
+    lines = ["| model (random weights) | batch | bf16 tok/s | NVFP4 tok/s | NVFP4 ms / step (% of floor) | "
+             "NVFP4 peak GB | commit |", "|---|---|---|---|---|---|---|"]
+    for (model, batch), f in sorted(rows.items()):
+        b, n = f.get("bf16"), f.get("nvfp4")
+        if n is None:
+            continue
+        bf = f"{b['tokens_per_s']:.0f}" if b else "does not fit"
+        lines.append(f"| {model} | {batch} | {bf} | "
+                     f"{n['tokens_per_s']:.0f} | {n['ms']:.2f} ({n['pct_of_floor']:.0f} %) | "
+                     f"{n['peak_mem_gb']:.1f} | {n.get('commit', '')} |")
+    return "\n".join(lines)
 
 
 def eager_table(records: list[dict]) -> str:
@@ -179,18 +206,25 @@ def _device_sections(records: list[dict], body) -> str:
     return "\n\n".join(parts) if parts else "_No records yet._"
 
 
-def _with_eager(body):
-    """body(GPU-time records), then the eager-call table of the same device, if any."""
+def _with_eager(body, e2e_rows=False):
+    """body(GPU-time records, and with e2e_rows every e2e_decode record), then the eager-call and whole-model tables
+    of the same device, if any."""
     def both(recs):
-        text = body([r for r in recs if not eager(r)])
-        et = eager_table(recs)
-        return text + ("\n\n" + EAGER_HEADER + "\n\n" + et if et else "")
+        text = body([r for r in recs if not eager(r) and (e2e_rows or not e2e(r))])
+        et, mt = eager_table(recs), e2e_table(recs)
+        return text + ("\n\n" + EAGER_HEADER + "\n\n" + et if et else "") + ("\n\n" + E2E_HEADER + "\n\n" + mt
+                                                                          if mt else "")
     return both
 
 
 EAGER_HEADER = ("Eager calls (`llmkernels bench --eager`): wall time per call of 300 back-to-back calls from plain "
                 "PyTorch at a small shape, host included (median of 7 rounds, interleaved with the peers' rounds); the "
                 "peers through their usual eager API.")
+
+
+E2E_HEADER = ("Whole models (`python -m llmkernels.hf.bench`): greedy decode with a static KV cache (prompt 512), "
+              "one CUDA graph per step, through Hugging Face transformers; floor = the step's weight and cache bytes "
+              "at the measured copy rate. Eager steps are in docs/results.md.")
 
 
 def readme_section(records: list[dict]) -> str:
@@ -209,7 +243,7 @@ row was not installed or does not support the case. How each op is timed, and th
 
 
 def full_page(records: list[dict]) -> str:
-    return FULL_HEADER + "\n" + _device_sections(records, _with_eager(summary_table)) + "\n"
+    return FULL_HEADER + "\n" + _device_sections(records, _with_eager(summary_table, e2e_rows=True)) + "\n"
 
 
 def update_readme(readme: str, paths) -> None:
