@@ -34,20 +34,6 @@ if HAVE_GLUON:
         mbarrier.arrive(bars.index(k), count=1)
 
     @gluon.jit
-    def _stamp(stamp_ptr, i, k: gl.constexpr, CID: gl.constexpr, STAMP: gl.constexpr, PROG: gl.constexpr = False):
-        """Timeline probe (STAMP): %clock64 of point k of pair i, by thread 0 of consumer CID, 16 pairs x 8 points;
-        PROG: point k of the program's row 16 (0 entry, 1 q in smem, 2 loop done, 3 exit, 4 %smid, 5 l exchanged,
-        6 O normalised, 7 O in shared memory)."""
-        if STAMP:
-            tid = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
-            asm: gl.constexpr = ("{ .reg .u32 s; mov.u32 s, %smid; cvt.u64.u32 $0, s; }" if PROG and k == 4
-                                 else "mov.u64 $0, %clock64;")
-            t = gl.inline_asm_elementwise(asm, "=l,r", [tid], dtype=gl.int64, is_pure=False, pack=1)
-            row: gl.constexpr = 16 if PROG else 0
-            off = ((gl.program_id(0) * 2 + CID) * 17 + i + row) * 8 + k
-            gl.store(stamp_ptr + off + tid * 0, t, mask=(tid == 0) & ((i < 16) | PROG))
-
-    @gluon.jit
     def _see_s(q3_s, qhi_s, klo_s, khi_s, full, z, ph, sa, CID: gl.constexpr, LATE: gl.constexpr, D_V: gl.constexpr,
                D_T: gl.constexpr, pred=True):
         """Issue one half of S = q k^T for this consumer's tile (slot CID) once that half has landed: the early half
@@ -66,11 +52,10 @@ if HAVE_GLUON:
         return sa
 
     @gluon.jit
-    def _c0_pair(sa, t, acc, m_i, l_i, i, z, ph, klo_s, pbuf, xm, bars, empty, s_kv, limit, qk_scale, stamp_ptr,
-                 BLOCK_N: gl.constexpr, D_V: gl.constexpr, CAUSAL: gl.constexpr, STAMP: gl.constexpr):
+    def _c0_pair(sa, t, acc, m_i, l_i, i, z, ph, klo_s, pbuf, xm, bars, empty, s_kv, limit, qk_scale,
+                 BLOCK_N: gl.constexpr, D_V: gl.constexpr, CAUSAL: gl.constexpr):
         """Consumer 0's part of pair i from S a (in flight) to P b V b (issued, returned in flight): see
         _see_consumer."""
-        CID: gl.constexpr = 0
         DH: gl.constexpr = D_V // 2
         c0: gl.constexpr = 0
         s_l: gl.constexpr = mma_layout(BLOCK_N)  # S, P [64 heads, BLOCK_N]
@@ -81,7 +66,6 @@ if HAVE_GLUON:
         sa_s = klo_s.index(z)
         valid = ws_check(t, s_kv, limit, CAUSAL)  # before the wait: off the softmax's path (t came long ago)
         sa = warpgroup_mma_wait(num_outstanding=0, deps=(sa,))
-        _stamp(stamp_ptr, i, 2, CID, STAMP)
         sc = gl.where(valid[None, :], sa * qk_scale, float("-inf"))
         m0 = gl.maximum(m_i, gl.max(sc, axis=1))
         m_safe = gl.where(m0 == float("-inf"), 0.0, m0)  # nothing valid yet: avoid inf - inf
@@ -98,21 +82,17 @@ if HAVE_GLUON:
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.arrive(bars.index(3), count=1)
-        _stamp(stamp_ptr, i, 3, CID, STAMP)
         mbarrier.wait(bars.index(2), ph)
-        _stamp(stamp_ptr, i, 4, CID, STAMP)
         m1 = xm.index(1).load(row_l)
         # m1 >= m0; with nothing valid so far, P and O are 0 and any finite factor does
         beta = gl.where(m0 == float("-inf"), 1.0, gl.exp2(m0 - m1))
         acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
-        _stamp(stamp_ptr, i, 5, CID, STAMP)
         gl.thread_barrier()  # done with slot 0: its early half and (with consumer 1) its late half
         mbarrier.arrive(empty.index(0), count=1)
         mbarrier.arrive(empty.index(2), count=1)
         acc = acc * gl.convert_layout(beta, orow_l)[:, None]
         l_i = l_i * beta
         mbarrier.wait(bars.index(4), ph)
-        _stamp(stamp_ptr, i, 6, CID, STAMP)
         acc = warpgroup_mma(pbuf.index(1 + z), klo_s.index(1 + z).slice(c0, DH, dim=1), acc, is_async=True)
         return acc, m1, l_i
 
@@ -140,9 +120,9 @@ if HAVE_GLUON:
     @gluon.jit
     def _see_consumer(q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, pbuf, qlo_s, qhi_s, xm, xl,
                       bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im, s_om, s_oh,
-                      s_lm, zero, stamp_ptr, t0, part_ptr, CID: gl.constexpr, BLOCK_N: gl.constexpr,
+                      s_lm, zero, t0, part_ptr, CID: gl.constexpr, BLOCK_N: gl.constexpr,
                       D_V: gl.constexpr, D_T: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
-                      SINK_IN_LSE: gl.constexpr, STAMP: gl.constexpr, SPLIT: gl.constexpr):
+                      SINK_IN_LSE: gl.constexpr, SPLIT: gl.constexpr):
         """Consumer CID of the seesaw (module docstring). Ring barriers [early 0, early 1, late 0, late 1].
         Per pair, consumer 0: S a (then lets consumer 1 issue S b, which queues behind it, so this softmax overlaps
         S b), P a at m0 to consumer 1, P a V a (frees slot 0's early half), O to m1, then P b V b
@@ -160,8 +140,6 @@ if HAVE_GLUON:
         col_l: gl.constexpr = gl.SliceLayout(0, s_l)
         c0: gl.constexpr = CID * DH
 
-        _stamp(stamp_ptr, 0, 0, CID, STAMP, True)
-        _stamp(stamp_ptr, 0, 4, CID, STAMP, True)
         # q into shared memory, half of its columns by each consumer; both read all of it
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         offs_h = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
@@ -179,7 +157,6 @@ if HAVE_GLUON:
         gl.thread_barrier()
         mbarrier.arrive(bars.index(0), count=1)
         mbarrier.wait(bars.index(0), 0)
-        _stamp(stamp_ptr, 0, 1, CID, STAMP, True)
 
         q3_s = qlo_s._reinterpret(qlo_s.dtype, [1, 64, D_V], qlo_s.layout)
         m_i = gl.full([64], float("-inf"), gl.float32, row_l)  # running max of the log2-scaled logits
@@ -198,22 +175,18 @@ if HAVE_GLUON:
             has = n_pairs > 0
             t = ws_idx(idx_ptr, row, off, n_len, s_im, BLOCK_N, col_l)
             sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zero, 0, zero_s, 0, False, D_V, D_T, has)
-            _stamp(stamp_ptr, 0, 1, CID, STAMP)
             sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zero, 0, sa, 0, True, D_V, D_T, has)
             gl.thread_barrier()
             mbarrier.arrive(bars.index(6), count=1)
             for i in range(n_pairs - 1):
                 ph = i & 1
                 z = zero * i
-                _stamp(stamp_ptr, i, 0, CID, STAMP)
                 acc, m_i, l_i = _c0_pair(sa, t, acc, m_i, l_i, i, z, ph, klo_s, pbuf, xm, bars, empty, s_kv, limit,
-                                         qk_scale, stamp_ptr, BLOCK_N, D_V, CAUSAL, STAMP)
+                                         qk_scale, BLOCK_N, D_V, CAUSAL)
                 zn = zero * (i + 1)
                 t = ws_idx(idx_ptr, row, off + (2 * i + 2) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)
                 sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zn, ph ^ 1, zero_s, 0, False, D_V, D_T, True)
-                _stamp(stamp_ptr, i + 1, 1, CID, STAMP)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # P b V b done; S a still running
-                _stamp(stamp_ptr, i, 7, CID, STAMP)
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(3), count=1)
                 sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, zn, ph ^ 1, sa, 0, True, D_V, D_T, True)
@@ -222,9 +195,8 @@ if HAVE_GLUON:
             if has:
                 i = n_pairs - 1
                 acc, m_i, l_i = _c0_pair(sa, t, acc, m_i, l_i, i, zero * i, i & 1, klo_s, pbuf, xm, bars, empty, s_kv,
-                                         limit, qk_scale, stamp_ptr, BLOCK_N, D_V, CAUSAL, STAMP)
+                                         limit, qk_scale, BLOCK_N, D_V, CAUSAL)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                _stamp(stamp_ptr, i, 7, CID, STAMP)
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(3), count=1)
             warpgroup_mma_wait(num_outstanding=0, deps=(sa,))  # the dummy S of an empty row
@@ -235,13 +207,11 @@ if HAVE_GLUON:
                 # 2 x 36 wgmma descriptors of q and the tile live across the loop and spills them
                 z = zero * i
                 sa_s = klo_s.index(CID + z)
-                _stamp(stamp_ptr, i, 0, CID, STAMP)
                 t = ws_idx(idx_ptr, row, off + (2 * i + CID) * BLOCK_N, n_len, s_im, BLOCK_N, col_l)  # tested later
                 # S b queues behind S a on the tensor cores: consumer 0's softmax overlaps S b
                 mbarrier.wait(bars.index(6), ph)
                 # the early half of the slot (this consumer's own 256 columns) lands first
                 sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, z, ph, zero_s, CID, False, D_V, D_T, True)
-                _stamp(stamp_ptr, i, 1, CID, STAMP)
                 sa = _see_s(q3_s, qhi_s, klo_s, khi_s, full, z, ph, sa, CID, True, D_V, D_T, True)
                 mbarrier.wait(bars.index(3), ph)  # P a and m0
                 m0 = xm.index(0).load(row_l)
@@ -249,13 +219,10 @@ if HAVE_GLUON:
                 alpha = gl.exp2(m_i - m0_safe)
                 acc = acc * gl.convert_layout(alpha, orow_l)[:, None]
                 l_i = l_i * alpha
-                _stamp(stamp_ptr, i, 2, CID, STAMP)
-                _stamp(stamp_ptr, i, 3, CID, STAMP)
                 # P a V a (at m0) under S b: slot 0 frees without waiting for this consumer's softmax
                 acc = warpgroup_mma(pbuf.index(z), klo_s.index(z).slice(c0, DH, dim=1), acc, is_async=True)
                 valid = ws_check(t, s_kv, limit, CAUSAL)
                 sa = warpgroup_mma_wait(num_outstanding=1, deps=(sa,))
-                _stamp(stamp_ptr, i, 4, CID, STAMP)
                 sc = gl.where(valid[None, :], sa * qk_scale, float("-inf"))
                 m1 = gl.maximum(m0, gl.max(sc, axis=1))
                 _xchg(xm.index(1), bars, 2, m1)
@@ -266,24 +233,20 @@ if HAVE_GLUON:
                 fence_async_shared()
                 gl.thread_barrier()
                 mbarrier.arrive(bars.index(4), count=1)
-                _stamp(stamp_ptr, i, 5, CID, STAMP)
                 gamma = gl.where(m0 == float("-inf"), 1.0, gl.exp2(m0 - m1))
                 l_i = l_i * gamma + gl.sum(p, axis=1)
                 pb = gl.convert_layout(p16, p_l)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                _stamp(stamp_ptr, i, 6, CID, STAMP)
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(2), count=1)
                 acc = acc * gl.convert_layout(gamma, orow_l)[:, None]
                 acc = warpgroup_mma(pb, sa_s.slice(c0, DH, dim=1), acc, is_async=True)
                 acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))
-                _stamp(stamp_ptr, i, 7, CID, STAMP)
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(1), count=1)
                 mbarrier.arrive(empty.index(3), count=1)
                 m_i = m1
 
-        _stamp(stamp_ptr, 0, 2, CID, STAMP, True)
         if SPLIT:
             _split_out(part_ptr, l_i, m_i, acc, xl, bars, CID, DH, row_l, o_l)
             return
@@ -293,7 +256,6 @@ if HAVE_GLUON:
             sink2 = gl.load(sink_ptr + offs_hm, mask=hm, other=0.0) * LOG2E_C
         _xchg(xl.index(CID), bars, 5, l_i)  # the denominator is the sum of both consumers' shares
         mbarrier.wait(bars.index(5), 0)
-        _stamp(stamp_ptr, 0, 5, CID, STAMP, True)
         l_i = l_i + xl.index(1 - CID).load(row_l)
         empty_row = (m_i == float("-inf")) & (l_i == 0)  # nothing valid; all-NaN logits (max -inf, l NaN) stay NaN
         l_safe = gl.where(empty_row, 1.0, l_i)
@@ -316,16 +278,13 @@ if HAVE_GLUON:
         # half goes through its columns and out as 512-byte rows. Stored straight from the wgmma layout, it was
         # 4-byte pieces of 8 rows an instruction, and the epilogue took ~9000 clocks, ~8 % of a program.
         o_s = qlo_s.slice(c0, DH, dim=1)
-        _stamp(stamp_ptr, 0, 6, CID, STAMP, True)
         o_s.store(o.to(qlo_s.dtype))
         gl.thread_barrier()
-        _stamp(stamp_ptr, 0, 7, CID, STAMP, True)
         st_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
         offs_hs = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, st_l))
         offs_ds = c0 + gl.arange(0, DH, layout=gl.SliceLayout(0, st_l))
         gl.store(out_ptr + row * s_om + offs_hs[:, None].to(gl.int64) * s_oh + offs_ds[None, :],
                  o_s.load(st_l).to(out_ptr.dtype.element_ty), mask=(offs_hs < h_q)[:, None])
-        _stamp(stamp_ptr, 0, 3, CID, STAMP, True)
 
     @gluon.jit
     def _see_copy(klo_s, khi_s, full, empty, base, valid, ph, wait, S: gl.constexpr, LATE: gl.constexpr,
@@ -377,12 +336,11 @@ if HAVE_GLUON:
     @gluon.jit(do_not_specialize=["zero"])
     def _fwd_see_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tlen_ptr, qs_ptr,
                         s_kv, h_q, topk, n_hb, qk_scale, q_start, k_stride,
-                        s_qm, s_qh, s_kvn, s_im, s_om, s_oh, s_lm, zero, stamp_ptr, item0, n_piece, pp, part_ptr,
+                        s_qm, s_qh, s_kvn, s_im, s_om, s_oh, s_lm, zero, item0, n_piece, pp, part_ptr,
                         BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_T: gl.constexpr,
                         HAS_SINK: gl.constexpr, HAS_TLEN: gl.constexpr, CAUSAL: gl.constexpr,
                         QS_TENSOR: gl.constexpr, SINK_IN_LSE: gl.constexpr, CONS_REGS: gl.constexpr,
-                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, STAMP: gl.constexpr = 0,
-                        SPLIT: gl.constexpr = 0):
+                        PROD_REGS: gl.constexpr, num_warps: gl.constexpr, SPLIT: gl.constexpr = 0):
         """One program per (query row, 64 heads); SPLIT: n_piece programs per item of items [item0, ...), piece p
         scanning the row's entries [p pp 128, (p + 1) pp 128) and leaving a partial result for _tail_merge."""
         pid = gl.program_id(0)
@@ -414,12 +372,12 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
-                             s_om, s_oh, s_lm, zero, stamp_ptr, t0, part_ptr, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK,
-                             SINK_IN_LSE, STAMP, SPLIT)),
+                             s_om, s_oh, s_lm, zero, t0, part_ptr, 0, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK,
+                             SINK_IN_LSE, SPLIT)),
             (_see_consumer, (q_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, klo_s, khi_s, khi_s, qlo_s, qhi_s,
                              xm, xl, bars, full, empty, row, hb, h_q, n_len, s_kv, limit, qk_scale, s_qm, s_qh, s_im,
-                             s_om, s_oh, s_lm, zero, stamp_ptr, t0, part_ptr, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK,
-                             SINK_IN_LSE, STAMP, SPLIT)),
+                             s_om, s_oh, s_lm, zero, t0, part_ptr, 1, BLOCK_N, D_V, D_T, CAUSAL, HAS_SINK,
+                             SINK_IN_LSE, SPLIT)),
             (_see_producer, (kv_ptr, idx_ptr, klo_s, khi_s, full, empty, row, n_len, s_kv, limit, s_kvn, s_im,
                              t0, BLOCK_N, D_V, D_T, CAUSAL, SPLIT)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
@@ -473,7 +431,7 @@ class FwdWsPlan:
     worked out once from a call's canonical arguments (common.SparseArgs) and its out / lse strides. kept=True holds
     the compiled kernels (_launch.Launch) for a cached plan, whose key fixes all of that; kept=False launches through
     the keyed _launch.launch (one call's plan)."""
-    __slots__ = ("main", "piece", "merge", "ints", "tail", "stamp", "part_numel", "n_main", "n_piece", "pp",
+    __slots__ = ("main", "piece", "merge", "ints", "tail", "part_numel", "n_main", "n_piece", "pp",
                  "merge_ints")
 
     def __init__(self, a, out, lse, sink_in_lse: bool = True, config=None, kept=True):
@@ -483,7 +441,6 @@ class FwdWsPlan:
         # alone is 128), 48 for the producer (40 spills the next pair's indices; notes: sparse_mla_fwd.md, v4-5)
         cfg = dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=48)
         cfg.update(config or {})
-        self.stamp = cfg.pop("stamp", None)  # timeline probe buffer (STAMP=1): int64 [programs, 2, 17, 8]
         n_hb = cdiv(h_q, 64)
         n_items = s_q * n_hb
         n_main, n_piece, pp = n_items, 1, 0
@@ -501,7 +458,7 @@ class FwdWsPlan:
         if n_piece > 1:
             n_tail = n_items - n_main
             self.part_numel = n_tail * n_piece * (64 * a.d_v + 128)
-            self.piece = go(_fwd_see_kernel, (n_tail * n_piece,), **flags, **dict(cfg, STAMP=0), SPLIT=1)
+            self.piece = go(_fwd_see_kernel, (n_tail * n_piece,), **flags, **cfg, SPLIT=1)
             self.merge = go(_tail_merge, (n_tail, 64), HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse,
                             BLOCK_P=next_pow2(n_piece), D_V=a.d_v, num_warps=4)
             self.merge_ints = (n_main, n_piece, n_hb, h_q, out.stride(0), out.stride(1), lse.stride(0))
@@ -517,7 +474,7 @@ class FwdWsPlan:
     def run(self, q, kv, idx, sink, tlen, qs_t, out, max_logits, lse) -> None:
         sink = sink if sink is not None else idx
         head = (q, kv, idx, out, max_logits, lse, sink, tlen if tlen is not None else idx,
-                qs_t if qs_t is not None else idx, *self.ints, self.stamp if self.stamp is not None else lse)
+                qs_t if qs_t is not None else idx, *self.ints)
         if self.main is not None:
             self.main(*head, 0, 1, 0, lse)
         if self.piece is not None:
