@@ -123,3 +123,20 @@ def test_keys_of_unusual_arguments():
     assert cache.get((1, [2])) is None and len(cache) == 0
     meta = torch.empty(4, device="meta")
     assert not _launch.direct_ok(meta)  # meta tensors go through the custom op's fake kernel
+
+
+def test_kernel_configs_are_typed():
+    # one frozen config per kernel family: dicts of knobs override it, an unknown knob is an error, not ignored
+    import dataclasses
+
+    from llmkernels.ops.masked_decode.kernel import CONFIG, MASKED_CONFIG
+    from llmkernels.ops.nvfp4_gemv.gemv import GemvConfig
+    from llmkernels.ops.sparse_mla.fwd_wgmma import FwdWsConfig
+    assert MASKED_CONFIG.with_({"block_n": 32}).block_n == 32 and MASKED_CONFIG.num_stages == 3
+    assert CONFIG.with_(None) is CONFIG and dict(CONFIG)["block_n"] == 128 and "waves" in CONFIG
+    with pytest.raises(TypeError, match="has no knob STAMP"):
+        FwdWsConfig.of({"STAMP": 1})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        CONFIG.block_n = 1
+    g = GemvConfig.of({"BM": 8, "pdl": True})
+    assert (g.BM, g.pdl, g.trigger, {**g, "pre": 2}["pre"]) == (8, True, "entry", 2)

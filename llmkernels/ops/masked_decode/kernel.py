@@ -1,10 +1,13 @@
 """Flash-decoding with a per-(batch, kv-head, token) drop mask: split the keys, merge by log-sum-exp."""
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from ..._constants import LN2_C, LOG2E
 from ..._launch import Launch, PlanCache, current_device, tkey
+from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
 from ..combine.kernel import CombinePlan, pdl_enabled, pdl_enter
 
@@ -101,8 +104,21 @@ def _masked_decode_split_kernel(
 # flight per program) keep enough bytes in flight when rows are dropped; with no mask, 128-token tiles in one
 # buffer stream ~1.5 % faster. Interleaved: the splits of a row take its tiles in turn (split s: tiles s, s + S, ...)
 # rather than one contiguous chunk each, so a row's programs read neighbouring tiles at the same time (round 8).
-CONFIG = {"block_n": 128, "num_warps": 4, "num_stages": 2, "waves": 2, "pdl": True, "interleave": True}
-MASKED_CONFIG = {**CONFIG, "block_n": 64, "num_stages": 3}
+@dataclass(frozen=True)
+class DecodeConfig(KernelConfig):
+    """block_n keys per tile (halved at D=256: same tile bytes), waves of programs over the SMs the split aims at,
+    pdl (programmatic dependent launch of the split kernel where the GPU has it), interleave (splits take tiles in
+    turn rather than one chunk each)."""
+    block_n: int = 128
+    num_warps: int = 4
+    num_stages: int = 2
+    waves: int = 2
+    pdl: bool = True
+    interleave: bool = True
+
+
+CONFIG = DecodeConfig()
+MASKED_CONFIG = DecodeConfig(block_n=64, num_stages=3)
 
 
 def _plan(B: int, Hkv: int, L: int, device: torch.device, waves: int):
@@ -121,12 +137,12 @@ class DecodePlan:
     MASKED_CONFIG (with a drop mask)."""
 
     def __init__(self, q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, config=None):
-        cfg = {**(CONFIG if drop_mask is None else MASKED_CONFIG), **(config or {})}
+        cfg = (CONFIG if drop_mask is None else MASKED_CONFIG).with_(config)
         B, Hq, D = q.shape
         Hkv, L = k.shape[1], k.shape[2]
         self.empty = B == 0 or Hq == 0
-        block_n = cfg["block_n"] if D <= 128 else cfg["block_n"] // 2  # same tile bytes at D=256
-        splits, chunk = _plan(B, Hkv, L if kv_lens is not None else kv_len, q.device, cfg["waves"])
+        block_n = cfg.block_n if D <= 128 else cfg.block_n // 2  # same tile bytes at D=256
+        splits, chunk = _plan(B, Hkv, L if kv_lens is not None else kv_len, q.device, cfg.waves)
         self.part = (B * Hq, splits, D)
         ms = drop_mask.stride() if drop_mask is not None else (0, 0, 0)
         pdl = pdl_enabled(q.device)
@@ -135,8 +151,8 @@ class DecodePlan:
         self.split = Launch(_masked_decode_split_kernel, (splits, B * Hkv), G=Hq // Hkv,
                             BLOCK_G=max(16, next_pow2(Hq // Hkv)), D=D, BLOCK_N=block_n,
                             HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl,
-                            INTERLEAVE=cfg["interleave"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                            **({"launch_pdl": True} if pdl and cfg["pdl"] else {}))
+                            INTERLEAVE=cfg.interleave, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                            **({"launch_pdl": True} if pdl and cfg.pdl else {}))
         self.merge = CombinePlan(B * Hq, splits, D, (D, splits * D, 1, splits, D), True, q.device)
 
     def __call__(self, q, k, v, drop_mask, kv_lens, out, lse) -> None:

@@ -6,11 +6,14 @@ products (dp4a); it is scaled by sfa * sfb / 4 in fp32 (exact: at most 16 signif
 fp32 across blocks. Under the Triton interpreter the same sums come from plain integer arithmetic.
 """
 import functools
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from ..._config import KernelConfig
 from ..._launch import Launch, keyed
 from ..._runtime import cdiv, interpreting, next_pow2, num_sms
 from ..combine.kernel import pdl_enabled
@@ -253,7 +256,26 @@ def gemv_tile(BB: int, R: int, nw: int) -> int:
     return max(1, R * (nw // warps_k) * max(1, 64 // BB))
 
 
-def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: bool = False) -> dict:
+@dataclass(frozen=True)
+class GemvConfig(KernelConfig):
+    """The GEMV kernel's knobs (gemv_plan's docstring says what each does; gemv_plan picks them per shape)."""
+    BM: int = 16
+    BB: int = 64
+    num_warps: int = 1
+    split: int = 1
+    num_stages: int = 1
+    even: bool = False
+    lut_reg: bool = True
+    pdl: bool = False
+    pre: int = 1
+    trigger: str = "entry"
+    l2: bool = False
+    persistent: int = 0
+    maxnreg: Optional[int] = None
+    prefetch: bool = False
+
+
+def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: bool = False) -> GemvConfig:
     """4 rows per thread (4 independent 16-byte loads in flight), warps side by side along K.
 
     static_weights (a and sfa not written by a kernel that may still run when this one starts): launch with
@@ -294,11 +316,11 @@ def gemv_plan(M: int, KB: int, L: int, device: torch.device, static_weights: boo
     # (7168, 2048, 4), 2.5-8 points slower for the other plans, so only there. lut_reg (the prmt table word in a
     # register, _LUT): +0.4 to +1.9 points where programs run several K tiles, 9 points slower for single-tile static
     # programs at (4096, 4096, 1), so only with several tiles. (Notes, round 11.)
-    plan = dict(BM=BM, BB=BB, num_warps=nw, split=split, num_stages=1, even=even, lut_reg=KB > BB)
+    plan = GemvConfig(BM=BM, BB=BB, num_warps=nw, split=split, num_stages=1, even=even, lut_reg=KB > BB)
     if static_weights:  # read the first weight tile before waiting on the previous kernel (PDL), release the next at
         # once; b and sfb prefetched into L2 before the wait by the first row tile of each batch (notes round 10: +6
         # points at (4096, 4096, 1), within +-1 elsewhere)
-        plan.update(pdl=True, pre=1, trigger="entry", l2=True)
+        plan = plan.with_(dict(pdl=True, pre=1, trigger="entry", l2=True))
     return plan
 
 
@@ -336,15 +358,15 @@ class GemvPlan:
 
     def __init__(self, a64, sa8, b64, sb8, out, alpha, cfg=None, use_asm=None, static_weights=False, kept=True):
         L, M, KB = a64.shape
-        cfg = cfg or _gemv_plan(M, KB, L, a64.device, static_weights)
-        BM, BB = cfg["BM"], cfg["BB"]
-        per = -(-(-(-KB // cfg["split"])) // BB) * BB  # blocks per split, a multiple of BB
+        cfg = GemvConfig.of(cfg) if cfg else _gemv_plan(M, KB, L, a64.device, static_weights)
+        BM, BB = cfg.BM, cfg.BB
+        per = -(-(-(-KB // cfg.split)) // BB) * BB  # blocks per split, a multiple of BB
         split = -(-KB // per)
-        # cfg["pdl"] under the interpreter: the PDL code order (weights before the wait) without the launch
-        order = bool(cfg.get("pdl", False)) and (interpreting() or pdl_enabled(a64.device))
+        # cfg.pdl under the interpreter: the PDL code order (weights before the wait) without the launch
+        order = cfg.pdl and (interpreting() or pdl_enabled(a64.device))
         pdl = order and not interpreting()
         n_mtiles = cdiv(M, BM)
-        persistent = int(cfg.get("persistent", 0)) if split == 1 else 0
+        persistent = int(cfg.persistent) if split == 1 else 0
         if persistent:
             grid = (min(n_mtiles * L, persistent * num_sms(a64.device)), 1, 1)
         else:
@@ -356,14 +378,14 @@ class GemvPlan:
                      *sa8.stride(), *b64.stride()[:1], *sb8.stride(), out.stride(0), out.stride(2))
         go = Launch if kept else keyed
         self.main = go(_gemv_kernel, grid,
-            BM=BM, BB=BB, PARTIAL=split > 1, PREFETCH=cfg.get("prefetch", False), USE_ASM=use_asm,
-            FIX_NAN=interpreting(), USE_GDC=order, PRE=int(cfg.get("pre", 1)) if order else 0,
-            TRIGGER=TRIGGERS[cfg.get("trigger", "entry")] if order else 0, PERSISTENT=bool(persistent), EMIT=pdl,
-            L2=bool(cfg.get("l2", False)) and pdl,
-            EVEN=bool(cfg.get("even")) and M % BM == 0 and KB % BB == 0 and not cfg.get("prefetch"),
-            LUT_REG=bool(cfg.get("lut_reg", True)),
-            **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
-            num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 1), **({"launch_pdl": True} if pdl else {}))
+            BM=BM, BB=BB, PARTIAL=split > 1, PREFETCH=cfg.prefetch, USE_ASM=use_asm,
+            FIX_NAN=interpreting(), USE_GDC=order, PRE=int(cfg.pre) if order else 0,
+            TRIGGER=TRIGGERS[cfg.trigger] if order else 0, PERSISTENT=bool(persistent), EMIT=pdl,
+            L2=bool(cfg.l2) and pdl,
+            EVEN=bool(cfg.even) and M % BM == 0 and KB % BB == 0 and not cfg.prefetch,
+            LUT_REG=bool(cfg.lut_reg),
+            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl else {}))
         self.reduce = None
         if split > 1:
             blk = 256

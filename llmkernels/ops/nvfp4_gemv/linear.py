@@ -2,11 +2,13 @@
 a dot kernel (tl.dot on decoded tiles), a register-fed mma.sync kernel for up to 16 tokens (weights decoded straight
 into mma fragments), and the dequantize kernel for larger batches (dequantize + matmul)."""
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from ..._config import KernelConfig
 from ..._launch import Launch, launch
 from ..._runtime import capability, cdiv, interpreting, next_pow2, num_sms
 from .common import (ASM_MMA2_BF16, ASM_MMA2_F16, ASM_MMA_BF16, ASM_MMA_F16, ASM_W16_BF16, ASM_W16_F16,
@@ -210,13 +212,32 @@ def _dequant_kernel(w_ptr, s_ptr, gs_ptr, out_ptr, N, KH, s_wn, s_sn, s_on,
 MAX_FUSED_T = 16  # tokens handled by the fused kernel (weights read once); above that: dequantize + matmul
 
 
-def linear_plan(T: int, N: int, KH: int, device: torch.device) -> dict:
+@dataclass(frozen=True)
+class DotConfig(KernelConfig):
+    """The dot kernel: BN weight rows and BKH packed K bytes a tile, warps, split over K, pipeline depth."""
+    BN: int = 64
+    BKH: int = 128
+    num_warps: int = 4
+    split: int = 1
+    num_stages: int = 2
+
+
+@dataclass(frozen=True)
+class MmaConfig(KernelConfig):
+    """The mma kernel: W warps of 16 rows a program, U k-steps of 64 bytes unrolled, programs per SM the split over
+    K aims at."""
+    W: int = 4
+    U: int = 4
+    programs_per_sm: int = 8
+
+
+def linear_plan(T: int, N: int, KH: int, device: torch.device) -> DotConfig:
     """Measured on H100: 128-row tiles with 8 warps for <= 4 tokens, 64-row tiles with 4 warps above."""
     BN, BKH, nw = (128, 64, 8) if T <= 4 else (64, 128, 4)
     tiles = cdiv(N, BN)
     target = 2 * num_sms(device)
     split = 1 if tiles >= target else min(-(-target // tiles), cdiv(KH, BKH))
-    return dict(BN=BN, BKH=BKH, num_warps=nw, split=split, num_stages=2)
+    return DotConfig(BN=BN, BKH=BKH, num_warps=nw, split=split, num_stages=2)
 
 
 _linear_plan = functools.lru_cache(maxsize=1024)(linear_plan)  # per call shape, read-only (the host path)
@@ -248,10 +269,10 @@ def _mma_usable(x, w8, y) -> bool:
 
 def _mma_config(T, N, KW, device, cfg=None):
     """(c, tiles, split, per): W warps of 16 rows, U k-steps, and the split over K that fills the GPU."""
-    c = {"W": 4, "U": 4, "programs_per_sm": 8, **(cfg or {})}
-    tiles = cdiv(N, 16 * c["W"])
-    step = 4 * c["U"]
-    target = c["programs_per_sm"] * num_sms(device)
+    c = MmaConfig.of(cfg)
+    tiles = cdiv(N, 16 * c.W)
+    step = 4 * c.U
+    target = c.programs_per_sm * num_sms(device)
     split = 1 if tiles >= target else min(-(-target // tiles), cdiv(KW, step))
     per = -(-(-(-KW // split)) // step) * step
     return c, tiles, max(1, -(-KW // per)), per
@@ -267,8 +288,8 @@ def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
     launch(_linear_mma_kernel, (tiles, split),
         x.view(torch.int64), w8.view(torch.int64), s8, gs, bias if bias is not None else gs, y, part,
         T, N, KW, per, x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), y.stride(0), 1,
-        W=c["W"], U=c["U"], NT=1 if T <= 8 else 2, PARTIAL=split > 1, HAS_BIAS=bias is not None,
-        num_warps=c["W"])
+        W=c.W, U=c.U, NT=1 if T <= 8 else 2, PARTIAL=split > 1, HAS_BIAS=bias is not None,
+        num_warps=c.W)
     if split > 1:
         _reduce_linear(part, y, gs, bias)
     return y
@@ -285,8 +306,8 @@ class MmaPlan:
         c, tiles, self.split, self.per = _mma_config(T, N, KW, x.device)
         self.T, self.N, self.KW, self.dtype, self.bias = T, N, KW, x.dtype, bias is not None
         self.strides = (x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), N, 1)
-        self.main = Launch(_linear_mma_kernel, (tiles, self.split), W=c["W"], U=c["U"], NT=1 if T <= 8 else 2,
-                           PARTIAL=self.split > 1, HAS_BIAS=self.bias, num_warps=c["W"])
+        self.main = Launch(_linear_mma_kernel, (tiles, self.split), W=c.W, U=c.U, NT=1 if T <= 8 else 2,
+                           PARTIAL=self.split > 1, HAS_BIAS=self.bias, num_warps=c.W)
         self.reduce = Launch(_nvfp4_splitk_reduce_kernel, (cdiv(N, 256), T), SPLIT=self.split, BLOCK=256,
                              HAS_SCALE_PTR=True, HAS_BIAS=self.bias) if self.split > 1 else None
 
@@ -334,9 +355,10 @@ def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
     kernel = (cfg or {}).get("kernel") or ("dot" if use_asm is False or (cfg and "BN" in cfg) else "mma")
     if kernel == "mma" and _mma_usable(x, w8, y):  # sm_90: ~2x the dot kernel (notes, linear rounds 3-4)
         return linear_mma_launch(x, w8, s8, gs, bias, y, {k: v for k, v in (cfg or {}).items() if k != "kernel"})
-    cfg = {k: v for k, v in cfg.items() if k != "kernel"} if cfg and "BN" in cfg else _linear_plan(T, N, KH, x.device)
-    BN, BKH = cfg["BN"], cfg["BKH"]
-    per = -(-(-(-KH // cfg["split"])) // BKH) * BKH
+    cfg = DotConfig.of({k: v for k, v in cfg.items() if k != "kernel"}) if cfg and "BN" in cfg else \
+        _linear_plan(T, N, KH, x.device)
+    BN, BKH = cfg.BN, cfg.BKH
+    per = -(-(-(-KH // cfg.split)) // BKH) * BKH
     split = max(1, -(-KH // per))
     part = torch.empty(split, T, N, dtype=torch.float32, device=x.device) if split > 1 else y
     launch(_linear_kernel, (cdiv(N, BN), split),
@@ -344,7 +366,7 @@ def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
         T, N, KH, per, x.stride(0), w8.stride(0), s8.stride(0), y.stride(0),
         BN=BN, BKH=BKH, TP=max(16, next_pow2(T)), PARTIAL=split > 1, HAS_BIAS=bias is not None,
         FIX_NAN=interpreting(), USE_ASM=_asm_decode_usable(x) if use_asm is None else use_asm,
-        num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2))
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         _reduce_linear(part, y, gs, bias)
     return y

@@ -7,7 +7,7 @@ from ..._launch import launch
 from ..._runtime import cdiv, interpreting, next_pow2
 from .attn_dist_wgmma import attn_dist_ws_launch
 from .wgmma_common import wgmma_usable
-from .common import LOG2E_C, row_args, row_flags
+from .common import LOG2E_C, TileConfig, row_args, row_flags
 from .fwd import gather, load_idx, load_q, logits, row_limits, tile_idx
 
 
@@ -41,16 +41,16 @@ def _dist_kernel(q_ptr, kv_ptr, idx_ptr, lse_ptr, out_ptr, tlen_ptr, qs_ptr,
             tl.store(out_ptr + row * s_om + offs, col, mask=offs < n_len)
 
 
-def dist_config(h_q: int, topk: int, device: torch.device) -> dict:
+def dist_config(h_q: int, topk: int, device: torch.device) -> TileConfig:
     if interpreting() or device.type != "cuda":
-        return dict(BLOCK_H=max(16, next_pow2(min(h_q, 64))),
-                    BLOCK_N=max(16, min(32, next_pow2(topk))), num_warps=4, num_stages=1,
-                    PREFETCH=True)
+        return TileConfig(BLOCK_H=max(16, next_pow2(min(h_q, 64))),
+                          BLOCK_N=max(16, min(32, next_pow2(topk))), num_warps=4, num_stages=1,
+                          PREFETCH=True)
     # measured on an H100 at s_q 4096, topk 2048 (benchmarks/notes/sparse_mla_fwd.md)
     if h_q > 64:  # all 128 heads in one program: each gathered tile serves twice the math (L2 traffic halves)
-        return dict(BLOCK_H=128, BLOCK_N=32, num_warps=8, num_stages=2, PREFETCH=True)
-    return dict(BLOCK_H=64 if h_q > 32 else max(16, next_pow2(h_q)), BLOCK_N=64, num_warps=4,
-                num_stages=2, PREFETCH=True)
+        return TileConfig(BLOCK_H=128, BLOCK_N=32, num_warps=8, num_stages=2, PREFETCH=True)
+    return TileConfig(BLOCK_H=64 if h_q > 32 else max(16, next_pow2(h_q)), BLOCK_N=64, num_warps=4,
+                      num_stages=2, PREFETCH=True)
 
 
 def attn_dist_launch(a, lse, out, config=None) -> None:
@@ -70,11 +70,10 @@ def attn_dist_launch(a, lse, out, config=None) -> None:
     if config is None and h_q <= 128 and wgmma_usable(a):
         attn_dist_ws_launch(a, lse, out)
         return
-    cfg = dict(config or dist_config(h_q, topk, q.device))
-    cfg.setdefault("PREFETCH", False)
-    bh = cfg.pop("BLOCK_H")
+    cfg = TileConfig.of(config) if config else dist_config(h_q, topk, q.device)
+    bh = cfg.BLOCK_H
     n_hb = cdiv(h_q, bh)
     launch(_dist_kernel, (s_q * n_hb,),
         q, kv, idx, lse, out, *row_args(a, n_hb),
         q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0),
-        BLOCK_H=bh, D_V=a.d_v, D_T=d_qk - a.d_v, ATOMIC=n_hb > 1, **row_flags(a), **cfg)
+        BLOCK_H=bh, D_V=a.d_v, D_T=d_qk - a.d_v, ATOMIC=n_hb > 1, **row_flags(a), **cfg.kernel_kwargs())

@@ -7,9 +7,13 @@ Gluon has no interpreter: the plain-Triton kernel in attn_dist.py is the portabl
 cover); this one runs on sm_90 and is tested on the GPU (tests marked gpu, scripts/memcheck.py).
 """
 
+from dataclasses import dataclass
+from typing import Optional
+
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
 
+from ..._config import KernelConfig
 from ..._launch import Launch, keyed
 from ..._runtime import cdiv, num_sms
 from .common import LOG2E_C, row_args, row_flags
@@ -302,6 +306,25 @@ def attn_dist_ws_launch(a, lse, out, config=None) -> None:
     DistWsPlan(a, lse, out, config, kept=False)(a, lse, out)
 
 
+@dataclass(frozen=True)
+class DistWsConfig(KernelConfig):
+    """Slots of BLOCK_N rows, STAGES of them, the consumers' and producer's registers; h_q <= 64: PAIR (two rows a
+    program, then SINGLES one-row programs: None = one per SM) or one row a program."""
+    BLOCK_N: int = 64
+    STAGES: int = 3
+    CONS_REGS: int = 232
+    PROD_REGS: int = 40
+    PAIR: bool = True
+    SINGLES: Optional[int] = None
+
+
+# measured on an H100 (benchmarks/notes/sparse_mla_fwd.md, version 5): slots of 64 rows, 3 where the consumers take
+# alternate tiles, 2 where both read every tile (507-514 vs 490 TFLOP/s at h_q 128); consumers get 232 registers (q
+# alone is 144). h_q <= 64: pairs of rows per program (notes version 9: 431-438 -> 451-453 TFLOP/s at h_q 64)
+SPLIT_DEFAULT = DistWsConfig(STAGES=2, PROD_REGS=48, PAIR=False)
+PAIR_DEFAULT = DistWsConfig()
+
+
 class DistWsPlan:
     """The launch of one attn_dist call shape on sm_90, worked out once (as fwd_wgmma.FwdWsPlan: kept=True holds the
     compiled kernel for a cached plan, kept=False launches through the keyed _launch.launch)."""
@@ -311,30 +334,22 @@ class DistWsPlan:
         q, kv, idx = a.q, a.kv, a.indices
         s_q, h_q, d_qk = q.shape
         split = h_q > 64  # 2 x 64 heads on every tile; else both consumers take 64 heads on alternate tiles
-        # measured on an H100 (benchmarks/notes/sparse_mla_fwd.md, version 5): slots of 64 rows, 3 where the
-        # consumers take alternate tiles, 2 where both read every tile (507-514 vs 490 TFLOP/s at h_q 128); consumers
-        # get 232 registers (q alone is 144). h_q <= 64: pairs of rows per program (PAIR, notes version 9: 431-438 ->
-        # 451-453 TFLOP/s at h_q 64 on one H100, 448 -> 453 on another); PAIR=0 gives one row per program
-        cfg = dict(BLOCK_N=64, STAGES=2, CONS_REGS=232, PROD_REGS=48) if split else \
-            dict(BLOCK_N=64, STAGES=3, CONS_REGS=232, PROD_REGS=40, PAIR=1)
-        cfg.update(config or {})
-        pair = cfg.pop("PAIR", False)
+        cfg = DistWsConfig.of(config, SPLIT_DEFAULT if split else PAIR_DEFAULT)
+        kw = dict(BLOCK_N=cfg.BLOCK_N, STAGES=cfg.STAGES, CONS_REGS=cfg.CONS_REGS, PROD_REGS=cfg.PROD_REGS)
         go = Launch if kept else keyed
         strides = (q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), lse.stride(0), lse.stride(1), out.stride(0))
-        if not split and pair:
-            # PAIR = 1: pairs of rows, then SINGLES single-row programs (default: one per SM) to even out the last
-            # wave
-            singles = min(s_q, cfg.pop("SINGLES", num_sms(q.device)))
+        if not split and cfg.PAIR:
+            # pairs of rows, then SINGLES single-row programs (default: one per SM) to even out the last wave
+            singles = min(s_q, cfg.SINGLES if cfg.SINGLES is not None else num_sms(q.device))
             n_pairs = (s_q - singles) // 2
             self.ints = (*row_args(a, 1)[2:], *strides, s_q, n_pairs)
             self.go = go(_dist_pair_kernel, (s_q - n_pairs,), D_V=a.d_v, D_T=d_qk - a.d_v, num_warps=4,
-                         **row_flags(a), **cfg)
+                         **row_flags(a), **kw)
             return
-        cfg.pop("SINGLES", None)
         n_hb = cdiv(h_q, 128 if split else 64)
         self.ints = (*row_args(a, n_hb)[2:], *strides)
         self.go = go(_dist_ws_kernel, (s_q * n_hb,), D_V=a.d_v, D_T=d_qk - a.d_v, SPLIT_HEADS=split,
-                     ATOMIC=split or n_hb > 1, num_warps=4, **row_flags(a), **cfg)
+                     ATOMIC=split or n_hb > 1, num_warps=4, **row_flags(a), **kw)
 
     def __call__(self, a, lse, out) -> None:
         self.run(a.q, a.kv, a.indices, a.topk_length, a.q_start_t, lse, out)

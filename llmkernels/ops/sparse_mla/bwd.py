@@ -11,12 +11,14 @@ Two passes per chunk of query rows (the split keeps every accumulator small enou
      `_mla_bwd_dkv_reduce_kernel`, which walks a CSR of the chunk's valid indices built with a stable sort.
 Invalid slots (index out of [0, s_kv), causal-masked, beyond topk_length) are never gathered or scattered.
 """
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from ..._config import KernelConfig
 from ..._launch import launch
 from ..._runtime import cdiv, interpreting, next_pow2
 from .wgmma_common import rows_16b, wgmma_usable
@@ -178,29 +180,51 @@ def _mla_bwd_dkv_reduce_kernel(contrib_ptr, perm_ptr, rowptr_ptr, acc_ptr, topk,
         tl.store(acc_ptr + kv * D_QK + dr, a_r)
 
 
-def default_config(h_q: int, d_qk: int) -> dict:
+@dataclass(frozen=True)
+class BwdConfig(KernelConfig):
+    """Both passes: the Triton first pass (p_: head block, kv rows a tile, warps, stages), the Triton second pass
+    (g_: head block, kv rows, column chunk, warps, stages), L2 eviction hints; p_gluon / g_gluon: the sm_90 Gluon
+    passes where they apply (False forces Triton), p_ws / g_ws: their configs (bwd_wgmma.ProbsWsConfig /
+    GradsWsConfig, or dicts of knobs)."""
+    p_bh: int = 64
+    p_bn: int = 32
+    p_warps: int = 4
+    p_stages: int = 3
+    g_bh: int = 64
+    g_bn: int = 64
+    g_dc: int = 128
+    g_warps: int = 4
+    g_stages: int = 3
+    hints: bool = False
+    p_gluon: bool = True
+    g_gluon: bool = True
+    p_ws: Optional[object] = None
+    g_ws: Optional[object] = None
+
+
+def default_config(h_q: int, d_qk: int) -> BwdConfig:
     """Block shapes and launch options of both passes: the H100 sweep's winners (bwd_tuned.py) by head
     block, else a heuristic; tiny blocks under the interpreter."""
     from .bwd_tuned import TUNED
     bh = min(max(16, next_pow2(h_q)), 128)
     if interpreting():
-        return dict(p_bh=min(bh, 64), p_bn=16, p_warps=4, p_stages=1, g_bh=min(bh, 64), g_bn=16, g_dc=128,
-                    g_warps=4, g_stages=1, hints=False)
+        return BwdConfig(p_bh=min(bh, 64), p_bn=16, p_warps=4, p_stages=1, g_bh=min(bh, 64), g_bn=16, g_dc=128,
+                         g_warps=4, g_stages=1, hints=False)
     if bh in TUNED:
-        return dict(TUNED[bh])
+        return BwdConfig(**TUNED[bh])
     # smaller head counts: 4 warps and 3 stages let two programs share an SM (hides gather latency)
-    return dict(p_bh=min(bh, 64), p_bn=32, p_warps=4, p_stages=3, g_bh=bh, g_bn=64, g_dc=128,
-                g_warps=4, g_stages=3, hints=False)
+    return BwdConfig(p_bh=min(bh, 64), p_bn=32, p_warps=4, p_stages=3, g_bh=bh, g_bn=64, g_dc=128,
+                     g_warps=4, g_stages=3, hints=False)
 
 
 def _ws_passes(args, dout, cfg) -> tuple:
     """(Gluon first pass, Gluon second pass)."""
     # sm_90: the warp-specialised Gluon kernels (bwd_wgmma.py) unless the config says p_gluon / g_gluon=False
-    use_ws = cfg.get("p_gluon", True) and wgmma_usable(args)
+    use_ws = cfg.p_gluon and wgmma_usable(args)
     # and the second pass too (its head blocks are 64 or 128: fewer heads stay on the Triton kernel); it cp.asyncs
     # dO and the P / dS scratch rows, so those must be provably 16-byte aligned (strides, topk multiples of 16)
     # (and it relies on the Gluon first pass's zeros past topk_length in the scratch)
-    return use_ws, (cfg.get("g_gluon", True) and use_ws and args.q.shape[1] > 32 and args.indices.shape[1] % 16 == 0
+    return use_ws, (cfg.g_gluon and use_ws and args.q.shape[1] > 32 and args.indices.shape[1] % 16 == 0
                     and rows_16b(dout, (0, 1)))
 
 
@@ -249,7 +273,7 @@ class BwdWsPlan:
 
 def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq: torch.Tensor,
                           deterministic: bool = False, dkv_fp32: Optional[torch.Tensor] = None,
-                          config: Optional[dict] = None, scratch_bytes: int = SCRATCH_BYTES):
+                          config=None, scratch_bytes: int = SCRATCH_BYTES):
     """Run the backward on canonical arguments (`common.prepare`); writes dq, returns (dkv fp32, delta).
 
     out, dout [s_q, h_q, 512] (unit last stride); lse, dlse [s_q, h_q] fp32. dkv_fp32, when given, must
@@ -260,7 +284,7 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
     s_q, h_q, d_qk = q.shape
     s_kv, topk = kv.shape[0], idx.shape[1]
     dv, dr = args.d_v, d_qk - args.d_v
-    cfg = dict(default_config(h_q, d_qk), **(config or {}))
+    cfg = default_config(h_q, d_qk).with_(config)
     dev = q.device
     if dkv_fp32 is None:
         dkv_fp32 = (torch.empty if deterministic else torch.zeros)(s_kv, d_qk, dtype=torch.float32, device=dev)
@@ -271,11 +295,12 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
         return dkv_fp32, delta
     use_ws, use_ws2 = _ws_passes(args, dout, cfg)
     if use_ws2:
-        cfg["g_bh"] = grads_ws_heads(h_q)  # the Gluon pass's head blocks (the deterministic buffers follow them)
+        # the Gluon pass's head blocks (the deterministic buffers follow them)
+        cfg = cfg.with_({"g_bh": grads_ws_heads(h_q)})
     # bf16: the first pass stores sm_scale dS, so the second pass chains its two dKV products (fp16 keeps dS
     # unscaled: typical |dS| ~ 1e-3 times sm_scale would fall below fp16's normal range)
     scaled_ds = use_ws2 and q.dtype == torch.bfloat16
-    n_hb = cdiv(h_q, cfg["g_bh"])
+    n_hb = cdiv(h_q, cfg.g_bh)
     row_bytes = 2 * h_q * topk * q.element_size() + (n_hb * topk * d_qk * 4 if deterministic else 0)
     rows = max(1, min(s_q, scratch_bytes // row_bytes))
     p_buf = torch.empty(rows, h_q, topk, dtype=q.dtype, device=dev)
@@ -296,30 +321,30 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
         if use_ws:
             probs_ws_launch(args, out, dout, lse, dl, dlse is not None, p_buf, ds_buf, delta,
                             keys if deterministic else dummy, row0, nr, deterministic, scaled_ds=scaled_ds,
-                            config=cfg.get("p_ws"))
+                            config=cfg.p_ws)
         else:
-            launch(_probs_kernel, (nr, cdiv(h_q, cfg["p_bh"])),
+            launch(_probs_kernel, (nr, cdiv(h_q, cfg.p_bh)),
                 q, kv, out, dout, idx, lse, dl, qs_t, tlen, p_buf, ds_buf, delta, keys if deterministic else dummy,
                 row0, h_q, s_kv, topk, args.q_start_int, args.k_stride, *flags, int(dlse is not None),
                 args.sm_scale * LOG2E,
                 q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), dout.stride(0), dout.stride(1),
                 idx.stride(0), lse.stride(0), lse.stride(1), dl.stride(0), dl.stride(1),
-                BH=cfg["p_bh"], BN=cfg["p_bn"], DV=dv, DR=dr, WRITE_KEYS=deterministic,
-                KV_EVICT="evict_last" if cfg["hints"] else "", BUF_EVICT="evict_first" if cfg["hints"] else "",
-                num_warps=cfg["p_warps"], num_stages=cfg["p_stages"])
+                BH=cfg.p_bh, BN=cfg.p_bn, DV=dv, DR=dr, WRITE_KEYS=deterministic,
+                KV_EVICT="evict_last" if cfg.hints else "", BUF_EVICT="evict_first" if cfg.hints else "",
+                num_warps=cfg.p_warps, num_stages=cfg.p_stages)
         target = contrib if deterministic else dkv_fp32
         if use_ws2:
-            grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0, nr, cfg["g_bh"], deterministic,
-                            scaled_ds, config=cfg.get("g_ws"))
-        for d0, dc, n_c, has_v in ([] if use_ws2 else column_parts(dv, d_qk, cfg["g_dc"])):
+            grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0, nr, cfg.g_bh, deterministic,
+                            scaled_ds, config=cfg.g_ws)
+        for d0, dc, n_c, has_v in ([] if use_ws2 else column_parts(dv, d_qk, cfg.g_dc)):
             launch(_grads_kernel, (n_c, nr, n_hb),
                 q, kv, dout, idx, qs_t, tlen, p_buf, ds_buf, dq, target,
                 row0, h_q, s_kv, topk, args.q_start_int, args.k_stride, *flags, args.sm_scale, n_hb,
                 q.stride(0), q.stride(1), kv.stride(0), dout.stride(0), dout.stride(1), idx.stride(0),
                 dq.stride(0), dq.stride(1), target.stride(0),
-                D0=d0, DC=dc, BH=cfg["g_bh"], BN=cfg["g_bn"], HAS_V=has_v, DETERMINISTIC=deterministic,
-                KV_EVICT="evict_last" if cfg["hints"] else "",
-                num_warps=cfg["g_warps"], num_stages=cfg["g_stages"])
+                D0=d0, DC=dc, BH=cfg.g_bh, BN=cfg.g_bn, HAS_V=has_v, DETERMINISTIC=deterministic,
+                KV_EVICT="evict_last" if cfg.hints else "",
+                num_warps=cfg.g_warps, num_stages=cfg.g_stages)
         if deterministic:
             k = keys[: nr * topk]
             sorted_keys, perm = torch.sort(k, stable=True)  # stable: listings of a kv row stay in (row, slot) order

@@ -9,9 +9,12 @@ Second pass, one program per (128-column chunk, query row, block of 128 or 64 he
 consumer 1 the gathered rows' dKV, added with 16-byte reductions. Measured history: benchmarks/notes/sparse_mla_bwd.md.
 """
 
+from dataclasses import dataclass
+
 from ..._runtime import cdiv
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
+from ..._config import KernelConfig
 from ..._launch import Launch, keyed
 from .common import LOG2E, LOG2E_C, column_parts
 
@@ -195,6 +198,14 @@ if HAVE_GLUON:
         ], [4, 4], [CONS_REGS, PROD_REGS])
 
 
+@dataclass(frozen=True)
+class ProbsWsConfig(KernelConfig):
+    """The first pass on sm_90: 64-row slots; 232 registers per consumer, 40 for the producer."""
+    BLOCK_N: int = 64
+    CONS_REGS: int = 232
+    PROD_REGS: int = 40
+
+
 def probs_ws_launch(args, out, dout, lse, dl, has_dlse: bool, p_buf, ds_buf, delta, keys, row0: int, nr: int,
                     write_keys: bool, scaled_ds: bool = False, config=None) -> None:
     """bwd._probs_kernel's work for rows [row0, row0 + nr) on sm_90 (see wgmma_common.wgmma_usable); with
@@ -211,8 +222,7 @@ class ProbsWs:
     def __init__(self, args, out, dout, lse, dl, has_dlse, nr, write_keys, scaled_ds=False, config=None, kept=True):
         q, kv, idx = args.q, args.kv, args.indices
         h_q, d_qk = q.shape[1:]
-        cfg = dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=40)
-        cfg.update(config or {})
+        cfg = ProbsWsConfig.of(config)
         n_hb = cdiv(h_q, 64)
         self.ints = (n_hb, h_q, kv.shape[0], idx.shape[1], args.q_start_int, args.k_stride, args.sm_scale * LOG2E,
                      q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), dout.stride(0),
@@ -221,7 +231,7 @@ class ProbsWs:
         self.go = (Launch if kept else keyed)(
             _probs_ws_kernel, (nr * n_hb,), D_V=args.d_v, D_T=d_qk - args.d_v, CAUSAL=args.causal,
             QS_TENSOR=args.q_start_t is not None, HAS_TLEN=args.topk_length is not None, HAS_DLSE=has_dlse,
-            WRITE_KEYS=write_keys, num_warps=4, **cfg)
+            WRITE_KEYS=write_keys, num_warps=4, **dict(cfg))
 
     def direct(self) -> bool:
         return self.go.direct()
@@ -473,6 +483,23 @@ def grads_ws_heads(h_q: int) -> int:
     return 128 if h_q > 64 else 64
 
 
+@dataclass(frozen=True)
+class GradsWsConfig(KernelConfig):
+    """The second pass on sm_90. DC 128: twice the N of the Triton pass's wgmmas and half its P / dS re-reads; q, dO
+    column blocks (64 KB), two slots (96 KB) and the fp32 staging of one dKV tile (32 KB) fill shared memory. The
+    producer keeps 12 rows' addresses: 72 registers (40 spill; the rest of the 72 B stack is the shared prologue's,
+    read once). DC 256 at 64 heads (q, dO blocks 64 KB, slots 96 KB, staging 64 KB: 229.7 KB) reads P / dS 5 instead
+    of 9 times: 10.45 -> 10.08 ms. (The L2-bound reductions: consumer 1 hands them to consumer 0 instead of stalling
+    its next wgmmas, 17.0 -> 15.7 ms at h_q 128, 11.3 -> 10.3 at 64 for the whole backward; a second staging buffer
+    measured slower, 16.3 / 10.9; notes: sparse_mla_bwd.md.)"""
+    DC: int = 128
+    BN: int = 64
+    STAGES: int = 2
+    NB: int = 1
+    CONS_REGS: int = 216
+    PROD_REGS: int = 72
+
+
 def grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0: int, nr: int, bh: int, deterministic: bool,
                     ds_scaled: bool = True, config=None) -> None:
     """bwd._grads_kernel's work (both column parts) for rows [row0, row0 + nr) on sm_90; bh: 64 or 128 heads a
@@ -489,16 +516,7 @@ class GradsWs:
     def __init__(self, args, dout, dq, target, nr, bh, deterministic, ds_scaled=True, config=None, kept=True):
         q, kv, idx = args.q, args.kv, args.indices
         h_q, d_qk = q.shape[1:]
-        # DC 128: twice the N of the Triton pass's wgmmas and half its P / dS re-reads; q, dO column blocks (64 KB),
-        # two slots (96 KB) and the fp32 staging of one dKV tile (32 KB) fill shared memory. The producer keeps 12
-        # rows' addresses: 72 registers (40 spill; the rest of the 72 B stack is the shared prologue's, read once).
-        # RED 3: the reductions are bound by the L2 (3.3 TB/s, notes: sparse_mla_bwd.md), so consumer 1 hands them
-        # to consumer 0 instead of stalling its next wgmmas behind them: 17.0 -> 15.7 ms (h_q 128), 11.3 -> 10.3
-        # (h_q 64) for the whole backward; a second staging buffer measured slower (16.3 / 10.9)
-        # DC 256 at 64 heads (q, dO blocks 64 KB, slots 96 KB, staging 64 KB: 229.7 KB) reads P / dS 5 instead of 9
-        # times: 10.45 -> 10.08 ms
-        cfg = dict(DC=256 if bh == 64 else 128, BN=64, STAGES=2, NB=1, CONS_REGS=216, PROD_REGS=72)
-        cfg.update(config or {})
+        cfg = GradsWsConfig.of(config, GradsWsConfig(DC=256 if bh == 64 else 128))
         n_hb = cdiv(h_q, bh)
         self.ints = (h_q, kv.shape[0], idx.shape[1], args.q_start_int, args.k_stride, n_hb, args.sm_scale,
                      q.stride(0), q.stride(1), kv.stride(0), dout.stride(0), dout.stride(1), idx.stride(0),
@@ -507,7 +525,8 @@ class GradsWs:
         self.gos = [go(_grads_ws_kernel, (n_c, nr, n_hb), D0=d0, DC=dcp, BH=bh, HAS_V=has_v,
                        DETERMINISTIC=deterministic, CAUSAL=args.causal, DS_SCALED=ds_scaled,
                        QS_TENSOR=args.q_start_t is not None, HAS_TLEN=args.topk_length is not None, num_warps=4,
-                       **cfg) for d0, dcp, n_c, has_v in column_parts(args.d_v, d_qk, cfg.pop("DC"))]
+                       **{k: v for k, v in cfg.items() if k != "DC"})
+                    for d0, dcp, n_c, has_v in column_parts(args.d_v, d_qk, cfg.DC)]
 
     def __call__(self, args, dout, p_buf, ds_buf, dq, target, row0) -> None:
         self.run(args.q, args.kv, args.indices, args.topk_length, args.q_start_t, dout, p_buf, ds_buf, dq, target,

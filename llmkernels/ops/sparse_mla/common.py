@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._config import KernelConfig
 from ..._constants import LN2, LN2_C, LOG2E, LOG2E_C  # noqa: F401  (re-exported to the sparse MLA modules)
 from ..._launch import current_device, skey, tkey
 from ..._validate import (check_int, check_interpreter_dtype, check_same_device, check_scale, check_tensor,
@@ -40,6 +41,21 @@ def nan_max(m, l):
 DTYPES = (torch.bfloat16, torch.float16)  # bf16 is the model's dtype; fp16 also runs (and is what CPU tests use)
 D_QK = (576, 512)
 D_V = 512
+
+
+@dataclass(frozen=True)
+class TileConfig(KernelConfig):
+    """The portable Triton forward / attn_dist kernels: head block, kv rows a tile, warps, pipeline depth, and index
+    prefetch one tile ahead (fwd.fwd_config / attn_dist.dist_config pick them)."""
+    BLOCK_H: int = 64
+    BLOCK_N: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    PREFETCH: bool = False
+
+    def kernel_kwargs(self) -> dict:
+        return dict(BLOCK_N=self.BLOCK_N, num_warps=self.num_warps, num_stages=self.num_stages,
+                    PREFETCH=self.PREFETCH)
 
 
 @dataclass

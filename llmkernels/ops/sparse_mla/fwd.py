@@ -5,7 +5,7 @@ import triton.language as tl
 
 from ..._launch import launch
 from ..._runtime import cdiv, interpreting, next_pow2
-from .common import LN2_C, nan_max, row_args, row_finish, row_flags, sink_arg
+from .common import LN2_C, TileConfig, nan_max, row_args, row_finish, row_flags, sink_arg
 from .fwd_wgmma import sparse_mla_fwd_ws_launch
 from .wgmma_common import wgmma_usable
 
@@ -124,19 +124,19 @@ def _fwd_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tl
     tl.store(lse_ptr + row * s_lm + offs_h, lse, mask=hmask)
 
 
-def fwd_config(h_q: int, topk: int, device: torch.device) -> dict:
+def fwd_config(h_q: int, topk: int, device: torch.device) -> TileConfig:
     """Block sizes, warps and pipeline depth (tuned on an H100 for d_qk 576, see benchmarks/notes).
 
     Index prefetch (PREFETCH) makes the forward slower there (the pipeliner then keeps more live
     registers and spills at BLOCK_N 64), so it is off on the GPU.
     """
     if interpreting() or device.type != "cuda":
-        return dict(BLOCK_H=max(16, next_pow2(min(h_q, 64))),
-                    BLOCK_N=max(16, min(32, next_pow2(topk))), num_warps=4, num_stages=1,
-                    PREFETCH=True)
+        return TileConfig(BLOCK_H=max(16, next_pow2(min(h_q, 64))),
+                          BLOCK_N=max(16, min(32, next_pow2(topk))), num_warps=4, num_stages=1,
+                          PREFETCH=True)
     if h_q > 32:
-        return dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2, PREFETCH=False)
-    return dict(BLOCK_H=max(16, next_pow2(h_q)), BLOCK_N=64, num_warps=4, num_stages=2, PREFETCH=False)
+        return TileConfig(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2, PREFETCH=False)
+    return TileConfig(BLOCK_H=max(16, next_pow2(h_q)), BLOCK_N=64, num_warps=4, num_stages=2, PREFETCH=False)
 
 
 def sparse_mla_fwd_launch(a, out, max_logits, lse, sink_in_lse: bool = True, config=None) -> None:
@@ -154,12 +154,11 @@ def sparse_mla_fwd_launch(a, out, max_logits, lse, sink_in_lse: bool = True, con
     if config is None and wgmma_usable(a):
         sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse=sink_in_lse)
         return
-    cfg = dict(config or fwd_config(h_q, topk, q.device))
-    cfg.setdefault("PREFETCH", False)
-    bh = cfg.pop("BLOCK_H")
+    cfg = TileConfig.of(config) if config else fwd_config(h_q, topk, q.device)
+    bh = cfg.BLOCK_H
     n_hb = cdiv(h_q, bh)
     launch(_fwd_kernel, (s_q * n_hb,),
         q, kv, idx, out, max_logits, lse, sink_arg(a), *row_args(a, n_hb),
         q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0), out.stride(1), lse.stride(0),
         BLOCK_H=bh, D_V=a.d_v, D_T=d_qk - a.d_v, HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse,
-        **row_flags(a), **cfg)
+        **row_flags(a), **cfg.kernel_kwargs())

@@ -13,12 +13,16 @@ Each slot is gathered in two halves so it can be refilled as soon as its readers
 columns consumer s multiplies by its own P) and the late half (the other 256 columns and the rope). Measured history:
 benchmarks/notes/sparse_mla_fwd.md.
 """
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
+from ..._config import KernelConfig
 from ..._launch import Launch, keyed
 from ..._runtime import cdiv, next_pow2, num_sms
 from .common import LN2_C, LOG2E_C, nan_max, row_args, row_finish, row_flags
@@ -421,6 +425,18 @@ def tail_split(n_items: int, n_sm: int, n_pairs: int) -> tuple:
     return n_items - tail, cdiv(n_pairs, pp), pp
 
 
+@dataclass(frozen=True)
+class FwdWsConfig(KernelConfig):
+    """64-row tiles: q (72 KB) + two slots (144 KB) fill shared memory; 232 registers per consumer (O's half alone is
+    128), 48 for the producer (40 spills the next pair's indices; notes: sparse_mla_fwd.md, v4-5). TAIL: split the
+    last partial wave's items over their topk (tail_split); NSM: the SM count it assumes (tests; None: the GPU's)."""
+    BLOCK_N: int = 64
+    CONS_REGS: int = 232
+    PROD_REGS: int = 48
+    TAIL: bool = True
+    NSM: Optional[int] = None
+
+
 def sparse_mla_fwd_ws_launch(a, out, max_logits, lse, sink_in_lse: bool = True, config=None) -> None:
     """As fwd.sparse_mla_fwd_launch, on sm_90 (see wgmma_common.wgmma_usable)."""
     FwdWsPlan(a, out, lse, sink_in_lse, config, kept=False)(a, out, max_logits, lse)
@@ -437,28 +453,26 @@ class FwdWsPlan:
     def __init__(self, a, out, lse, sink_in_lse: bool = True, config=None, kept=True):
         q, kv, idx = a.q, a.kv, a.indices
         s_q, h_q, d_qk = q.shape
-        # 64-row tiles: q (72 KB) + two slots (144 KB) fill shared memory; 232 registers per consumer (O's half
-        # alone is 128), 48 for the producer (40 spills the next pair's indices; notes: sparse_mla_fwd.md, v4-5)
-        cfg = dict(BLOCK_N=64, CONS_REGS=232, PROD_REGS=48)
-        cfg.update(config or {})
+        cfg = FwdWsConfig.of(config)
         n_hb = cdiv(h_q, 64)
         n_items = s_q * n_hb
         n_main, n_piece, pp = n_items, 1, 0
-        n_sm = cfg.pop("NSM", None) or num_sms(q.device)  # NSM: tests split at other SM counts
-        if cfg.pop("TAIL", 1):
-            n_main, n_piece, pp = tail_split(n_items, n_sm, cdiv(idx.shape[1], 2 * cfg["BLOCK_N"]))
+        n_sm = cfg.NSM or num_sms(q.device)
+        if cfg.TAIL:
+            n_main, n_piece, pp = tail_split(n_items, n_sm, cdiv(idx.shape[1], 2 * cfg.BLOCK_N))
         self.n_main, self.n_piece, self.pp = n_main, n_piece, pp
         self.ints = (*row_args(a, n_hb)[2:], q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0),
                      out.stride(1), lse.stride(0), 0)
         flags = dict(D_V=a.d_v, D_T=d_qk - a.d_v, HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse,
-                     num_warps=4, **row_flags(a))
+                     num_warps=4, BLOCK_N=cfg.BLOCK_N, CONS_REGS=cfg.CONS_REGS, PROD_REGS=cfg.PROD_REGS,
+                     **row_flags(a))
         go = Launch if kept else keyed
-        self.main = go(_fwd_see_kernel, (n_main,), **flags, **cfg) if n_main else None
+        self.main = go(_fwd_see_kernel, (n_main,), **flags) if n_main else None
         self.piece = self.merge = None
         if n_piece > 1:
             n_tail = n_items - n_main
             self.part_numel = n_tail * n_piece * (64 * a.d_v + 128)
-            self.piece = go(_fwd_see_kernel, (n_tail * n_piece,), **flags, **cfg, SPLIT=1)
+            self.piece = go(_fwd_see_kernel, (n_tail * n_piece,), **flags, SPLIT=1)
             self.merge = go(_tail_merge, (n_tail, 64), HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse,
                             BLOCK_P=next_pow2(n_piece), D_V=a.d_v, num_warps=4)
             self.merge_ints = (n_main, n_piece, n_hb, h_q, out.stride(0), out.stride(1), lse.stride(0))

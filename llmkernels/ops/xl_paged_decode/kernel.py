@@ -1,10 +1,13 @@
 """Split-KV paged decode with Transformer-XL relative-position terms: scale * ((q + u) . k + bd)."""
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from ..._constants import LN2_C, LOG2E
 from ..._launch import Launch, PlanCache, current_device, tkey
+from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
 from ..combine.kernel import CombinePlan, pdl_enabled, pdl_enter
 
@@ -228,24 +231,37 @@ def _xl_decode_split_kernel(
         tl.store(lse_ptr + rows * s_lr + split, lse, mask=gmask)
 
 
-def default_config(D: int, esize: int, legacy: bool = False, G: int = 1) -> dict:
-    """16 KiB K (and V) tiles, 4 warps (fp32: 8, else its IEEE dot spills), 2 stages (fp16 D=128: 119-128
-    registers, 4 programs per SM); split until ~16 programs per SM so the last wave is a small part of the run.
-
-    Variant keys (v4 candidates, selectable for a device sweep; the defaults are v2's measured path):
+@dataclass(frozen=True)
+class XLConfig(KernelConfig):
+    """Launch knobs (default_config picks them per head dim, dtype and layout). Variant knobs (v4 candidates,
+    selectable for a device sweep; the defaults are v2's measured path):
       mha_path: "dot" (the GQA group padded to 16 rows for tl.dot) or "reduce" (G == 1 only: fp32 multiply +
         reductions on K and V tiles in memory order, no padded dot); ignored when G > 1.
       prefetch_table: reduce path only: load the next tile's block ids one iteration ahead (Triton does not
         cp.async-pipeline loads that feed no dot, so the table -> K/V latency chain is otherwise exposed).
       legacy_k: "v2" (K tile [BLOCK_N, D] gathered along d) or "native" (loaded [D/x, BLOCK_N, x] in memory
-        order, permuted to K^T for the dot); dot path, legacy layout only.
-    legacy and G pick the measured per-layout overrides of LAYOUT_DEFAULTS.
-    """
+        order, permuted to K^T for the dot); dot path, legacy layout only."""
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    programs_per_sm: int = 16
+    mha_path: str = "dot"
+    legacy_k: str = "v2"
+    prefetch_table: bool = False
+    pdl: bool = True
+
+    def __post_init__(self):
+        if self.mha_path not in ("dot", "reduce") or self.legacy_k not in ("v2", "native"):
+            raise ValueError(f"unknown variant mha_path={self.mha_path!r} legacy_k={self.legacy_k!r}")
+
+
+def default_config(D: int, esize: int, legacy: bool = False, G: int = 1) -> XLConfig:
+    """16 KiB K (and V) tiles, 4 warps (fp32: 8, else its IEEE dot spills), 2 stages (fp16 D=128: 119-128
+    registers, 4 programs per SM); split until ~16 programs per SM so the last wave is a small part of the run.
+    legacy and G pick the measured per-layout overrides of LAYOUT_DEFAULTS."""
     block_n = max(16, min(64, 16384 // (next_pow2(D) * esize)))
-    cfg = {"block_n": block_n, "num_warps": 8 if esize == 4 else 4, "num_stages": 2, "programs_per_sm": 16,
-           "mha_path": "dot", "legacy_k": "v2", "prefetch_table": False, "pdl": True}
-    cfg.update(LAYOUT_DEFAULTS.get(("legacy" if legacy else "nhd", "mha" if G == 1 else "gqa"), {}))
-    return cfg
+    cfg = XLConfig(block_n=block_n, num_warps=8 if esize == 4 else 4)
+    return cfg.with_(LAYOUT_DEFAULTS.get(("legacy" if legacy else "nhd", "mha" if G == 1 else "gqa")))
 
 
 # Overrides of default_config per (layout, "mha" (G == 1) / "gqa" (G > 1)), from the device sweeps of
@@ -280,15 +296,13 @@ class XLPlan:
         if self.empty:
             return
         G = H // Hkv
-        cfg = dict(default_config(D, q.element_size(), legacy, G), **(config or {}))
-        if cfg["mha_path"] not in ("dot", "reduce") or cfg["legacy_k"] not in ("v2", "native"):
-            raise ValueError(f"unknown variant mha_path={cfg['mha_path']!r} legacy_k={cfg['legacy_k']!r}")
-        block_n = cfg["block_n"]
+        cfg = default_config(D, q.element_size(), legacy, G).with_(config)
+        block_n = cfg.block_n
         pdl = pdl_enabled(q.device)  # split kernel waits on its predecessor and releases the merge (see combine)
         max_len = block_tables.shape[1] * bs
         if bd is not None:
             max_len = min(max_len, bd.shape[-1])
-        splits, chunk = _plan(S, Hkv, max_len, q.device, block_n, cfg["programs_per_sm"])
+        splits, chunk = _plan(S, Hkv, max_len, q.device, block_n, cfg.programs_per_sm)
         self.part = (S * H, splits, D)
         us = (0, 0) if u is None else ((0, u.stride(0)) if u.dim() == 2 else (u.stride(0), u.stride(1)))
         bds = (0, 0, 0) if bd is None else tuple(bd.stride())
@@ -305,9 +319,9 @@ class XLPlan:
             G=G, BLOCK_G=max(16, next_pow2(G)), D=D, BLOCK_D=next_pow2(D),
             BS=bs, BSUB=min(bs, block_n), BLOCK_N=block_n, KX=k_cache.shape[4] if legacy else 1, LEGACY=legacy,
             HAS_U=u is not None, HAS_BD=bd is not None, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-            K_NATIVE=legacy and cfg["legacy_k"] == "native", MHA_REDUCE=G == 1 and cfg["mha_path"] == "reduce",
-            PREFETCH_TBL=bool(cfg["prefetch_table"]), USE_GDC=pdl, num_warps=cfg["num_warps"],
-            num_stages=cfg["num_stages"], **({"launch_pdl": True} if pdl and cfg["pdl"] else {}))
+            K_NATIVE=legacy and cfg.legacy_k == "native", MHA_REDUCE=G == 1 and cfg.mha_path == "reduce",
+            PREFETCH_TBL=bool(cfg.prefetch_table), USE_GDC=pdl, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl and cfg.pdl else {}))
         self.merge = CombinePlan(S * H, splits, D, (D, splits * D, 1, splits, D), True, q.device)
 
     def __call__(self, q, k_cache, v_cache, block_tables, context_lens, u, bd, out, lse) -> None:
