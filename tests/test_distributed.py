@@ -458,6 +458,8 @@ def test_bench_tiny(tmp_path):
     assert worlds == [1, 2] and all(r["op"] == "cp_decode" and r["impl"] == "llmkernels" for r in recs)
     assert all(set(r["shape"]) == {"B", "Hkv", "Hq", "L", "D", "world"} and r["device"] for r in recs)
     assert "cp_decode" in p.stdout and "world" in p.stdout  # the table
+    two = [r for r in recs if r["shape"]["world"] == 2]
+    assert two and all(0 < r["decode_only_min_ms"] <= r["decode_only_ms"] for r in two)  # the ranks' decode spread
 
 
 def test_gpu_check_script_dry_run_on_cpu():

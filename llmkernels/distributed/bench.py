@@ -109,7 +109,10 @@ def _free(gpu: bool) -> None:
 def _max_over_ranks(res: dict, cpu_group, world: int) -> dict:
     allr = [None] * world
     dist.all_gather_object(allr, res, group=cpu_group)
-    return {k: max(r[k] for r in allr) for k in res}
+    out = {k: max(r[k] for r in allr) for k in res}
+    if "decode_only" in res:  # how far the ranks' decodes differ: a step's all-gather waits for the slower one
+        out["decode_only_min"] = min(r["decode_only"] for r in allr)
+    return out
 
 
 def _record(cfg, B, L, world, t, base, dev_names, copy_tbps, gemm_tflops, gpu) -> dict:
@@ -125,7 +128,8 @@ def _record(cfg, B, L, world, t, base, dev_names, copy_tbps, gemm_tflops, gpu) -
          "dtype": str(cfg["dtype"]).replace("torch.", ""), "graph_steps": t["steps"],
          "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE")}
     if world > 1:
-        r.update(decode_only_ms=t["decode_only"], comm_merge_ms=t["comm_merge"],
+        r.update(decode_only_ms=t["decode_only"], decode_only_min_ms=t["decode_only_min"],
+                 comm_merge_ms=t["comm_merge"],
                  added_ms=t["step"] - t["decode_only"], exchange_dtype="float32",
                  lowp_exchange={"dtype": r["dtype"], "ms": t["step_lowp"], "comm_merge_ms": t["comm_merge_lowp"],
                                 "added_ms": t["step_lowp"] - t["decode_only"]})
@@ -141,6 +145,8 @@ def _table(records) -> str:
     cols = [(k, lambda r, k=k: r["shape"][k]) for k in ("B", "L", "world")] + [
             ("step ms", lambda r: f"{r['ms']:.4f}"), ("x world 1", lambda r: _fmt(r.get("vs_world1"), 1, 3)),
             ("decode only ms", lambda r: _fmt(r.get("decode_only_ms"), 1, 4)),
+            ("rank spread us", lambda r: _fmt(r["decode_only_ms"] - r["decode_only_min_ms"]
+                                              if "decode_only_min_ms" in r else None, 1e3, 1)),
             ("added us", lambda r: _fmt(r.get("added_ms"), 1e3, 1)),
             ("comm+merge us", lambda r: _fmt(r.get("comm_merge_ms"), 1e3, 1)),
             ("lowp added us", lambda r: _fmt(r.get("lowp_exchange", {}).get("added_ms"), 1e3, 1)),
