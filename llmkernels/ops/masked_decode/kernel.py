@@ -9,7 +9,7 @@ from ..._constants import LN2_C, LOG2E
 from ..._launch import Launch, PlanCache, current_device, tkey
 from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
-from ..combine.kernel import CombinePlan, pdl_enabled, pdl_enter
+from ..combine.kernel import CombinePlan, pdl_enabled, pdl_enter, softmax_step
 
 
 @triton.jit
@@ -35,13 +35,8 @@ def _attend(q, k_base, v_base, m_base, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
         v = tl.load(v_base + offs[:, None].to(tl.int64) * s_vl + offs_d[None, :], mask=keep[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(keep[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all-dropped so far: avoid inf - inf
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, True)  # all dropped so far: m stays -inf
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
     return m_i, l_i, acc
 
 

@@ -5,6 +5,7 @@ import triton.language as tl
 
 from ..._launch import launch
 from ..._runtime import cdiv, interpreting, next_pow2
+from ..combine.kernel import softmax_step
 from .common import LN2_C, TileConfig, nan_max, row_args, row_finish, row_flags, sink_arg
 from .fwd_wgmma import sparse_mla_fwd_ws_launch
 from .wgmma_common import wgmma_usable
@@ -105,13 +106,8 @@ def _fwd_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tl
         valid, k_lo, k_hi = gather(kv_ptr, idx, s_kv, limit, s_kvn, D_V, D_T, CAUSAL)
         s = logits(q_lo, q_hi, k_lo, k_hi, D_T)
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing valid yet: avoid inf - inf
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, True)
         acc = acc * alpha[:, None] + tl.dot(p.to(k_lo.dtype), k_lo)  # V is the first D_V dims of the same tile
-        m_i = m_new
 
     empty, lse2, denom = row_finish(m_i, l_i, sink_ptr, offs_h, hmask, HAS_SINK, SINK_IN_LSE)
     o = acc / denom[:, None]

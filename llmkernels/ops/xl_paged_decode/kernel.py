@@ -9,7 +9,7 @@ from ..._constants import LN2_C, LOG2E
 from ..._launch import Launch, PlanCache, current_device, tkey
 from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
-from ..combine.kernel import CombinePlan, pdl_enabled, pdl_enter
+from ..combine.kernel import CombinePlan, pdl_enabled, pdl_enter, softmax_step
 
 
 @triton.jit
@@ -69,11 +69,7 @@ def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_bloc
     if HAS_BD:  # positional term, inside the scale: scale * (ac + bd)
         sc += tl.load(bd_base + tok[None, :] * s_bt, mask=gmask[:, None] & valid[None, :], other=0.0).to(tl.float32)
     sc = tl.where(valid[None, :], sc * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing attended yet: avoid inf - inf
-    p = tl.exp2(sc - m_safe[:, None])
-    alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    p, alpha, m_new, l_i = softmax_step(sc, m_i, l_i, True)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
     return m_new, l_i, acc
 
@@ -116,11 +112,7 @@ def _tile_mha(n0, end, blk, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base,
     if HAS_BD:  # positional term, inside the scale: scale * (ac + bd)
         sc += tl.load(bd_base + tok * s_bt, mask=valid, other=0.0).to(tl.float32)
     sc = tl.where(valid, sc * qk_scale, float("-inf"))  # also drops K slots past the context (maybe NaN)
-    m_new = tl.maximum(m_i, tl.max(sc, axis=0))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing attended yet: avoid inf - inf
-    p = tl.exp2(sc - m_safe)
-    alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, axis=0)
+    p, alpha, m_new, l_i = softmax_step(sc, m_i, l_i, False)
     if LEGACY:  # v [nb, Hkv, D, BS]: per d a run of BSUB contiguous tokens starting at a multiple of BSUB
         v_off = kv_blk[None, :] * s_vb + offs_d[:, None] * BS + off[None, :]
         v_off = tl.max_contiguous(tl.multiple_of(v_off, [1, BSUB]), [1, BSUB])
