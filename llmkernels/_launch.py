@@ -210,7 +210,7 @@ class Launch:
         return self.kept is not None and not _hooks()
 
     def __call__(self, *args):
-        if self.kept is not None and not _hooks():
+        if self.direct():
             _fire(self.kept, self.grid, args)
             return
         ck = self.fn[self.grid](*args, **self.kwargs)

@@ -20,24 +20,19 @@ def pdl_enter(USE_GDC: tl.constexpr):
 
 
 @triton.jit
-def softmax_step(s, m_i, l_i, ROWS: tl.constexpr):
+def softmax_step(s, m_i, l_i, AXIS: tl.constexpr):
     """One online-softmax step of the split-KV kernels over logits s already scaled to log2 units and masked with
-    -inf: (p = exp2(s - m_new), alpha = exp2(m_i - m_new) for the running sums, m_new, l_i updated). ROWS: s is
-    [rows, keys] (reduce over axis 1), else [keys] (axis 0). A row with nothing attended yet keeps m = -inf and
-    l = 0 (exp2 of -inf - 0, never inf - inf)."""
-    if ROWS:
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    -inf: (p = exp2(s - m_new), alpha = exp2(m_i - m_new) for the running sums, m_new, l_i updated). The keys run
+    along AXIS: 1 for s [rows, keys], 0 for s [keys]. A row with nothing attended yet keeps m = -inf and l = 0
+    (exp2 of -inf - 0, never inf - inf)."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=AXIS))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if AXIS == 1:
         p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_new = l_i * alpha + tl.sum(p, axis=1)
     else:
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s - m_safe)
-        alpha = tl.exp2(m_i - m_safe)
-        l_new = l_i * alpha + tl.sum(p, axis=0)
-    return p, alpha, m_new, l_new
+    alpha = tl.exp2(m_i - m_safe)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=AXIS)
 
 
 @triton.jit

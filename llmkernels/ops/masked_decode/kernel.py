@@ -35,7 +35,7 @@ def _attend(q, k_base, v_base, m_base, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
         v = tl.load(v_base + offs[:, None].to(tl.int64) * s_vl + offs_d[None, :], mask=keep[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(keep[None, :], s, float("-inf"))
-        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, True)  # all dropped so far: m stays -inf
+        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, 1)  # all dropped so far: m stays -inf
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_i, l_i, acc
 

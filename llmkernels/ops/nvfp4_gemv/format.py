@@ -21,10 +21,15 @@ SCALE_DTYPES = (torch.float8_e4m3fn,)
 _THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
 
 
+def u8(t: torch.Tensor) -> torch.Tensor:
+    """The uint8 view of one-byte data (packed E2M1, e4m3 scales), unchecked."""
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
 def as_bytes(name: str, t: torch.Tensor) -> torch.Tensor:
     """The uint8 view of packed E2M1 data (accepts uint8 or float4_e2m1fn_x2)."""
     check_tensor(name, t, dtypes=PACKED_DTYPES)
-    return t.view(torch.uint8) if t.dtype != torch.uint8 else t
+    return u8(t)
 
 
 def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:

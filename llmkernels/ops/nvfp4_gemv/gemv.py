@@ -18,6 +18,7 @@ from ..._launch import Launch, keyed
 from ..._runtime import cdiv, interpreting, next_pow2, num_sms
 from ..combine.kernel import pdl_enabled
 from .common import ASM_A, ASM_A_IMM, ASM_B, ASM_B_IMM, _nvfp4_splitk_reduce_kernel, e4m3_f32
+from .format import u8
 
 
 @triton.jit
@@ -344,9 +345,15 @@ def gemv_launch(a8, b8, sa8, sb8, out, alpha: float, cfg=None, use_asm=None, sta
         return out
     if KH // 8 == 0:
         return out.zero_()
-    a64, b64, sb = _blocks(a8), _blocks(b8[:1])[:, 0], sb8[0]
-    GemvPlan(a64, sa8, b64, sb, out, alpha, cfg, use_asm, static_weights, kept=False)(a64, sa8, b64, sb, out)
+    views = _views(a8, b8, sa8, sb8)
+    GemvPlan(*views, out, alpha, cfg, use_asm, static_weights, kept=False)(*views, out)
     return out
+
+
+def _views(a, b, sfa, sfb) -> tuple:
+    """The GEMV kernel's tensor arguments (a64, sa8, b64, sb8) for nvfp4_gemv's a, b, sfa, sfb (uint8 or fp4 / fp8
+    views of the same bytes): int64 block views of a and b's row 0 (copies only if unaligned), the scales as uint8."""
+    return _blocks(u8(a)), u8(sfa), _blocks(u8(b)[:1])[:, 0], u8(sfb)[0]
 
 
 class GemvPlan:
@@ -408,18 +415,16 @@ def gemv_kept_plan(a, b, sfa, sfb, out, alpha, static_weights):
     M, KH, L = a.shape
     if M == 0 or L == 0 or KH // 8 == 0:
         return None
-    a64, b64 = _blocks(a.view(torch.uint8)), _blocks(b.view(torch.uint8)[:1])[:, 0]
-    if a64.data_ptr() != a.data_ptr() or b64.data_ptr() != b.data_ptr():
+    views = _views(a, b, sfa, sfb)
+    if views[0].data_ptr() != a.data_ptr() or views[2].data_ptr() != b.data_ptr():
         return None
-    sa8, sb8 = sfa.view(torch.uint8), sfb.view(torch.uint8)[0]
-    return GemvPlan(a64, sa8, b64, sb8, out, alpha, static_weights=static_weights)
+    return GemvPlan(*views, out, alpha, static_weights=static_weights)
 
 
 def gemv_kept_call(plan, a, b, sfa, sfb, out) -> None:
     """Run a plan of gemv_kept_plan on nvfp4_gemv's raw tensors: they sit at the block views' addresses, which is
     all a kept kernel reads; Triton's path (the first call, launch hooks) gets the typed views."""
-    if plan.main.direct() and (plan.reduce is None or plan.reduce.direct()):
+    if plan.main.direct():  # (the reduce only ever gets the fp32 parts and out)
         plan(a, sfa, b, sfb, out)
     else:
-        plan(_blocks(a.view(torch.uint8)), sfa.view(torch.uint8), _blocks(b.view(torch.uint8)[:1])[:, 0],
-             sfb.view(torch.uint8)[0], out)
+        plan(*_views(a, b, sfa, sfb), out)

@@ -6,15 +6,11 @@ import torch
 from ..._launch import PlanCache, current_device, direct_ok, new_token, run_planned, skey, tkey, tracing
 from ..._validate import (check_bool, check_int, check_interpreter_dtype, check_no_self_overlap, check_same_device,
                           check_scale, check_shape, check_tensor)
-from .format import BLOCK, SCALE_DTYPES, as_bytes, check_k, nvfp4_quantize
+from .format import BLOCK, SCALE_DTYPES, as_bytes, check_k, nvfp4_quantize, u8
 from .gemv import gemv_kept_call, gemv_kept_plan, gemv_launch
 from .linear import MAX_FUSED_T, MmaPlan, dequant_launch, linear_launch
 
 _X_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def _u8(t: torch.Tensor) -> torch.Tensor:
-    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
 
 
 def _new_out(a: torch.Tensor) -> torch.Tensor:
@@ -26,7 +22,7 @@ def _new_out(a: torch.Tensor) -> torch.Tensor:
 def _gemv_op(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.Tensor, alpha: float,
              static_weights: bool) -> torch.Tensor:
     out = _new_out(a)
-    gemv_launch(_u8(a), _u8(b), _u8(sfa), _u8(sfb), out, alpha, static_weights=static_weights)
+    gemv_launch(u8(a), u8(b), u8(sfa), u8(sfb), out, alpha, static_weights=static_weights)
     return out
 
 
@@ -39,7 +35,7 @@ def _(a, b, sfa, sfb, alpha, static_weights):
 @torch.library.custom_op("llmkernels::nvfp4_gemv_out", mutates_args=("out",))
 def _gemv_out_op(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.Tensor, alpha: float,
                  out: torch.Tensor, static_weights: bool) -> None:
-    gemv_launch(_u8(a), _u8(b), _u8(sfa), _u8(sfb), out, alpha, static_weights=static_weights)
+    gemv_launch(u8(a), u8(b), u8(sfa), u8(sfb), out, alpha, static_weights=static_weights)
 
 
 @_gemv_out_op.register_fake
@@ -131,8 +127,8 @@ def _gemv_kept(plan, a, b, sfa, sfb, out):
 
 def _gemv(a, b, sfa, sfb, out, alpha: float, static_weights: bool):
     if out is None:
-        return gemv_launch(_u8(a), _u8(b), _u8(sfa), _u8(sfb), _new_out(a), alpha, static_weights=static_weights)
-    gemv_launch(_u8(a), _u8(b), _u8(sfa), _u8(sfb), out, alpha, static_weights=static_weights)
+        return gemv_launch(u8(a), u8(b), u8(sfa), u8(sfb), _new_out(a), alpha, static_weights=static_weights)
+    gemv_launch(u8(a), u8(b), u8(sfa), u8(sfb), out, alpha, static_weights=static_weights)
     torch.autograd.graph.increment_version(out)  # as the dispatcher does for an op that mutates out
     return out
 
@@ -165,7 +161,7 @@ def _linear(x, packed, scales, global_scale, bias):
         x = x.contiguous()
     bias = bias.contiguous() if bias is not None else None
     T, N = x.shape[0], packed.shape[0]
-    w8, s8 = _u8(packed), _u8(scales)
+    w8, s8 = u8(packed), u8(scales)
     if T <= MAX_FUSED_T:
         y = torch.empty(T, N, dtype=x.dtype, device=x.device)
         return linear_launch(x, w8, s8, global_scale, bias, y)
@@ -259,7 +255,7 @@ class _LinearHit:
         self.gs = gs if gs_t is None else None
         unit = x.stride(-1) == 1  # then a call's x.reshape(-1, K) is this x2 again (the key fixes shape and strides)
         self.flat_x, self.flat_gs = x.dim() == 2 and unit, gs_t is not None and gs_t.dim() == 1
-        w8, s8 = _u8(packed), _u8(scales)
+        w8, s8 = u8(packed), u8(scales)
         self.plan = MmaPlan(x2, w8, s8, bias) if unit and MmaPlan.usable(x2, w8, s8, bias) else None
         self.token = new_token()
 

@@ -16,7 +16,7 @@ from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mb
 from ..._config import KernelConfig
 from ..._launch import Launch, keyed
 from ..._runtime import cdiv, num_sms
-from .common import LOG2E_C, row_args, row_flags
+from .common import LOG2E_C, row_args, row_flags, row_ptrs
 
 if HAVE_GLUON:
     from .wgmma_common import mma_layout, row_limits, ws_check, ws_idx, ws_valid
@@ -358,5 +358,4 @@ class DistWsPlan:
         return self.go.direct()  # a kept plan only (see FwdWsPlan.direct)
 
     def run(self, q, kv, idx, tlen, qs_t, lse, out) -> None:
-        self.go(q, kv, idx, lse, out, tlen if tlen is not None else idx, qs_t if qs_t is not None else idx,
-                *self.ints)
+        self.go(q, kv, idx, lse, out, *row_ptrs(idx, tlen, qs_t), *self.ints)

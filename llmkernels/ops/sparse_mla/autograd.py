@@ -8,7 +8,7 @@ import torch
 from ..._launch import PlanCache, direct_ok, new_token, run_planned, skey, tkey, tracing
 from ..._validate import check_bool, check_shape, check_tensor, check_unit_last_stride
 from .bwd import BwdWsPlan, sparse_mla_bwd_launch
-from .common import SparseArgs, bare, call_key, prepare, rebind
+from .common import Checked, SparseArgs, bare, call_key, prepare, rebind, rebind_is_view
 
 
 def _args(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start_t, q_start_int, causal, k_stride):
@@ -90,12 +90,12 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
         key = call_key(*raw) + (tkey(out), tkey(dout), tkey(lse), skey(deterministic), dkv_dtype)
         hit = _CHECKED.get(key)
         if hit is not None and direct_ok(q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t):
-            if hit[2] is not None and hit[3] and hit[2].direct():
-                return _bwd_raw(hit[2], q, kv, out, dout, indices, lse, attn_sink, topk_length, q_start,
+            if hit.raw_plan() is not None:
+                return _bwd_raw(hit.plan, q, kv, out, dout, indices, lse, attn_sink, topk_length, q_start,
                                 dkv_dtype == torch.float32)
-            a = rebind(hit[0], q, kv, indices, attn_sink, topk_length, q_start)
-            return _public(run_planned(hit[1], _bwd, a, out, dout, lse, None, deterministic,
-                                       dkv_dtype == torch.float32, hit[2]), kv, attn_sink)
+            a = rebind(hit.args, q, kv, indices, attn_sink, topk_length, q_start)
+            return _public(run_planned(hit.token, _bwd, a, out, dout, lse, None, deterministic,
+                                       dkv_dtype == torch.float32, hit.plan), kv, attn_sink)
     a = prepare(*raw)
     s_q, h_q, _ = a.q.shape
     for name, t in (("out", out), ("dout", dout)):
@@ -113,8 +113,7 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
     if key is not None and direct_ok(q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t):
         # the custom op would only run _bwd: call it (a kept plan for the default mode: see bwd.BwdWsPlan)
         plan = None if deterministic else BwdWsPlan.make(a, out, dout, lse, torch.empty_like(a.q))
-        raw_ok = all(t is None or t.is_contiguous() for t in (attn_sink, topk_length))  # see op._direct
-        _, token, _, _ = _CHECKED.put(key, (bare(a), new_token(), plan, raw_ok))
+        token = _CHECKED.put(key, Checked(bare(a), new_token(), plan, rebind_is_view(attn_sink, topk_length))).token
         return _public(run_planned(token, _bwd, a, out, dout, lse, None, deterministic, dkv_dtype == torch.float32,
                                    plan), kv, attn_sink)
     return _public(sparse_mla_bwd_op(
@@ -122,7 +121,7 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
         a.q_start_int, a.causal, a.k_stride, deterministic, dkv_dtype == torch.float32), kv, attn_sink)
 
 
-_CHECKED = PlanCache()  # key of a call's raw arguments -> its canonical scalars, once that call passed every check
+_CHECKED = PlanCache()  # key of a call's raw arguments -> its common.Checked, once that call passed every check
 
 
 def _public(grads, kv, attn_sink):

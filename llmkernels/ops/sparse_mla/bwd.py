@@ -217,6 +217,13 @@ def default_config(h_q: int, d_qk: int) -> BwdConfig:
                      g_warps=4, g_stages=3, hints=False)
 
 
+def _scratch_rows(s_q: int, h_q: int, topk: int, esize: int, extra_row_bytes: int = 0,
+                  scratch_bytes: int = SCRATCH_BYTES) -> int:
+    """Query rows a chunk takes: P and dS (esize bytes a head and slot each) plus extra_row_bytes a row fit the
+    scratch budget."""
+    return max(1, min(s_q, scratch_bytes // (2 * h_q * topk * esize + extra_row_bytes)))
+
+
 def _ws_passes(args, dout, cfg) -> tuple:
     """(Gluon first pass, Gluon second pass)."""
     # sm_90: the warp-specialised Gluon kernels (bwd_wgmma.py) unless the config says p_gluon / g_gluon=False
@@ -240,7 +247,7 @@ class BwdWsPlan:
         cfg = default_config(h_q, d_qk)
         if s_q == 0 or h_q == 0 or not _ws_passes(args, dout, cfg)[1]:
             return None
-        if SCRATCH_BYTES // (2 * h_q * args.indices.shape[1] * args.q.element_size()) < s_q:
+        if _scratch_rows(s_q, h_q, args.indices.shape[1], args.q.element_size()) < s_q:
             return None  # row chunks: row0 varies (a kernel specialises on it)
         return BwdWsPlan(args, out, dout, lse, dq)
 
@@ -301,8 +308,8 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
     # unscaled: typical |dS| ~ 1e-3 times sm_scale would fall below fp16's normal range)
     scaled_ds = use_ws2 and q.dtype == torch.bfloat16
     n_hb = cdiv(h_q, cfg.g_bh)
-    row_bytes = 2 * h_q * topk * q.element_size() + (n_hb * topk * d_qk * 4 if deterministic else 0)
-    rows = max(1, min(s_q, scratch_bytes // row_bytes))
+    rows = _scratch_rows(s_q, h_q, topk, q.element_size(), n_hb * topk * d_qk * 4 if deterministic else 0,
+                         scratch_bytes)
     p_buf = torch.empty(rows, h_q, topk, dtype=q.dtype, device=dev)
     ds_buf = torch.empty_like(p_buf)
     if deterministic:

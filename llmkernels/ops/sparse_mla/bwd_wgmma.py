@@ -16,7 +16,7 @@ from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mb
                        warpgroup_mma_wait)
 from ..._config import KernelConfig
 from ..._launch import Launch, keyed
-from .common import LOG2E, LOG2E_C, column_parts
+from .common import LOG2E, LOG2E_C, column_parts, row_ptrs
 
 if HAVE_GLUON:
     from .wgmma_common import cvt2, mma_layout, q_and_slots, row_limits, ws_check, ws_idx, ws_valid
@@ -241,8 +241,8 @@ class ProbsWs:
                  delta, keys, row0)
 
     def run(self, q, kv, idx, tlen, qs_t, out, dout, lse, dl, p_buf, ds_buf, delta, keys, row0) -> None:
-        self.go(q, kv, out, dout, idx, lse, dl, qs_t if qs_t is not None else idx, tlen if tlen is not None else idx,
-                p_buf, ds_buf, delta, keys, row0, *self.ints)
+        tlen, qs_t = row_ptrs(idx, tlen, qs_t)
+        self.go(q, kv, out, dout, idx, lse, dl, qs_t, tlen, p_buf, ds_buf, delta, keys, row0, *self.ints)
 
 
 # --- second pass: dQ and dKV per (column chunk, query row, block of heads) --------------------------------------
@@ -533,8 +533,8 @@ class GradsWs:
                  row0)
 
     def run(self, q, kv, idx, tlen, qs_t, dout, p_buf, ds_buf, dq, target, row0) -> None:
-        head = (q, kv, dout, idx, qs_t if qs_t is not None else idx, tlen if tlen is not None else idx, p_buf,
-                ds_buf, dq, target, row0)
+        tlen, qs_t = row_ptrs(idx, tlen, qs_t)
+        head = (q, kv, dout, idx, qs_t, tlen, p_buf, ds_buf, dq, target, row0)
         for go in self.gos:
             go(*head, *self.ints)
 

@@ -1,6 +1,6 @@
 """Argument checks and canonical form shared by the sparse MLA forward, attention distribution and backward."""
 from dataclasses import dataclass, replace
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 import triton
@@ -143,6 +143,26 @@ def bare(a: SparseArgs) -> SparseArgs:
     return replace(a, q=None, kv=None, indices=None, attn_sink=None, topk_length=None, q_start_t=None)
 
 
+class Checked(NamedTuple):
+    """What a direct call of a checked key keeps (the ops' plan caches): the canonical scalars (bare), the plan token
+    (_launch.run_planned), a kept plan or None, and whether the caller's raw tensors may stand for the canonical ones
+    (rebind_is_view)."""
+    args: SparseArgs
+    token: int
+    plan: object
+    raw_ok: bool
+
+    def raw_plan(self):
+        """The kept plan, where it may run on the caller's raw tensors now (its kernels kept), else None."""
+        return self.plan if self.plan is not None and self.raw_ok and self.plan.direct() else None
+
+
+def rebind_is_view(attn_sink, topk_length) -> bool:
+    """rebind makes no copy: its canonical tensors are views of the raw ones at the same addresses (which is all a
+    kept kernel reads)."""
+    return all(t is None or t.is_contiguous() for t in (attn_sink, topk_length))
+
+
 def rebind(a: SparseArgs, q, kv, indices, attn_sink, topk_length, q_start) -> SparseArgs:
     """prepare's result for raw arguments whose call_key equals that of the call `a` came from (no checks)."""
     return SparseArgs(q, kv[:, 0] if kv.dim() == 3 else kv, indices[:, 0] if indices.dim() == 3 else indices,
@@ -151,12 +171,16 @@ def rebind(a: SparseArgs, q, kv, indices, attn_sink, topk_length, q_start) -> Sp
                       q_start.reshape(1) if isinstance(q_start, torch.Tensor) else None, a.k_stride)
 
 
+def row_ptrs(indices, topk_length, q_start_t) -> tuple:
+    """(topk_length, q_start tensor) as kernel pointers: an absent one becomes indices, a placeholder never read
+    (the kernels' flags say which are present)."""
+    return (topk_length if topk_length is not None else indices, q_start_t if q_start_t is not None else indices)
+
+
 def row_args(a: SparseArgs, n_hb: int) -> tuple:
     """Arguments every forward / attn_dist kernel takes after its tensors: (topk_length, q_start tensor, s_kv, h_q,
-    topk, n_hb, sm_scale * log2(e), q_start int, k_stride). Absent optional tensors become a placeholder pointer
-    (never read: the flags of row_flags are constexpr)."""
-    dummy = a.indices
-    return (a.topk_length if a.topk_length is not None else dummy, a.q_start_t if a.q_start_t is not None else dummy,
+    topk, n_hb, sm_scale * log2(e), q_start int, k_stride); see row_ptrs."""
+    return (*row_ptrs(a.indices, a.topk_length, a.q_start_t),
             a.kv.shape[0], a.q.shape[1], a.indices.shape[1], n_hb, a.sm_scale * LOG2E, a.q_start_int, a.k_stride)
 
 

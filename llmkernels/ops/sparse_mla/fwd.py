@@ -106,7 +106,7 @@ def _fwd_kernel(q_ptr, kv_ptr, idx_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, tl
         valid, k_lo, k_hi = gather(kv_ptr, idx, s_kv, limit, s_kvn, D_V, D_T, CAUSAL)
         s = logits(q_lo, q_hi, k_lo, k_hi, D_T)
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, True)
+        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(k_lo.dtype), k_lo)  # V is the first D_V dims of the same tile
 
     empty, lse2, denom = row_finish(m_i, l_i, sink_ptr, offs_h, hmask, HAS_SINK, SINK_IN_LSE)

@@ -25,7 +25,7 @@ from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mb
 from ..._config import KernelConfig
 from ..._launch import Launch, keyed
 from ..._runtime import cdiv, next_pow2, num_sms
-from .common import LN2_C, LOG2E_C, nan_max, row_args, row_finish, row_flags
+from .common import LN2_C, LOG2E_C, nan_max, row_args, row_finish, row_flags, row_ptrs
 
 if HAVE_GLUON:
     from .wgmma_common import cvt2, mma_layout, q_and_slots, row_limits, ws_check, ws_idx, ws_valid
@@ -447,8 +447,7 @@ class FwdWsPlan:
     worked out once from a call's canonical arguments (common.SparseArgs) and its out / lse strides. kept=True holds
     the compiled kernels (_launch.Launch) for a cached plan, whose key fixes all of that; kept=False launches through
     the keyed _launch.launch (one call's plan)."""
-    __slots__ = ("main", "piece", "merge", "ints", "tail", "part_numel", "n_main", "n_piece", "pp",
-                 "merge_ints")
+    __slots__ = ("main", "piece", "merge", "ints", "part_numel", "n_main", "n_piece", "pp", "merge_ints")
 
     def __init__(self, a, out, lse, sink_in_lse: bool = True, config=None, kept=True):
         q, kv, idx = a.q, a.kv, a.indices
@@ -487,8 +486,7 @@ class FwdWsPlan:
 
     def run(self, q, kv, idx, sink, tlen, qs_t, out, max_logits, lse) -> None:
         sink = sink if sink is not None else idx
-        head = (q, kv, idx, out, max_logits, lse, sink, tlen if tlen is not None else idx,
-                qs_t if qs_t is not None else idx, *self.ints)
+        head = (q, kv, idx, out, max_logits, lse, sink, *row_ptrs(idx, tlen, qs_t), *self.ints)
         if self.main is not None:
             self.main(*head, 0, 1, 0, lse)
         if self.piece is not None:

@@ -7,7 +7,7 @@ from torch import Tensor
 from ..._launch import PlanCache, direct_ok, new_token, run_planned, tkey, tracing
 from ..._validate import check_same_device, check_shape, check_tensor
 from .attn_dist import attn_dist_launch
-from .common import SparseArgs, bare, call_key, prepare, rebind
+from .common import Checked, SparseArgs, bare, call_key, prepare, rebind, rebind_is_view
 from .fwd import sparse_mla_fwd_launch
 from .attn_dist_wgmma import DistWsPlan
 from .fwd_wgmma import FwdWsPlan
@@ -57,13 +57,13 @@ def _dist_plan(a: SparseArgs, lse):
     return DistWsPlan(a, lse, torch.empty(a.indices.shape, dtype=torch.float32, device=a.q.device))
 
 
-# key of a call's raw arguments -> its canonical scalars (common.bare), once that call passed every check
+# key of a call's raw arguments -> its common.Checked, once that call passed every check and ran directly
 _CHECKED = {"fwd": PlanCache(), "flash": PlanCache(), "dist": PlanCache()}
 
 
 def _lookup(kind, raw, extra_tensors=()):
-    """(key, hit): hit = (canonical scalars, plan token, kept plan or None, the plan may take the raw tensors) where a
-    direct call has seen the key and this call may run directly too, else None; the key is None while tracing."""
+    """(key, hit): hit = the common.Checked a direct call recorded for the key, where this call may run directly
+    too, else None; the key is None while tracing."""
     if tracing():
         return None, None
     key = call_key(*raw) + tuple(tkey(t) for t in extra_tensors)
@@ -77,7 +77,7 @@ def _lookup(kind, raw, extra_tensors=()):
 
 def _rebind(hit, raw):
     q, kv, indices, _, _, attn_sink, topk_length, q_start, _ = raw
-    return rebind(hit[0], q, kv, indices, attn_sink, topk_length, q_start)
+    return rebind(hit.args, q, kv, indices, attn_sink, topk_length, q_start)
 
 
 def _direct(kind, key, a, raw, extra_tensors=(), plan=None):
@@ -87,9 +87,8 @@ def _direct(kind, key, a, raw, extra_tensors=(), plan=None):
     if key is None or not direct_ok(q, kv, indices, attn_sink, topk_length, *extra_tensors,
                                     q_start if isinstance(q_start, Tensor) else None):
         return None
-    # raw tensors stand for the canonical ones where those are views at the same address (no contiguous copy)
-    raw_ok = all(t is None or t.is_contiguous() for t in (attn_sink, topk_length))
-    return _CHECKED[kind].put(key, (bare(a), new_token(), plan(a) if plan is not None else None, raw_ok))
+    return _CHECKED[kind].put(key, Checked(bare(a), new_token(), plan(a) if plan is not None else None,
+                                           rebind_is_view(attn_sink, topk_length)))
 
 
 def _fwd_raw(plan, raw):
@@ -173,14 +172,14 @@ def sparse_mla(q: Tensor, kv: Tensor, indices: Tensor, sm_scale: float, d_v: int
 def _forward(kind, raw, sink_in_lse):
     key, hit = _lookup(kind, raw)
     if hit is not None:
-        if hit[2] is not None and hit[3] and hit[2].direct():
-            return _fwd_raw(hit[2], raw)
-        return run_planned(hit[1], _fwd, _rebind(hit, raw), sink_in_lse, hit[2])
+        if hit.raw_plan() is not None:
+            return _fwd_raw(hit.plan, raw)
+        return run_planned(hit.token, _fwd, _rebind(hit, raw), sink_in_lse, hit.plan)
     a = prepare(*raw)
     # inference: the custom op would only run _fwd (autograd needs the op)
     hit = _direct(kind, key, a, raw, plan=lambda a: _fwd_plan(a, sink_in_lse))
     if hit is not None:
-        return run_planned(hit[1], _fwd, a, sink_in_lse, hit[2])
+        return run_planned(hit.token, _fwd, a, sink_in_lse, hit.plan)
     if kind == "flash":
         return _flash_mla_op(a.q, a.kv, a.indices, a.sm_scale, a.d_v, a.attn_sink, a.topk_length)
     return sparse_mla_fwd_op(a.q, a.kv, a.indices, a.sm_scale, a.d_v, a.attn_sink, a.topk_length,
@@ -217,16 +216,16 @@ def sparse_mla_attn_dist(q: Tensor, kv: Tensor, indices: Tensor, lse: Tensor, sm
     raw = (q, kv, indices, sm_scale, 512, None, topk_length, q_start, k_stride)
     key, hit = _lookup("dist", raw, (lse,))
     if hit is not None:
-        if hit[2] is not None and hit[3] and hit[2].direct():
+        if hit.raw_plan() is not None:
             out = torch.zeros(indices.shape[0], indices.shape[-1], dtype=torch.float32, device=q.device)
-            hit[2].run(q, kv, indices, topk_length, q_start if isinstance(q_start, Tensor) else None, lse, out)
+            hit.plan.run(q, kv, indices, topk_length, q_start if isinstance(q_start, Tensor) else None, lse, out)
             return out
-        return run_planned(hit[1], _dist, _rebind(hit, raw), lse, hit[2])
+        return run_planned(hit.token, _dist, _rebind(hit, raw), lse, hit.plan)
     a = prepare(*raw)
     _check_lse(lse, a.q)
     hit = _direct("dist", key, a, raw, (lse,), plan=lambda a: _dist_plan(a, lse))
     if hit is not None:
-        return run_planned(hit[1], _dist, a, lse, hit[2])
+        return run_planned(hit.token, _dist, a, lse, hit.plan)
     return sparse_mla_attn_dist_op(a.q, a.kv, a.indices, lse, a.sm_scale, a.topk_length, a.q_start_t,
                                    a.q_start_int, a.causal, a.k_stride)
 

@@ -69,7 +69,7 @@ def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_bloc
     if HAS_BD:  # positional term, inside the scale: scale * (ac + bd)
         sc += tl.load(bd_base + tok[None, :] * s_bt, mask=gmask[:, None] & valid[None, :], other=0.0).to(tl.float32)
     sc = tl.where(valid[None, :], sc * qk_scale, float("-inf"))
-    p, alpha, m_new, l_i = softmax_step(sc, m_i, l_i, True)
+    p, alpha, m_new, l_i = softmax_step(sc, m_i, l_i, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
     return m_new, l_i, acc
 
@@ -112,7 +112,7 @@ def _tile_mha(n0, end, blk, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base,
     if HAS_BD:  # positional term, inside the scale: scale * (ac + bd)
         sc += tl.load(bd_base + tok * s_bt, mask=valid, other=0.0).to(tl.float32)
     sc = tl.where(valid, sc * qk_scale, float("-inf"))  # also drops K slots past the context (maybe NaN)
-    p, alpha, m_new, l_i = softmax_step(sc, m_i, l_i, False)
+    p, alpha, m_new, l_i = softmax_step(sc, m_i, l_i, 0)
     if LEGACY:  # v [nb, Hkv, D, BS]: per d a run of BSUB contiguous tokens starting at a multiple of BSUB
         v_off = kv_blk[None, :] * s_vb + offs_d[:, None] * BS + off[None, :]
         v_off = tl.max_contiguous(tl.multiple_of(v_off, [1, BSUB]), [1, BSUB])
