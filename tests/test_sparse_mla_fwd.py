@@ -244,8 +244,12 @@ def test_indexer_kl_loss_tensor_parallel(device):
         indexer_kl_loss_ref(lg_r, qs, kv, idx, ls, 0.1, attn_dist=dist, **kw).backward()
         loss.backward()
         assert rel_err(lg.grad, lg_r.grad) <= 1e-4
-    alone = indexer_kl_loss(logits, *shards[0][:1], kv, idx, shards[0][1], 0.1, **kw)
-    assert abs(alone.item() - full.item()) > 1e-3 * abs(full.item())  # one shard's p is not the full p
+    # one shard's own p is not the full p: the gradients (softmax(logits) - p, per row) show it; the loss alone can
+    # lie within 1e-3 of the full one (seen on the H100 with a random seed)
+    lg_a, lg_f = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    indexer_kl_loss(lg_a, shards[0][0], kv, idx, shards[0][1], 0.1, **kw).backward()
+    indexer_kl_loss(lg_f, q, kv, idx, lse, 0.1, **kw).backward()
+    assert rel_err(lg_a.grad, lg_f.grad) > 1e-2
     with pytest.raises(TypeError, match="attn_dist"):
         indexer_kl_loss(logits, q, kv, idx, lse, 0.1, attn_dist=dist.half(), **kw)
     with pytest.raises(ValueError, match="attn_dist"):
