@@ -81,7 +81,7 @@ HEADLINES = [
     ("sparse_mla_attn_dist", {"h_q": 128, "topk": 2048, "d_qk": 576}),
     ("sparse_mla_bwd", {"h_q": 128, "topk": 2048, "d_qk": 576}),
     ("nvfp4_gemv", {"M": 7168, "K": 16384, "L": 1}),
-    ("nvfp4_linear", {"T": 1, "N": 14336, "K": 4096}),
+    ("nvfp4_linear", {"T": 1, "N": 28672, "K": 4096}),
     ("cp_decode", {"B": 8, "L": 1048576, "world": 1}),  # the one-GPU baseline of the row below (same run)
     ("cp_decode", {"B": 8, "L": 1048576, "world": 2}),
 ]

@@ -92,11 +92,15 @@ def _asm_mma(bf16: bool, nt: int = 1):
     $2A+3: 16-bit); then per token group the 16 activations of its token n (4 words of 4 x 16-bit). Each 16-bit
     chunk of weights (4 codes) becomes two scaled pairs (the A registers of k slots 2t..2t+1 and 2t+8..2t+9); the
     matching 4 activations are the two halves of one 64-bit activation word. The weights are decoded once for all
-    token groups."""
+    token groups. The last 4 operands are the byte tables (la, lb, ha, hb of _tables, from asm_tables): held in
+    vector registers across the loop, where constants here would be copied from uniform registers before every
+    prmt (63 IMAD an iteration)."""
     na = 4 * nt
     wt, wb, st, sb = 2 * na, 2 * na + 1, 2 * na + 2, 2 * na + 3
+    tab = 2 * na + 4 + 4 * nt
     ty = "bf16" if bf16 else "f16"
-    s = ("{\n.reg .b32 la, lb, ha, hb, w<4>, mw<4>, tw<4>, m, u, v, sg, sc<2>, a<4>, b<2>;\n" + _tables(bf16) +
+    s = ("{\n.reg .b32 la, lb, ha, hb, w<4>, mw<4>, tw<4>, m, u, v, sg, sc<2>, a<4>, b<2>;\n" +
+         f"mov.b32 la, ${tab};\nmov.b32 lb, ${tab + 1};\nmov.b32 ha, ${tab + 2};\nmov.b32 hb, ${tab + 3};\n" +
          f"mov.b64 {{w0, w1}}, ${wt};\nmov.b64 {{w2, w3}}, ${wb};\n"
          f"mov.b32 sc0, {{${st}, ${st}}};\nmov.b32 sc1, {{${sb}, ${sb}}};\n")
 
@@ -128,6 +132,15 @@ def _asm_mma(bf16: bool, nt: int = 1):
     return s + "}"
 
 
+def _asm_tables(bf16: bool) -> str:
+    """The 4 byte tables of _tables ($0..$3), each ORed with an opaque zero so ptxas keeps them in vector registers
+    ($4: any input, unused)."""
+    s = "{\n.reg .b32 la, lb, ha, hb, z, t;\n" + _tables(bf16) + opaque_zero("z", "t")
+    return s + "".join(f"or.b32 ${i}, z, {r};\n" for i, r in enumerate(("la", "lb", "ha", "hb"))) + "}"
+
+
+ASM_TABLES_BF16 = tl.constexpr(_asm_tables(True))
+ASM_TABLES_F16 = tl.constexpr(_asm_tables(False))
 ASM_MMA_BF16 = tl.constexpr(_asm_mma(True))
 ASM_MMA_F16 = tl.constexpr(_asm_mma(False))
 ASM_MMA2_BF16 = tl.constexpr(_asm_mma(True, 2))

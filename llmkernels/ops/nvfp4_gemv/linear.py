@@ -11,8 +11,8 @@ import triton.language as tl
 from ..._config import KernelConfig
 from ..._launch import Launch, launch
 from ..._runtime import capability, cdiv, interpreting, next_pow2, num_sms
-from .common import (ASM_MMA2_BF16, ASM_MMA2_F16, ASM_MMA_BF16, ASM_MMA_F16, ASM_W16_BF16, ASM_W16_F16,
-                     _nvfp4_splitk_reduce_kernel, e2m1_f16, e4m3_f32)
+from .common import (ASM_MMA2_BF16, ASM_MMA2_F16, ASM_MMA_BF16, ASM_MMA_F16, ASM_TABLES_BF16, ASM_TABLES_F16,
+                     ASM_W16_BF16, ASM_W16_F16, _nvfp4_splitk_reduce_kernel, e2m1_f16, e4m3_f32)
 
 
 @triton.jit
@@ -83,49 +83,62 @@ def _store_out(acc, row, t, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt
 
 
 @triton.jit
-def _mma_weights(w_ptr, s_ptr, r_top, r_bot, kw, k_ok, N, s_wn, s_sn, DT: tl.constexpr):
-    """Weight word kw (one scale block) of rows r_top and r_bot, and their scales in the activations' type."""
+def _mma_tables(e, DT: tl.constexpr):
+    """The decode's 4 byte tables, once per program, in vector registers (see common._asm_tables)."""
+    return tl.inline_asm_elementwise(ASM_TABLES_BF16 if DT == tl.bfloat16 else ASM_TABLES_F16, "=r,=r,=r,=r,r", [e],
+                                     dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+
+
+@triton.jit
+def _mma_issue(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6, x7,
+               la, lb, ha, hb, DT: tl.constexpr, NT: tl.constexpr):
+    """One mma step: weight words wt / wb (rows r, r + 8: one scale block each) with their scales st / sb (in DT),
+    times the activation words x0..x3 (token group 0) and x4..x7 (group 1, NT == 2); la..hb: _mma_tables."""
+    if NT == 2:
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = tl.inline_asm_elementwise(
+            ASM_MMA2_BF16 if DT == tl.bfloat16 else ASM_MMA2_F16,
+            "=f,=f,=f,=f,=f,=f,=f,=f,0,1,2,3,4,5,6,7,l,l,h,h,l,l,l,l,l,l,l,l,r,r,r,r",
+            [acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6, x7,
+             la, lb, ha, hb], dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+    else:
+        acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
+            ASM_MMA_BF16 if DT == tl.bfloat16 else ASM_MMA_F16, "=f,=f,=f,=f,0,1,2,3,l,l,h,h,l,l,l,l,r,r,r,r",
+            [acc0, acc1, acc2, acc3, wt, wb, st, sb, x0, x1, x2, x3, la, lb, ha, hb],
+            dtype=(tl.float32,) * 4, is_pure=True, pack=1)
+    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+
+
+@triton.jit
+def _mma_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w_ptr, s_ptr, x_ptr, r_top, r_bot, tok, kw, k_hi,
+              N, T, s_wn, s_sn, s_xt, one, la, lb, ha, hb, DT: tl.constexpr, NT: tl.constexpr):
+    """One masked mma step at weight word kw (< k_hi) of rows r_top / r_bot (< N), tokens tok (+ 8) (< T): the
+    K tail. Masked-off words read as 0 (weights and activations), so they add nothing."""
+    k_ok = kw < k_hi
     m_t = (r_top < N) & k_ok
     m_b = (r_bot < N) & k_ok
     wt = tl.load(w_ptr + r_top.to(tl.int64) * s_wn + kw, mask=m_t, other=0)
     wb = tl.load(w_ptr + r_bot.to(tl.int64) * s_wn + kw, mask=m_b, other=0)
     st = e4m3_f32(tl.load(s_ptr + r_top.to(tl.int64) * s_sn + kw, mask=m_t, other=0), False).to(DT)
     sb = e4m3_f32(tl.load(s_ptr + r_bot.to(tl.int64) * s_sn + kw, mask=m_b, other=0), False).to(DT)
-    return wt, wb, st, sb
-
-
-@triton.jit
-def _mma_acts(x_ptr, tok, kw, k_ok, T, s_xt, one):
-    """The 4 activation words (16 values) of token `tok` over the columns of weight word kw."""
     xm = (tok < T) & k_ok
     xb = x_ptr + tok * s_xt + 4 * kw
-    return (tl.load(xb, mask=xm, other=0), tl.load(xb + one, mask=xm, other=0),
-            tl.load(xb + 2 * one, mask=xm, other=0), tl.load(xb + 3 * one, mask=xm, other=0))
-
-
-@triton.jit
-def _mma_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w_ptr, s_ptr, x_ptr, r_top, r_bot, tok, kw, k_hi,
-              N, T, s_wn, s_sn, s_xt, one, DT: tl.constexpr, NT: tl.constexpr, K_MASK: tl.constexpr):
-    """One mma step (weight word kw of rows r_top / r_bot) for NT groups of 8 tokens; K_MASK: kw may be >= k_hi."""
-    if K_MASK:
-        k_ok = kw < k_hi
-    else:
-        k_ok = True
-    wt, wb, st, sb = _mma_weights(w_ptr, s_ptr, r_top, r_bot, kw, k_ok, N, s_wn, s_sn, DT)
-    x0, x1, x2, x3 = _mma_acts(x_ptr, tok, kw, k_ok, T, s_xt, one)
+    x0 = tl.load(xb, mask=xm, other=0)
+    x1 = tl.load(xb + one, mask=xm, other=0)
+    x2 = tl.load(xb + 2 * one, mask=xm, other=0)
+    x3 = tl.load(xb + 3 * one, mask=xm, other=0)
+    x4 = x0
+    x5 = x1
+    x6 = x2
+    x7 = x3
     if NT == 2:
-        x4, x5, x6, x7 = _mma_acts(x_ptr, tok + 8, kw, k_ok, T, s_xt, one)
-        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = tl.inline_asm_elementwise(
-            ASM_MMA2_BF16 if DT == tl.bfloat16 else ASM_MMA2_F16,
-            "=f,=f,=f,=f,=f,=f,=f,=f,0,1,2,3,4,5,6,7,l,l,h,h,l,l,l,l,l,l,l,l",
-            [acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6, x7],
-            dtype=(tl.float32,) * 8, is_pure=True, pack=1)
-    else:
-        acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
-            ASM_MMA_BF16 if DT == tl.bfloat16 else ASM_MMA_F16, "=f,=f,=f,=f,0,1,2,3,l,l,h,h,l,l,l,l",
-            [acc0, acc1, acc2, acc3, wt, wb, st, sb, x0, x1, x2, x3],
-            dtype=(tl.float32,) * 4, is_pure=True, pack=1)
-    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+        xm = (tok + 8 < T) & k_ok
+        xb = x_ptr + (tok + 8) * s_xt + 4 * kw
+        x4 = tl.load(xb, mask=xm, other=0)
+        x5 = tl.load(xb + one, mask=xm, other=0)
+        x6 = tl.load(xb + 2 * one, mask=xm, other=0)
+        x7 = tl.load(xb + 3 * one, mask=xm, other=0)
+    return _mma_issue(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6,
+                      x7, la, lb, ha, hb, DT, NT)
 
 
 @triton.jit(do_not_specialize=["one"])
@@ -136,7 +149,8 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
     """y [T <= 8 NT, N] = x @ W^T on mma.sync m16n8k16 fed from registers: warp g of the program owns rows
     16g..16g+15 (of BM = 16 W), tokens are the mma's N (NT groups of 8, the weights decoded once for all). x_ptr
     int64 [T, K/4] (4 activations a word), w_ptr int64 [N, K/16] (one scale block a word), s_ptr uint8 [N, K/16];
-    KW = K/16 words per row.
+    KW = K/16 words per row. An iteration covers 4 U words of K: thread c (of the 4 in a row's group) takes words
+    U c .. U c + U - 1, so its loads are contiguous and their addresses are kept pointers plus constants.
 
     Element e of the [32 W] tensors below must live in lane e % 32 of warp e // 32 (so lane = 4 * group + thread
     in group, the mma fragment order): Triton's default layout for a 1-D tensor of 32 W elements over W warps, as
@@ -147,7 +161,7 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
     split = tl.program_id(1)
     e = tl.arange(0, 32 * W)
     lane = e % 32
-    c = (lane % 4) * one  # thread in group: its scale block within 4 consecutive ones
+    c = (lane % 4) * one  # thread in group: its U words within each iteration of 4 U
     r_top = pid * (16 * W) + (e // 32) * 16 + lane // 4
     r_bot = r_top + 8
     tok = lane // 4  # the mma's column n: a token (of each group of 8)
@@ -162,18 +176,49 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
     acc5 = tl.zeros([32 * W], tl.float32)
     acc6 = tl.zeros([32 * W], tl.float32)
     acc7 = tl.zeros([32 * W], tl.float32)
-    # whole steps without K masks (the row and token masks are loop-invariant), then the tail with them
+    la, lb, ha, hb = _mma_tables(e, DT)
+    # whole iterations without masks: rows and tokens past the end are clamped (read, never stored)
     k_full = k_lo + (k_hi - k_lo) // (4 * U) * (4 * U)
-    for k0 in range(k_lo, k_full, 4 * U):
+    k0 = k_lo + U * c
+    pwt = w_ptr + tl.minimum(r_top, N - 1).to(tl.int64) * s_wn + k0
+    pwb = w_ptr + tl.minimum(r_bot, N - 1).to(tl.int64) * s_wn + k0
+    pst = s_ptr + tl.minimum(r_top, N - 1).to(tl.int64) * s_sn + k0
+    psb = s_ptr + tl.minimum(r_bot, N - 1).to(tl.int64) * s_sn + k0
+    px0 = x_ptr + tl.minimum(tok, T - 1) * s_xt + 4 * k0
+    px1 = x_ptr + tl.minimum(tok + 8, T - 1) * s_xt + 4 * k0
+    for _ in range(k_lo, k_full, 4 * U):
+        for u in tl.static_range(U):
+            wt = tl.load(pwt + u)
+            wb = tl.load(pwb + u)
+            st = e4m3_f32(tl.load(pst + u), False).to(DT)
+            sb = e4m3_f32(tl.load(psb + u), False).to(DT)
+            x0 = tl.load(px0 + 4 * u)
+            x1 = tl.load(px0 + (4 * u + 1))
+            x2 = tl.load(px0 + (4 * u + 2))
+            x3 = tl.load(px0 + (4 * u + 3))
+            x4 = x0
+            x5 = x1
+            x6 = x2
+            x7 = x3
+            if NT == 2:
+                x4 = tl.load(px1 + 4 * u)
+                x5 = tl.load(px1 + (4 * u + 1))
+                x6 = tl.load(px1 + (4 * u + 2))
+                x7 = tl.load(px1 + (4 * u + 3))
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _mma_issue(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6, x7,
+                la, lb, ha, hb, DT, NT)
+        pwt += 4 * U
+        pwb += 4 * U
+        pst += 4 * U
+        psb += 4 * U
+        px0 += 16 * U
+        px1 += 16 * U
+    for kt in range(k_full, k_hi, 4 * U):  # the tail (fewer than 4 U words), masked
         for u in tl.static_range(U):
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _mma_step(
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w_ptr, s_ptr, x_ptr, r_top, r_bot, tok,
-                k0 + 4 * u + c, k_hi, N, T, s_wn, s_sn, s_xt, one, DT, NT, False)
-    for k0 in range(k_full, k_hi, 4 * U):
-        for u in tl.static_range(U):
-            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _mma_step(
-                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w_ptr, s_ptr, x_ptr, r_top, r_bot, tok,
-                k0 + 4 * u + c, k_hi, N, T, s_wn, s_sn, s_xt, one, DT, NT, True)
+                kt + U * c + u, k_hi, N, T, s_wn, s_sn, s_xt, one, la, lb, ha, hb, DT, NT)
     t0 = 2 * c
     _store_out(acc0, r_top, t0, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
     _store_out(acc1, r_top, t0 + 1, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)

@@ -87,8 +87,11 @@ def check(device):
 
 GEMV_SHAPES = [(7168, 16384, 1), (4096, 7168, 8), (7168, 2048, 4),           # GPU MODE benchmark shapes
                (4096, 4096, 1), (14336, 4096, 1), (4096, 14336, 1)]          # Llama-like decode (M, K)
-LINEAR_SHAPES = [(4096, 4096), (14336, 4096)]  # (N, K)
-LINEAR_TOKENS = [1, 4, 16]
+# (N, K): Llama-3-8B's qkv, o, gate_up, down and Llama-3-70B's qkv, gate_up, down (the NVFP4 linear issue's set)
+LINEAR_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192), (57344, 8192),
+                 (8192, 28672)]
+LINEAR_TOKENS = [1, 2, 4, 8, 16]  # decode
+LINEAR_PREFILL = [((28672, 4096), (64, 512, 4096)), ((4096, 14336), (64, 512, 4096))]
 
 
 def gemv_bytes(M, K, L):
@@ -170,11 +173,13 @@ def linear_bytes(T, N, K):
 
 
 def _linear_cases(quick):
-    shapes = LINEAR_SHAPES[:1] if quick else LINEAR_SHAPES
+    nkt = [(N, K, T) for N, K in LINEAR_SHAPES[1:2] for T in (1, 4, 16)] if quick else \
+        [(N, K, T) for N, K in LINEAR_SHAPES for T in LINEAR_TOKENS] + \
+        [(N, K, T) for (N, K), ts in LINEAR_PREFILL for T in ts]
     return [Case(shape={"T": T, "N": N, "K": K}, bytes=linear_bytes(T, N, K), flops=2 * T * N * K, timing="graph",
                  make_inputs=lambda T=T, N=N, K=K: make_linear_inputs(T, N, K, torch.bfloat16, torch.device("cuda"),
                                                                       bias=False))
-            for N, K in shapes for T in LINEAR_TOKENS]
+            for N, K, T in nkt]
 
 
 def _linear_ours(x):
