@@ -150,7 +150,9 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
     16g..16g+15 (of BM = 16 W), tokens are the mma's N (NT groups of 8, the weights decoded once for all). x_ptr
     int64 [T, K/4] (4 activations a word), w_ptr int64 [N, K/16] (one scale block a word), s_ptr uint8 [N, K/16];
     KW = K/16 words per row. An iteration covers 4 U words of K: thread c (of the 4 in a row's group) takes words
-    U c .. U c + U - 1, so its loads are contiguous and their addresses are kept pointers plus constants.
+    c, c + 4, .., c + 4 (U - 1), so a group's loads of one step are contiguous (coalesced; U contiguous words a
+    thread read 4x the sectors an instruction and lost up to 2x at T = 16), and addresses are kept pointers plus
+    constants.
 
     Element e of the [32 W] tensors below must live in lane e % 32 of warp e // 32 (so lane = 4 * group + thread
     in group, the mma fragment order): Triton's default layout for a 1-D tensor of 32 W elements over W warps, as
@@ -161,7 +163,7 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
     split = tl.program_id(1)
     e = tl.arange(0, 32 * W)
     lane = e % 32
-    c = (lane % 4) * one  # thread in group: its U words within each iteration of 4 U
+    c = (lane % 4) * one  # thread in group: words c + 4 u of each iteration of 4 U
     r_top = pid * (16 * W) + (e // 32) * 16 + lane // 4
     r_bot = r_top + 8
     tok = lane // 4  # the mma's column n: a token (of each group of 8)
@@ -179,7 +181,7 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
     la, lb, ha, hb = _mma_tables(e, DT)
     # whole iterations without masks: rows and tokens past the end are clamped (read, never stored)
     k_full = k_lo + (k_hi - k_lo) // (4 * U) * (4 * U)
-    k0 = k_lo + U * c
+    k0 = k_lo + c
     pwt = w_ptr + tl.minimum(r_top, N - 1).to(tl.int64) * s_wn + k0
     pwb = w_ptr + tl.minimum(r_bot, N - 1).to(tl.int64) * s_wn + k0
     pst = s_ptr + tl.minimum(r_top, N - 1).to(tl.int64) * s_sn + k0
@@ -188,23 +190,23 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
     px1 = x_ptr + tl.minimum(tok + 8, T - 1) * s_xt + 4 * k0
     for _ in range(k_lo, k_full, 4 * U):
         for u in tl.static_range(U):
-            wt = tl.load(pwt + u)
-            wb = tl.load(pwb + u)
-            st = e4m3_f32(tl.load(pst + u), False).to(DT)
-            sb = e4m3_f32(tl.load(psb + u), False).to(DT)
-            x0 = tl.load(px0 + 4 * u)
-            x1 = tl.load(px0 + (4 * u + 1))
-            x2 = tl.load(px0 + (4 * u + 2))
-            x3 = tl.load(px0 + (4 * u + 3))
+            wt = tl.load(pwt + 4 * u)
+            wb = tl.load(pwb + 4 * u)
+            st = e4m3_f32(tl.load(pst + 4 * u), False).to(DT)
+            sb = e4m3_f32(tl.load(psb + 4 * u), False).to(DT)
+            x0 = tl.load(px0 + 16 * u)
+            x1 = tl.load(px0 + (16 * u + 1))
+            x2 = tl.load(px0 + (16 * u + 2))
+            x3 = tl.load(px0 + (16 * u + 3))
             x4 = x0
             x5 = x1
             x6 = x2
             x7 = x3
             if NT == 2:
-                x4 = tl.load(px1 + 4 * u)
-                x5 = tl.load(px1 + (4 * u + 1))
-                x6 = tl.load(px1 + (4 * u + 2))
-                x7 = tl.load(px1 + (4 * u + 3))
+                x4 = tl.load(px1 + 16 * u)
+                x5 = tl.load(px1 + (16 * u + 1))
+                x6 = tl.load(px1 + (16 * u + 2))
+                x7 = tl.load(px1 + (16 * u + 3))
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _mma_issue(
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6, x7,
                 la, lb, ha, hb, DT, NT)
@@ -218,7 +220,7 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
         for u in tl.static_range(U):
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _mma_step(
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w_ptr, s_ptr, x_ptr, r_top, r_bot, tok,
-                kt + U * c + u, k_hi, N, T, s_wn, s_sn, s_xt, one, la, lb, ha, hb, DT, NT)
+                kt + 4 * u + c, k_hi, N, T, s_wn, s_sn, s_xt, one, la, lb, ha, hb, DT, NT)
     t0 = 2 * c
     _store_out(acc0, r_top, t0, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
     _store_out(acc1, r_top, t0 + 1, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
