@@ -185,6 +185,7 @@ CONFIGS = {
     "gemv 256x16384 L1 (split K)": gemv(256, 16384, 1, False),
     "linear mma T1 14336x4096 bf16": linear(1, 14336, 4096, bf16, "mma"),
     "linear mma T16 4096x4096 fp16 bias": linear(16, 4096, 4096, f16, "mma", bias=True),
+    "linear mma T4 8192x28672 bf16 l2": linear(4, 8192, 28672, bf16, "mma"),  # a program streams >= 96 words a row
     "linear dot T1 4096x4096 bf16": linear(1, 4096, 4096, bf16, "dot"),
     "linear dot T16 4096x14336 fp16 bias": linear(16, 4096, 14336, f16, "dot", bias=True),
     "linear dequant bf16": linear(32, 256, 512, bf16, "dequant"),

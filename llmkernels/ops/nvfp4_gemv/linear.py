@@ -141,11 +141,23 @@ def _mma_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w_ptr, s_ptr, x_pt
                       x7, la, lb, ha, hb, DT, NT)
 
 
+@triton.jit
+def _load_w(p, L2_128: tl.constexpr):
+    """A weight word. L2_128: with the L2 128-byte prefetch qualifier, so a row's first 32-byte sector brings the
+    line's other three (+12-17 points of the floor where a program streams >= 96 words of each row, within -1 to
+    -2.4 for shorter runs: notes/nvfp4_gemv.md, linear round 12)."""
+    if L2_128:
+        return tl.inline_asm_elementwise("ld.global.nc.L2::128B.b64 $0, [$1];", "=l,l",
+                                         [p.to(tl.int64, bitcast=True)], dtype=tl.int64, is_pure=True, pack=1)
+    else:
+        return tl.load(p)
+
+
 @triton.jit(do_not_specialize=["one"])
 def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
                        T, N, KW, per_split, s_xt, s_wn, s_sn, s_yt, one,
                        W: tl.constexpr, U: tl.constexpr, NT: tl.constexpr, PARTIAL: tl.constexpr,
-                       HAS_BIAS: tl.constexpr):
+                       HAS_BIAS: tl.constexpr, L2_128: tl.constexpr):
     """y [T <= 8 NT, N] = x @ W^T on mma.sync m16n8k16 fed from registers: warp g of the program owns rows
     16g..16g+15 (of BM = 16 W), tokens are the mma's N (NT groups of 8, the weights decoded once for all). x_ptr
     int64 [T, K/4] (4 activations a word), w_ptr int64 [N, K/16] (one scale block a word), s_ptr uint8 [N, K/16];
@@ -190,8 +202,8 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
     px1 = x_ptr + tl.minimum(tok + 8, T - 1) * s_xt + 4 * k0
     for _ in range(k_lo, k_full, 4 * U):
         for u in tl.static_range(U):
-            wt = tl.load(pwt + 4 * u)
-            wb = tl.load(pwb + 4 * u)
+            wt = _load_w(pwt + 4 * u, L2_128)
+            wb = _load_w(pwb + 4 * u, L2_128)
             st = e4m3_f32(tl.load(pst + 4 * u), False).to(DT)
             sb = e4m3_f32(tl.load(psb + 4 * u), False).to(DT)
             x0 = tl.load(px0 + 16 * u)
@@ -314,6 +326,9 @@ def _mma_usable(x, w8, y) -> bool:
             and w8.stride(0) % 8 == 0 and w8.data_ptr() % 8 == 0 and y.stride(1) == 1)
 
 
+L2_128_WORDS = 96  # weight words of a row a program streams from which the L2 128-byte loads pay (round 12)
+
+
 def _mma_config(T, N, KW, device, cfg=None):
     """(c, tiles, split, per): W warps of 16 rows, U k-steps, and the split over K that fills the GPU."""
     c = MmaConfig.of(cfg)
@@ -336,7 +351,7 @@ def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
         x.view(torch.int64), w8.view(torch.int64), s8, gs, bias if bias is not None else gs, y, part,
         T, N, KW, per, x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), y.stride(0), 1,
         W=c.W, U=c.U, NT=1 if T <= 8 else 2, PARTIAL=split > 1, HAS_BIAS=bias is not None,
-        num_warps=c.W)
+        L2_128=per >= L2_128_WORDS, num_warps=c.W)
     if split > 1:
         _reduce_linear(part, y, gs, bias)
     return y
@@ -354,7 +369,8 @@ class MmaPlan:
         self.T, self.N, self.KW, self.dtype, self.bias = T, N, KW, x.dtype, bias is not None
         self.strides = (x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), N, 1)
         self.main = Launch(_linear_mma_kernel, (tiles, self.split), W=c.W, U=c.U, NT=1 if T <= 8 else 2,
-                           PARTIAL=self.split > 1, HAS_BIAS=self.bias, num_warps=c.W)
+                           PARTIAL=self.split > 1, HAS_BIAS=self.bias, L2_128=self.per >= L2_128_WORDS,
+                           num_warps=c.W)
         self.reduce = Launch(_nvfp4_splitk_reduce_kernel, (cdiv(N, 256), T), SPLIT=self.split, BLOCK=256,
                              HAS_SCALE_PTR=True, HAS_BIAS=self.bias) if self.split > 1 else None
 
