@@ -580,7 +580,8 @@ def test_gpu_pdl_variants_graph(extra):
 @pytest.mark.parametrize("T,N,K,cfg", [(1, 37, 96, {}), (8, 77, 1040, {}), (5, 1000, 14336, {}),
                                        (3, 300, 1024, {"W": 8, "U": 2}), (9, 129, 4096, {}), (16, 200, 2064, {}),
                                        (13, 4096, 512, {"programs_per_sm": 1}),
-                                       (4, 2050, 8192, {"programs_per_sm": 1}), (11, 2048, 8192, {"programs_per_sm": 1})])
+                                       (4, 2050, 8192, {"programs_per_sm": 1}),
+                                       (11, 2048, 8192, {"programs_per_sm": 1})])
 def test_gpu_linear_mma(dtype, T, N, K, cfg):
     # the register-fed mma kernel (T <= 16: one or two token groups): full-range weight bytes (all codes, both
     # signs) and scales over the e4m3 range, NaN-poisoned output, odd N and K/16, split K and not, bias; a wrong
