@@ -24,21 +24,8 @@ from ..._runtime import cdiv, interpreting, next_pow2
 from .wgmma_common import rows_16b, wgmma_usable
 from .bwd_wgmma import GradsWs, ProbsWs, grads_ws_heads, grads_ws_launch, probs_ws_launch
 from .common import LOG2E, LOG2E_C, column_parts
+from .fwd import row_limits
 SCRATCH_BYTES = 2 << 30  # per row chunk: P and dS (and, deterministic, the dKV contributions)
-
-
-@triton.jit
-def _row_limits(i, qs_ptr, tlen_ptr, topk, q_start, k_stride, causal, qs_t, has_tlen):
-    """(number of slots to scan, largest visible kv index) for absolute query row i (runtime flags)."""
-    n = topk
-    if has_tlen:
-        n = tl.minimum(tl.maximum(tl.load(tlen_ptr + i), 0), topk)
-    qs = q_start
-    if qs_t:
-        qs = tl.load(qs_ptr)
-    num = qs + i.to(tl.int64) + 1 - k_stride  # int64: q_start near 2**31 must not wrap (as the forward's row)
-    limit = tl.where(num < 0, -1, num // tl.maximum(k_stride, 1))  # num >= 0 where used, so // is a floor
-    return n, tl.where(causal != 0, limit, 2147483647)
 
 
 @triton.jit
@@ -51,16 +38,17 @@ def _slots(idx_row_ptr, j0, n, limit, s_kv, BN: tl.constexpr):
     return offs, inb, tl.where(ok, t, 0).to(tl.int64), ok
 
 
-_RUNTIME = ["row0", "h_q", "s_kv", "q_start", "k_stride", "causal", "qs_t", "has_tlen", "has_dlse"]
+_RUNTIME = ["row0", "h_q", "s_kv", "q_start", "k_stride", "has_dlse"]
 
 
 @triton.jit(do_not_specialize=_RUNTIME)
 def _probs_kernel(
     q_ptr, kv_ptr, o_ptr, do_ptr, idx_ptr, lse_ptr, dlse_ptr, qs_ptr, tlen_ptr, p_ptr, ds_ptr, delta_ptr, key_ptr,
-    row0, h_q, s_kv, topk, q_start, k_stride, causal, qs_t, has_tlen, has_dlse, scale_log2,
+    row0, h_q, s_kv, topk, q_start, k_stride, has_dlse, scale_log2,
     s_qr, s_qh, s_kvr, s_or, s_oh, s_dor, s_doh, s_ir, s_lr, s_lh, s_dlr, s_dlh,
     BH: tl.constexpr, BN: tl.constexpr, DV: tl.constexpr, DR: tl.constexpr, WRITE_KEYS: tl.constexpr,
-    KV_EVICT: tl.constexpr, BUF_EVICT: tl.constexpr,
+    KV_EVICT: tl.constexpr, BUF_EVICT: tl.constexpr, CAUSAL: tl.constexpr, QS_TENSOR: tl.constexpr,
+    HAS_TLEN: tl.constexpr,
 ):
     r = tl.program_id(0)  # row inside this chunk (scratch row)
     hb = tl.program_id(1)
@@ -81,7 +69,7 @@ def _probs_kernel(
     if DR > 0:
         dr = DV + tl.arange(0, DR)
         q_r = tl.load(q_row + dr[None, :], mask=hm[:, None], other=0.0)
-    n, limit = _row_limits(i, qs_ptr, tlen_ptr, topk, q_start, k_stride, causal, qs_t, has_tlen)
+    n, limit = row_limits(i64, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
     idx_row = idx_ptr + i64 * s_ir
     buf_rows = (r * h_q + heads).to(tl.int64) * topk
     for j0 in range(0, n, BN):
@@ -109,10 +97,11 @@ def _probs_kernel(
 @triton.jit(do_not_specialize=_RUNTIME[:-1])
 def _grads_kernel(
     q_ptr, kv_ptr, do_ptr, idx_ptr, qs_ptr, tlen_ptr, p_ptr, ds_ptr, dq_ptr, dkv_ptr,
-    row0, h_q, s_kv, topk, q_start, k_stride, causal, qs_t, has_tlen, sm_scale, n_hb,
+    row0, h_q, s_kv, topk, q_start, k_stride, sm_scale, n_hb,
     s_qr, s_qh, s_kvr, s_dor, s_doh, s_ir, s_dqr, s_dqh, s_dkvr,
     D0: tl.constexpr, DC: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, HAS_V: tl.constexpr,
-    DETERMINISTIC: tl.constexpr, KV_EVICT: tl.constexpr,
+    DETERMINISTIC: tl.constexpr, KV_EVICT: tl.constexpr, CAUSAL: tl.constexpr, QS_TENSOR: tl.constexpr,
+    HAS_TLEN: tl.constexpr,
 ):
     c = tl.program_id(0)  # column chunk: neighbours share a row's P/dS, read once from DRAM
     r = tl.program_id(1)
@@ -126,7 +115,7 @@ def _grads_kernel(
     if HAS_V:
         do_c = tl.load(do_ptr + i64 * s_dor + heads[:, None] * s_doh + d[None, :], mask=hm[:, None], other=0.0)
     acc = tl.zeros([BH, DC], dtype=tl.float32)
-    n, limit = _row_limits(i, qs_ptr, tlen_ptr, topk, q_start, k_stride, causal, qs_t, has_tlen)
+    n, limit = row_limits(i64, topk, tlen_ptr, qs_ptr, q_start, k_stride, HAS_TLEN, CAUSAL, QS_TENSOR)
     idx_row = idx_ptr + i64 * s_ir
     buf_rows = (r * h_q + heads).to(tl.int64) * topk
     for j0 in range(0, n, BN):
@@ -320,7 +309,8 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
     qs_t = args.q_start_t if args.q_start_t is not None else dummy
     tlen = args.topk_length if args.topk_length is not None else dummy
     dl = dlse if dlse is not None else lse
-    flags = (int(args.causal), int(args.q_start_t is not None), int(args.topk_length is not None))
+    flags = dict(CAUSAL=bool(args.causal), QS_TENSOR=args.q_start_t is not None,
+                 HAS_TLEN=args.topk_length is not None)
     for row0 in range(0, s_q, rows):
         nr = min(rows, s_q - row0)
         if deterministic:
@@ -332,13 +322,13 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
         else:
             launch(_probs_kernel, (nr, cdiv(h_q, cfg.p_bh)),
                 q, kv, out, dout, idx, lse, dl, qs_t, tlen, p_buf, ds_buf, delta, keys if deterministic else dummy,
-                row0, h_q, s_kv, topk, args.q_start_int, args.k_stride, *flags, int(dlse is not None),
+                row0, h_q, s_kv, topk, args.q_start_int, args.k_stride, int(dlse is not None),
                 args.sm_scale * LOG2E,
                 q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), dout.stride(0), dout.stride(1),
                 idx.stride(0), lse.stride(0), lse.stride(1), dl.stride(0), dl.stride(1),
                 BH=cfg.p_bh, BN=cfg.p_bn, DV=dv, DR=dr, WRITE_KEYS=deterministic,
                 KV_EVICT="evict_last" if cfg.hints else "", BUF_EVICT="evict_first" if cfg.hints else "",
-                num_warps=cfg.p_warps, num_stages=cfg.p_stages)
+                num_warps=cfg.p_warps, num_stages=cfg.p_stages, **flags)
         target = contrib if deterministic else dkv_fp32
         if use_ws2:
             grads_ws_launch(args, dout, p_buf, ds_buf, dq, target, row0, nr, cfg.g_bh, deterministic,
@@ -346,12 +336,12 @@ def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq
         for d0, dc, n_c, has_v in ([] if use_ws2 else column_parts(dv, d_qk, cfg.g_dc)):
             launch(_grads_kernel, (n_c, nr, n_hb),
                 q, kv, dout, idx, qs_t, tlen, p_buf, ds_buf, dq, target,
-                row0, h_q, s_kv, topk, args.q_start_int, args.k_stride, *flags, args.sm_scale, n_hb,
+                row0, h_q, s_kv, topk, args.q_start_int, args.k_stride, args.sm_scale, n_hb,
                 q.stride(0), q.stride(1), kv.stride(0), dout.stride(0), dout.stride(1), idx.stride(0),
                 dq.stride(0), dq.stride(1), target.stride(0),
                 D0=d0, DC=dc, BH=cfg.g_bh, BN=cfg.g_bn, HAS_V=has_v, DETERMINISTIC=deterministic,
                 KV_EVICT="evict_last" if cfg.hints else "",
-                num_warps=cfg.g_warps, num_stages=cfg.g_stages)
+                num_warps=cfg.g_warps, num_stages=cfg.g_stages, **flags)
         if deterministic:
             k = keys[: nr * topk]
             sorted_keys, perm = torch.sort(k, stable=True)  # stable: listings of a kv row stay in (row, slot) order

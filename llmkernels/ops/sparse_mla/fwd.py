@@ -14,7 +14,7 @@ from .wgmma_common import wgmma_usable
 @triton.jit
 def row_limits(row, topk, tlen_ptr, qs_ptr, q_start, k_stride,
                HAS_TLEN: tl.constexpr, CAUSAL: tl.constexpr, QS_TENSOR: tl.constexpr):
-    """(entries of the row to scan, highest visible kv index): shared by the forward and attn_dist."""
+    """(entries of the row to scan, highest visible kv index) for row (int64): the Triton forward, attn_dist, bwd."""
     n_len = topk
     if HAS_TLEN:
         n_len = tl.minimum(tl.maximum(tl.load(tlen_ptr + row), 0), topk)
