@@ -83,21 +83,6 @@ def _store_out(acc, row, t, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt
 
 
 @triton.jit
-def _fixup(row, t, T, N, S, part_ptr, gs_ptr, bias_ptr, y_ptr, s_yt, one, HAS_BIAS: tl.constexpr):
-    """y[t, row] = global scale * (sum over the S splits of part[s, t, row], in split order) (+ bias): the reduce
-    kernel's arithmetic. .cg: the partials of other SMs, read past this SM's L1."""
-    ok = (row < N) & (t < T)
-    off = row * one
-    v = tl.zeros(row.shape, tl.float32)
-    for s in range(S):
-        v += tl.load(part_ptr + (s * T + t) * N + off, mask=ok, other=0.0, cache_modifier=".cg")
-    v = v * tl.load(gs_ptr)
-    if HAS_BIAS:
-        v += tl.load(bias_ptr + off, mask=row < N, other=0.0).to(tl.float32)
-    tl.store(y_ptr + t * s_yt + off, v.to(y_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit
 def _mma_tables(e, DT: tl.constexpr):
     """The decode's 4 byte tables, once per program, in vector registers (see common._asm_tables)."""
     return tl.inline_asm_elementwise(ASM_TABLES_BF16 if DT == tl.bfloat16 else ASM_TABLES_F16, "=r,=r,=r,=r,r", [e],
@@ -169,7 +154,7 @@ def _load_w(p, L2_128: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["one"])
-def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
+def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
                        T, N, KW, per_split, s_xt, s_wn, s_sn, s_yt, one,
                        W: tl.constexpr, U: tl.constexpr, NT: tl.constexpr, PARTIAL: tl.constexpr,
                        HAS_BIAS: tl.constexpr, L2_128: tl.constexpr):
@@ -184,11 +169,7 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, c
     Element e of the [32 W] tensors below must live in lane e % 32 of warp e // 32 (so lane = 4 * group + thread
     in group, the mma fragment order): Triton's default layout for a 1-D tensor of 32 W elements over W warps, as
     long as no address looks contiguous (which would give a thread several elements): the runtime `one` (= 1, not
-    specialised) sees to that. The GPU tests check the result.
-
-    PARTIAL (split over K): each program stores its fp32 partial sums, and the last program of a row tile to finish
-    (cnt_ptr[tile] counts them; it resets it to 0) adds the tile's partials in split order and stores y: the same
-    sums, in the same order, as the separate reduce kernel this replaces (one launch and its gap fewer)."""
+    specialised) sees to that. The GPU tests check the result."""
     DT: tl.constexpr = y_ptr.dtype.element_ty
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -262,21 +243,6 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, c
         _store_out(acc5, r_top, t0 + 9, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
         _store_out(acc6, r_bot, t0 + 8, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
         _store_out(acc7, r_bot, t0 + 9, split, T, N, gs_ptr, bias_ptr, y_ptr, part_ptr, s_yt, one, PARTIAL, HAS_BIAS)
-    if PARTIAL:
-        S = tl.num_programs(1)
-        tl.debug_barrier()  # every thread's partials issued before one thread releases them (gpu scope)
-        if tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu") == S - 1:  # the tile's last program
-            tl.debug_barrier()
-            _fixup(r_top, t0, T, N, S, part_ptr, gs_ptr, bias_ptr, y_ptr, s_yt, one, HAS_BIAS)
-            _fixup(r_top, t0 + 1, T, N, S, part_ptr, gs_ptr, bias_ptr, y_ptr, s_yt, one, HAS_BIAS)
-            _fixup(r_bot, t0, T, N, S, part_ptr, gs_ptr, bias_ptr, y_ptr, s_yt, one, HAS_BIAS)
-            _fixup(r_bot, t0 + 1, T, N, S, part_ptr, gs_ptr, bias_ptr, y_ptr, s_yt, one, HAS_BIAS)
-            if NT == 2:
-                _fixup(r_top, t0 + 8, T, N, S, part_ptr, gs_ptr, bias_ptr, y_ptr, s_yt, one, HAS_BIAS)
-                _fixup(r_top, t0 + 9, T, N, S, part_ptr, gs_ptr, bias_ptr, y_ptr, s_yt, one, HAS_BIAS)
-                _fixup(r_bot, t0 + 8, T, N, S, part_ptr, gs_ptr, bias_ptr, y_ptr, s_yt, one, HAS_BIAS)
-                _fixup(r_bot, t0 + 9, T, N, S, part_ptr, gs_ptr, bias_ptr, y_ptr, s_yt, one, HAS_BIAS)
-            tl.atomic_xchg(cnt_ptr + pid, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
 @triton.jit
@@ -374,22 +340,6 @@ def _mma_config(T, N, KW, device, cfg=None):
     return c, tiles, max(1, -(-KW // per)), per
 
 
-_COUNTERS = {}  # (device, stream, tiles) -> int32 zeros: the split-K tile counters, reset by the kernel itself
-
-
-def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """The mma kernel's per-tile counters for the current stream (kernels on one stream run one after another, so
-    they share them; another stream gets its own). Kept for the process: a CUDA graph may hold the address."""
-    if device.type != "cuda":  # scripts/sm90_offline.py compiles on CPU stand-ins
-        return torch.zeros(tiles, dtype=torch.int32, device=device)
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    key = (idx, torch._C._cuda_getCurrentRawStream(idx), tiles)
-    c = _COUNTERS.get(key)
-    if c is None:
-        c = _COUNTERS[key] = torch.zeros(tiles, dtype=torch.int32, device=device)
-    return c
-
-
 def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
     """T <= 16: the mma-fragment kernel. x [T, K], w8 uint8 [N, K/2] (8-byte aligned rows), s8 uint8 [N, K/16]."""
     T, K = x.shape
@@ -397,12 +347,13 @@ def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
     KW = KH // 8
     c, tiles, split, per = _mma_config(T, N, KW, x.device, cfg)
     part = torch.empty(split, T, N, dtype=torch.float32, device=x.device) if split > 1 else y
-    cnt = _tile_counters(x.device, tiles) if split > 1 else gs
     launch(_linear_mma_kernel, (tiles, split),
-        x.view(torch.int64), w8.view(torch.int64), s8, gs, bias if bias is not None else gs, y, part, cnt,
+        x.view(torch.int64), w8.view(torch.int64), s8, gs, bias if bias is not None else gs, y, part,
         T, N, KW, per, x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), y.stride(0), 1,
         W=c.W, U=c.U, NT=1 if T <= 8 else 2, PARTIAL=split > 1, HAS_BIAS=bias is not None,
         L2_128=per >= L2_128_WORDS, num_warps=c.W)
+    if split > 1:
+        _reduce_linear(part, y, gs, bias)
     return y
 
 
@@ -410,16 +361,18 @@ class MmaPlan:
     """The launches of one mma-kernel call shape, for the op's cached plans (see _launch): the key fixes T, N, K,
     dtypes, strides and alignment, so the configuration, grids and kernels are worked out once; a call allocates
     y (and the split parts) and hands its pointers to the compiled kernels."""
-    __slots__ = ("T", "N", "KW", "per", "split", "tiles", "dtype", "bias", "strides", "main")
+    __slots__ = ("T", "N", "KW", "per", "split", "dtype", "bias", "strides", "main", "reduce")
 
     def __init__(self, x, w8, s8, bias):
         T, N, KW = x.shape[0], w8.shape[0], w8.shape[1] // 8
-        c, self.tiles, self.split, self.per = _mma_config(T, N, KW, x.device)
+        c, tiles, self.split, self.per = _mma_config(T, N, KW, x.device)
         self.T, self.N, self.KW, self.dtype, self.bias = T, N, KW, x.dtype, bias is not None
         self.strides = (x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), N, 1)
-        self.main = Launch(_linear_mma_kernel, (self.tiles, self.split), W=c.W, U=c.U, NT=1 if T <= 8 else 2,
+        self.main = Launch(_linear_mma_kernel, (tiles, self.split), W=c.W, U=c.U, NT=1 if T <= 8 else 2,
                            PARTIAL=self.split > 1, HAS_BIAS=self.bias, L2_128=self.per >= L2_128_WORDS,
                            num_warps=c.W)
+        self.reduce = Launch(_nvfp4_splitk_reduce_kernel, (cdiv(N, 256), T), SPLIT=self.split, BLOCK=256,
+                             HAS_SCALE_PTR=True, HAS_BIAS=self.bias) if self.split > 1 else None
 
     @staticmethod
     def usable(x, w8, s8, bias) -> bool:
@@ -434,12 +387,12 @@ class MmaPlan:
         b = bias if bias is not None else gs
         if not self.main.direct():  # Triton's path (first call, launch hooks) types the pointers from the tensors
             x, w8, s8 = x.view(torch.int64), w8.view(torch.int64), s8.view(torch.uint8)
-        if self.split == 1:
-            self.main(x, w8, s8, gs, b, y, y, gs, T, N, self.KW, self.per, *self.strides)
+        if self.reduce is None:
+            self.main(x, w8, s8, gs, b, y, y, T, N, self.KW, self.per, *self.strides)
             return y
         part = torch.empty(self.split, T, N, dtype=torch.float32, device=x.device)
-        self.main(x, w8, s8, gs, b, y, part, _tile_counters(x.device, self.tiles), T, N, self.KW, self.per,
-                  *self.strides)
+        self.main(x, w8, s8, gs, b, y, part, T, N, self.KW, self.per, *self.strides)
+        self.reduce(part, y, gs, b, 1.0, T, N, N, 1)
         return y
 
 
