@@ -92,7 +92,7 @@ def _asm_mma(bf16: bool, nt: int = 1):
     $2A+3: 16-bit); then per token group the 16 activations of its token n (4 words of 4 x 16-bit). Each 16-bit
     chunk of weights (4 codes) becomes two scaled pairs (the A registers of k slots 2t..2t+1 and 2t+8..2t+9); the
     matching 4 activations are the two halves of one 64-bit activation word. The weights are decoded once for all
-    token groups. The last 4 operands are the byte tables (la, lb, ha, hb of _tables, from asm_tables): held in
+    token groups. The last 4 operands are the byte tables (la, lb, ha, hb of _tables, from _asm_tables): held in
     vector registers across the loop, where constants here would be copied from uniform registers before every
     prmt (63 IMAD an iteration)."""
     na = 4 * nt

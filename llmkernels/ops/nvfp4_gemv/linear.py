@@ -109,6 +109,13 @@ def _mma_issue(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x
 
 
 @triton.jit
+def _mma_acts(xb, xm, one):
+    """The 4 activation words (16 values) at xb (a token's columns of one weight word); xm: their mask, or True."""
+    return (tl.load(xb, mask=xm, other=0), tl.load(xb + one, mask=xm, other=0),
+            tl.load(xb + 2 * one, mask=xm, other=0), tl.load(xb + 3 * one, mask=xm, other=0))
+
+
+@triton.jit
 def _mma_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w_ptr, s_ptr, x_ptr, r_top, r_bot, tok, kw, k_hi,
               N, T, s_wn, s_sn, s_xt, one, la, lb, ha, hb, DT: tl.constexpr, NT: tl.constexpr):
     """One masked mma step at weight word kw (< k_hi) of rows r_top / r_bot (< N), tokens tok (+ 8) (< T): the
@@ -120,23 +127,10 @@ def _mma_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w_ptr, s_ptr, x_pt
     wb = tl.load(w_ptr + r_bot.to(tl.int64) * s_wn + kw, mask=m_b, other=0)
     st = e4m3_f32(tl.load(s_ptr + r_top.to(tl.int64) * s_sn + kw, mask=m_t, other=0), False).to(DT)
     sb = e4m3_f32(tl.load(s_ptr + r_bot.to(tl.int64) * s_sn + kw, mask=m_b, other=0), False).to(DT)
-    xm = (tok < T) & k_ok
-    xb = x_ptr + tok * s_xt + 4 * kw
-    x0 = tl.load(xb, mask=xm, other=0)
-    x1 = tl.load(xb + one, mask=xm, other=0)
-    x2 = tl.load(xb + 2 * one, mask=xm, other=0)
-    x3 = tl.load(xb + 3 * one, mask=xm, other=0)
-    x4 = x0
-    x5 = x1
-    x6 = x2
-    x7 = x3
+    x0, x1, x2, x3 = _mma_acts(x_ptr + tok * s_xt + 4 * kw, (tok < T) & k_ok, one)
+    x4, x5, x6, x7 = x0, x1, x2, x3
     if NT == 2:
-        xm = (tok + 8 < T) & k_ok
-        xb = x_ptr + (tok + 8) * s_xt + 4 * kw
-        x4 = tl.load(xb, mask=xm, other=0)
-        x5 = tl.load(xb + one, mask=xm, other=0)
-        x6 = tl.load(xb + 2 * one, mask=xm, other=0)
-        x7 = tl.load(xb + 3 * one, mask=xm, other=0)
+        x4, x5, x6, x7 = _mma_acts(x_ptr + (tok + 8) * s_xt + 4 * kw, (tok + 8 < T) & k_ok, one)
     return _mma_issue(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6,
                       x7, la, lb, ha, hb, DT, NT)
 
@@ -194,10 +188,12 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
     # whole iterations without masks: rows and tokens past the end are clamped (read, never stored)
     k_full = k_lo + (k_hi - k_lo) // (4 * U) * (4 * U)
     k0 = k_lo + c
-    pwt = w_ptr + tl.minimum(r_top, N - 1).to(tl.int64) * s_wn + k0
-    pwb = w_ptr + tl.minimum(r_bot, N - 1).to(tl.int64) * s_wn + k0
-    pst = s_ptr + tl.minimum(r_top, N - 1).to(tl.int64) * s_sn + k0
-    psb = s_ptr + tl.minimum(r_bot, N - 1).to(tl.int64) * s_sn + k0
+    rt = tl.minimum(r_top, N - 1).to(tl.int64)
+    rb = tl.minimum(r_bot, N - 1).to(tl.int64)
+    pwt = w_ptr + rt * s_wn + k0
+    pwb = w_ptr + rb * s_wn + k0
+    pst = s_ptr + rt * s_sn + k0
+    psb = s_ptr + rb * s_sn + k0
     px0 = x_ptr + tl.minimum(tok, T - 1) * s_xt + 4 * k0
     px1 = x_ptr + tl.minimum(tok + 8, T - 1) * s_xt + 4 * k0
     for _ in range(k_lo, k_full, 4 * U):
@@ -206,19 +202,10 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
             wb = _load_w(pwb + 4 * u, L2_128)
             st = e4m3_f32(tl.load(pst + 4 * u), False).to(DT)
             sb = e4m3_f32(tl.load(psb + 4 * u), False).to(DT)
-            x0 = tl.load(px0 + 16 * u)
-            x1 = tl.load(px0 + (16 * u + 1))
-            x2 = tl.load(px0 + (16 * u + 2))
-            x3 = tl.load(px0 + (16 * u + 3))
-            x4 = x0
-            x5 = x1
-            x6 = x2
-            x7 = x3
+            x0, x1, x2, x3 = _mma_acts(px0 + 16 * u, True, 1)
+            x4, x5, x6, x7 = x0, x1, x2, x3
             if NT == 2:
-                x4 = tl.load(px1 + 16 * u)
-                x5 = tl.load(px1 + (16 * u + 1))
-                x6 = tl.load(px1 + (16 * u + 2))
-                x7 = tl.load(px1 + (16 * u + 3))
+                x4, x5, x6, x7 = _mma_acts(px1 + 16 * u, True, 1)
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _mma_issue(
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6, x7,
                 la, lb, ha, hb, DT, NT)
@@ -329,6 +316,12 @@ def _mma_usable(x, w8, y) -> bool:
 L2_128_WORDS = 96  # weight words of a row a program streams from which the L2 128-byte loads pay (round 12)
 
 
+def _mma_options(c: MmaConfig, T: int, split: int, per: int, has_bias: bool) -> dict:
+    """The mma kernel's constexprs and launch options for one call shape (linear_mma_launch and MmaPlan)."""
+    return dict(W=c.W, U=c.U, NT=1 if T <= 8 else 2, PARTIAL=split > 1, HAS_BIAS=has_bias,
+                L2_128=per >= L2_128_WORDS, num_warps=c.W)
+
+
 def _mma_config(T, N, KW, device, cfg=None):
     """(c, tiles, split, per): W warps of 16 rows, U k-steps, and the split over K that fills the GPU."""
     c = MmaConfig.of(cfg)
@@ -350,8 +343,7 @@ def linear_mma_launch(x, w8, s8, gs, bias, y, cfg=None):
     launch(_linear_mma_kernel, (tiles, split),
         x.view(torch.int64), w8.view(torch.int64), s8, gs, bias if bias is not None else gs, y, part,
         T, N, KW, per, x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), y.stride(0), 1,
-        W=c.W, U=c.U, NT=1 if T <= 8 else 2, PARTIAL=split > 1, HAS_BIAS=bias is not None,
-        L2_128=per >= L2_128_WORDS, num_warps=c.W)
+        **_mma_options(c, T, split, per, bias is not None))
     if split > 1:
         _reduce_linear(part, y, gs, bias)
     return y
@@ -368,9 +360,8 @@ class MmaPlan:
         c, tiles, self.split, self.per = _mma_config(T, N, KW, x.device)
         self.T, self.N, self.KW, self.dtype, self.bias = T, N, KW, x.dtype, bias is not None
         self.strides = (x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), N, 1)
-        self.main = Launch(_linear_mma_kernel, (tiles, self.split), W=c.W, U=c.U, NT=1 if T <= 8 else 2,
-                           PARTIAL=self.split > 1, HAS_BIAS=self.bias, L2_128=self.per >= L2_128_WORDS,
-                           num_warps=c.W)
+        self.main = Launch(_linear_mma_kernel, (tiles, self.split),
+                           **_mma_options(c, T, self.split, self.per, self.bias))
         self.reduce = Launch(_nvfp4_splitk_reduce_kernel, (cdiv(N, 256), T), SPLIT=self.split, BLOCK=256,
                              HAS_SCALE_PTR=True, HAS_BIAS=self.bias) if self.split > 1 else None
 
