@@ -5,9 +5,12 @@
     torchrun --standalone --nproc-per-node 2 -m llmkernels.distributed.bench --tiny --out DIR  # CPU, gloo
 
 Every figure is a CUDA-graph replay of many back-to-back decode steps (kernels, collective and merge in one graph),
-per step; the max over the ranks of each rank's median. The world-1 baseline runs on rank 0 in the same job while
+per step (replays of 2n and n steps, the difference over n: a replay's fixed cost and the ranks' launch skew cancel);
+the max over the ranks. The world-1 baseline runs on rank 0 in the same job while
 the other ranks wait. With world > 1 the step is also timed without its exchange (decode only: local lengths and
-masked_decode into the rank's slot) and the exchange alone (the in-place all-gather and the merge). No input
+masked_decode into the rank's slot) and the exchange alone (the in-place all-gather and the merge), and one graph
+with %globaltimer stamps around each step's decode and exchange gives, per step, the exchange's own cost inside the
+step (the tail of the rank that waits least, less a stamp) and how long the faster rank waits. No input
 rotation: each rank's shard is >= 0.5 GB, 10x the 50 MB L2, so every step streams its shard from DRAM (q, 128 KB at
 B 8, may stay in L2 in both worlds). NCCL's NVLink multicast (NVLS) is off: NCCL_NVLS_ENABLE=0 unless set, before
 NCCL starts (the device docs: keep it off). Records (the harness's format) go to DIR/cp_decode.json and, merged
@@ -27,6 +30,7 @@ import time  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from ..bench.harness import _git_commit, _graph_time_ms, merge_records  # noqa: E402
 from ..bench.report import device_slug  # noqa: E402
@@ -40,9 +44,58 @@ TARGET_MS = 25.0  # replay length: a rank's launch skew (~10 us) and the replay'
 
 
 def _graph_ms(fn, steps: int, reps: int = 10) -> float:
-    """Median time per step of `steps` calls of fn replayed from one CUDA graph (the harness's graph timing with a
-    fixed step count: every rank must capture the same collectives)."""
-    return _graph_time_ms([fn], calls=steps, reps=reps)
+    """Time per step: replays of 2 * steps and of steps calls from CUDA graphs, the difference over steps (every rank
+    captures the same collectives). A replay's fixed costs cancel, the ranks' launch skew among them: each process
+    starts its replay when its host gets there, and the first all-gather waits for the later one (about 0.1 ms a
+    replay, which read 28-41 us a step too high at the 2-5 steps a replay of the largest caches)."""
+    one = _graph_time_ms([fn], calls=steps, reps=reps) * steps
+    return (_graph_time_ms([fn], calls=2 * steps, reps=reps) * 2 * steps - one) / steps
+
+
+@triton.jit
+def _stamp_kernel(p, i):
+    t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    tl.store(p + i, t)
+
+
+def _timeline(fill, exchange, steps: int, dev) -> dict:
+    """Per-step %globaltimer stamps in one graph: A, fill, B, exchange (all-gather + merge), C. Stamps are compared
+    within a rank only. Returns this rank's decode (B - A) and tail (C - B) per step in ns, and a stamp's cost."""
+    ts = torch.zeros(3 * steps, dtype=torch.int64, device=dev)
+
+    def stamp(i):
+        _stamp_kernel[(1,)](ts, i, num_warps=1)
+
+    def body(n):
+        for i in range(n):
+            stamp(3 * i)
+            fill()
+            stamp(3 * i + 1)
+            exchange()
+            stamp(3 * i + 2)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body(1)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body(steps)
+    dec, tail = [], []
+    for rep in range(4):
+        g.replay()
+        t = ts.tolist()  # synchronises
+        if rep:  # the first replay warms; the first step of each waits for the later rank's launch
+            dec += [t[3 * i + 1] - t[3 * i] for i in range(1, steps)]
+            tail += [t[3 * i + 2] - t[3 * i + 1] for i in range(1, steps)]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(3 * steps):
+            stamp(i)
+    g.replay()
+    t = ts.tolist()
+    return {"dec": dec, "tail": tail, "stamp": sorted(t[i + 1] - t[i] for i in range(3 * steps - 1))[3 * steps // 2]}
 
 
 def _eager_ms(fn, steps: int) -> float:
@@ -59,7 +112,7 @@ def _steps(nbytes: int, gpu: bool) -> int:
     on every rank (their graphs must issue the same collectives)."""
     if not gpu:
         return 2
-    return max(2, min(500, math.ceil(TARGET_MS / (nbytes / 2.5e9 + 0.015))))
+    return max(8, min(500, math.ceil(TARGET_MS / (nbytes / 2.5e9 + 0.015))))
 
 
 def _measure(cfg, B, L, group, rank, world, dev, cpu_group) -> dict:
@@ -96,6 +149,11 @@ def _measure(cfg, B, L, group, rank, world, dev, cpu_group) -> dict:
         dist.barrier(group=cpu_group)
         res["comm_merge" + tag] = timer(lambda: exchange_merge(buf, rank, st.rows, d, cfg["dtype"], xdt, group),
                                         _steps(0, gpu))
+        if gpu and not tag:
+            dist.barrier(group=cpu_group)
+            res["timeline"] = _timeline(lambda: st.fill(mine_o, mine_l),
+                                        lambda: exchange_merge(buf, rank, st.rows, d, cfg["dtype"], xdt, group),
+                                        max(n, 20), dev)
     if gpu:
         torch.cuda.synchronize()
     return res  # the cache is freed on return (main empties the allocator's cache before the next case)
@@ -109,7 +167,14 @@ def _free(gpu: bool) -> None:
 def _max_over_ranks(res: dict, cpu_group, world: int) -> dict:
     allr = [None] * world
     dist.all_gather_object(allr, res, group=cpu_group)
-    out = {k: max(r[k] for r in allr) for k in res}
+    out = {k: max(r[k] for r in allr) for k in res if k != "timeline"}
+    if "timeline" in res:  # per step: the rank that waits least spends its tail in the exchange itself
+        tls = [r["timeline"] for r in allr]
+        n, stamp = len(tls[0]["tail"]), max(tl_["stamp"] for tl_ in tls)
+        tail = sorted(min(tl_["tail"][i] for tl_ in tls) - stamp for i in range(n))
+        wait = sorted(max(tl_["dec"][i] for tl_ in tls) - min(tl_["dec"][i] for tl_ in tls) for i in range(n))
+        out.update(in_step=tail[n // 2] * 1e-6, in_step_p90=tail[(9 * n) // 10] * 1e-6, rank_wait=wait[n // 2] * 1e-6,
+                   timeline_steps=n)
     if "decode_only" in res:  # how far the ranks' decodes differ: a step's all-gather waits for the slower one
         out["decode_only_min"] = min(r["decode_only"] for r in allr)
     return out
@@ -131,6 +196,8 @@ def _record(cfg, B, L, world, t, base, dev_names, copy_tbps, gemm_tflops, gpu) -
         r.update(decode_only_ms=t["decode_only"], decode_only_min_ms=t["decode_only_min"],
                  comm_merge_ms=t["comm_merge"],
                  added_ms=t["step"] - t["decode_only"], exchange_dtype="float32",
+                 exchange_in_step_ms=t.get("in_step"), exchange_in_step_p90_ms=t.get("in_step_p90"),
+                 rank_wait_ms=t.get("rank_wait"), timeline_steps=t.get("timeline_steps"),
                  lowp_exchange={"dtype": r["dtype"], "ms": t["step_lowp"], "comm_merge_ms": t["comm_merge_lowp"],
                                 "added_ms": t["step_lowp"] - t["decode_only"]})
     if base is not None:
@@ -149,6 +216,8 @@ def _table(records) -> str:
                                               if "decode_only_min_ms" in r else None, 1e3, 1)),
             ("added us", lambda r: _fmt(r.get("added_ms"), 1e3, 1)),
             ("comm+merge us", lambda r: _fmt(r.get("comm_merge_ms"), 1e3, 1)),
+            ("in-step exchange us", lambda r: _fmt(r.get("exchange_in_step_ms"), 1e3, 1)),
+            ("rank wait us", lambda r: _fmt(r.get("rank_wait_ms"), 1e3, 1)),
             ("lowp added us", lambda r: _fmt(r.get("lowp_exchange", {}).get("added_ms"), 1e3, 1)),
             ("lowp comm+merge us", lambda r: _fmt(r.get("lowp_exchange", {}).get("comm_merge_ms"), 1e3, 1)),
             ("% floor", lambda r: _fmt(r.get("pct_of_floor"), 1, 1)), ("device", lambda r: r["device"])]
