@@ -26,6 +26,7 @@ from llmkernels.ops.combine import kernel as CB  # noqa: E402
 from llmkernels.ops.masked_decode import kernel as MD  # noqa: E402
 from llmkernels.ops.nvfp4_gemv import gemv as NG  # noqa: E402
 from llmkernels.ops.nvfp4_gemv import linear as NL  # noqa: E402
+from llmkernels.ops.nvfp4_gemv import tiled as NT  # noqa: E402
 from llmkernels.ops.sparse_mla import attn_dist as SD  # noqa: E402
 from llmkernels.ops.sparse_mla import wgmma_common as W  # noqa: E402
 from llmkernels.ops.sparse_mla import bwd as SB  # noqa: E402
@@ -106,8 +107,12 @@ def linear(T, N, K, dtype, kernel, bias=False):
         gs, b, y = e(1, dtype=torch.float32), e(N, dtype=torch.float32) if bias else None, e(T, N, dtype=dtype)
         if kernel == "mma":  # what linear_launch picks on sm_90 for T <= 16 (its check reads x.device)
             NL.linear_mma_launch(x, w, s, gs, b, y)
+        elif kernel == "tiled":  # NVFP4Linear's kernel on its tiled layout
+            NT.tiled_launch(x, w, s, gs, b, y)
         elif kernel == "dequant":
             NL.dequant_launch(w, s, gs, e(N, K, dtype=dtype))
+        elif kernel == "dequant tiled":
+            NL.dequant_launch(w, s, gs, e(N, K, dtype=dtype), tiled=True)
         else:  # the dot kernel, with the inline-PTX decode sm_90 uses for fp16 and bf16
             NL.linear_launch(x, w, s, gs, b, y, cfg={"kernel": "dot"}, use_asm=True)
     return go
@@ -189,6 +194,9 @@ CONFIGS = {
     "linear dot T1 4096x4096 bf16": linear(1, 4096, 4096, bf16, "dot"),
     "linear dot T16 4096x14336 fp16 bias": linear(16, 4096, 14336, f16, "dot", bias=True),
     "linear dequant bf16": linear(32, 256, 512, bf16, "dequant"),
+    "linear dequant tiled bf16": linear(32, 256, 512, bf16, "dequant tiled"),
+    "linear tiled T1 4096x4096 bf16": linear(1, 4096, 4096, bf16, "tiled"),
+    "linear tiled T16 8192x28672 fp16 bias": linear(16, 8192, 28672, f16, "tiled", bias=True),
     "sparse_mla fwd h128 d576 sink": mla_fwd(128, 576, sink=True),
     "sparse_mla fwd h64 d576 tlen qs-tensor": mla_fwd(64, 576, tlen=True, qs_tensor=True),
     "sparse_mla fwd h128 d512": mla_fwd(128, 512),

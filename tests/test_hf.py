@@ -210,7 +210,7 @@ def test_saved_compressed_tensors_reads_in_compressed_tensors(tmp_path):
     ct_model(torch.randint(0, TINY["vocab_size"], (1, 4)))
     for name, mod in model.named_modules():
         if isinstance(mod, NVFP4Linear):
-            w = nvfp4_dequantize(mod.packed, mod.scales, mod.global_scale)
+            w = nvfp4_dequantize(*mod.plain_weight(), mod.global_scale)
             theirs = ct_model.get_submodule(name).weight.float()
             assert torch.allclose(theirs, w, rtol=2 ** -8, atol=0), name  # their bf16 rounding
 
@@ -229,7 +229,7 @@ def test_saved_modelopt_reads_in_modelopt(tmp_path):
             qt = NVFP4QTensor(torch.Size((packed.shape[0], packed.shape[1] * 2)), torch.float32, packed)
             w = qt.dequantize(torch.float32, scale=sd[f"{name}.weight_scale"],
                               double_scale=sd[f"{name}.weight_scale_2"], block_sizes={-1: 16})
-            ours = nvfp4_dequantize(mod.packed, mod.scales, mod.global_scale)
+            ours = nvfp4_dequantize(*mod.plain_weight(), mod.global_scale)
             assert torch.allclose(w, ours, rtol=2.5e-7, atol=0), name  # e2m1 * (scale * g) vs (e2m1 * scale) * g
 
 

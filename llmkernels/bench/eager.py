@@ -132,8 +132,7 @@ def _nvfp4():
         if x["api"] == "function":
             return lambda: nvfp4_linear(x["x"], x["packed"], x["scales"], x["gs"])
         m = NVFP4Linear(K, N, bias=False, device="cuda")
-        m.packed.copy_(x["packed"])
-        m.scales.copy_(x["scales"])
+        m.set_weight(x["packed"], x["scales"])
         m.global_scale.copy_(x["gs"].reshape(1))
         return lambda: m(x["x"])
 

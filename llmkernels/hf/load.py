@@ -8,6 +8,7 @@ import torch
 from safetensors import safe_open
 
 from ..ops.nvfp4_gemv.op import NVFP4Linear
+from ..ops.nvfp4_gemv.tiled import tile_packed, tile_scales
 from .checkpoint import Checkpoint, plan
 from .formats import read_quant_spec
 
@@ -107,10 +108,10 @@ def load_nvfp4(path: Union[str, os.PathLike], device: Union[str, torch.device] =
                 t = f.get_tensor(name)
                 if mod not in p.quantized:
                     set_tensor(model, name, t.to(dtype))
-                elif leaf == fmt.packed:
-                    set_tensor(model, f"{mod}.packed", t)
+                elif leaf == fmt.packed:  # in the module's layout (NVFP4Linear: tiled where its shape allows)
+                    set_tensor(model, f"{mod}.packed", tile_packed(t) if model.get_submodule(mod).tiled else t)
                 elif leaf == fmt.scale:
-                    set_tensor(model, f"{mod}.scales", t)
+                    set_tensor(model, f"{mod}.scales", tile_scales(t) if model.get_submodule(mod).tiled else t)
                 elif leaf == fmt.global_scale:
                     g = t.to(torch.float32).reshape(1)
                     set_tensor(model, f"{mod}.global_scale", 1.0 / g if fmt.reciprocal else g)

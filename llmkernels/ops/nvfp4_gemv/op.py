@@ -9,6 +9,8 @@ from ..._validate import (check_bool, check_int, check_interpreter_dtype, check_
 from .format import BLOCK, SCALE_DTYPES, as_bytes, check_k, nvfp4_quantize, u8
 from .gemv import gemv_kept_call, gemv_kept_plan, gemv_launch
 from .linear import MAX_FUSED_T, MmaPlan, dequant_launch, linear_launch
+from .tiled import (TiledPlan, tile_packed, tile_scales, tileable, tiled_launch, tiled_usable, untile_packed,
+                    untile_scales)
 
 _X_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -263,8 +265,81 @@ class _LinearHit:
 _CHECKED_LINEAR = PlanCache()  # raw-argument key -> _LinearHit, once the call passed every check
 
 
+@torch.library.custom_op("llmkernels::nvfp4_linear_tiled", mutates_args=())
+def _linear_tiled_op(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
+                     bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return _linear_tiled(x, packed, scales, global_scale, bias)
+
+
+def _linear_tiled(x, packed, scales, global_scale, bias):
+    """nvfp4_linear's _linear on weights in the tiled layout (see tiled.py): the tiled kernel for 1-16 tokens on
+    sm_90, the dequantize kernel reading the tiled layout for more tokens, else (other GPUs, the interpreter) the
+    plain path on an untiled copy."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if tiled_usable(x):
+        y = torch.empty(x.shape[0], packed.shape[0], dtype=x.dtype, device=x.device)
+        return tiled_launch(x, packed, scales, global_scale, bias, y)
+    if x.shape[0] > MAX_FUSED_T:  # prefill: dequantize straight from the tiled layout, then cuBLAS
+        w = torch.empty(packed.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
+        dequant_launch(u8(packed), u8(scales), global_scale, w, tiled=True)
+        return torch.nn.functional.linear(x, w, bias.to(x.dtype) if bias is not None else None)
+    return _linear(x, untile_packed(packed), untile_scales(scales), global_scale, bias)
+
+
+@_linear_tiled_op.register_fake
+def _(x, packed, scales, global_scale, bias):
+    return x.new_empty((x.shape[0], packed.shape[0]))
+
+
+class _TiledHit:
+    __slots__ = ("flat", "plan", "token")
+
+    def __init__(self, x, x2, N, has_bias):
+        self.flat = x.dim() == 2 and x.stride(-1) == 1
+        self.plan = TiledPlan(x2, N, has_bias) if self.flat and tiled_usable(x2) else None
+        self.token = new_token()
+
+
+_CHECKED_TILED = PlanCache()
+
+
+def _tiled_forward(m: "NVFP4Linear", x: torch.Tensor) -> torch.Tensor:
+    """NVFP4Linear.forward on its tiled weights: checks once per key (x's shape, strides, dtype, device; the
+    buffers' devices), then a cached plan."""
+    p, s, gs, b = m.packed, m.scales, m.global_scale, m.bias
+    key = None
+    if not tracing():
+        key = (tkey(x), tkey(p), tkey(b), current_device())
+        hit = _CHECKED_TILED.get(key)
+        if hit is not None and direct_ok(x, p, s, gs, b):
+            if hit.plan is not None:
+                return hit.plan(x, p, s, gs, b)
+            y = run_planned(hit.token, _linear_tiled, x.reshape(-1, m.in_features), p, s, gs, b)
+            return y.reshape(*x.shape[:-1], m.out_features)
+    check_tensor("x", x, dtypes=_X_DTYPES)
+    if x.dim() < 1 or x.shape[-1] != m.in_features:
+        raise ValueError(f"x must be [..., in_features={m.in_features}], got {tuple(x.shape)}")
+    check_same_device(x=x, packed=p, scales=s, global_scale=gs, bias=b)
+    x2 = x.reshape(-1, m.in_features)
+    if x2.shape[0] <= MAX_FUSED_T:
+        check_interpreter_dtype(x=x)
+    if key is not None and direct_ok(x, p, s, gs, b):
+        hit = _CHECKED_TILED.put(key, _TiledHit(x, x2, m.out_features, b is not None))
+        if hit.plan is not None:
+            return hit.plan(x, p, s, gs, b)
+        return run_planned(hit.token, _linear_tiled, x2, p, s, gs, b).reshape(*x.shape[:-1], m.out_features)
+    return _linear_tiled_op(x2, p, s, gs, b).reshape(*x.shape[:-1], m.out_features)
+
+
 class NVFP4Linear(torch.nn.Module):
-    """Inference-only nn.Linear replacement holding an NVFP4 weight (4.5 bits per weight)."""
+    """Inference-only nn.Linear replacement holding an NVFP4 weight (4.5 bits per weight).
+
+    Where out_features % 16 == 0 and in_features % 256 == 0 (`tiled`), the `packed` and `scales` buffers hold the
+    tiled layout of tiled.py (the same bytes reordered so the decode kernel's loads are contiguous: 1.07-1.5x the
+    plain layout's speed on the H100); state_dict() and load_state_dict() use the plain [N, K/2] / [N, K/16]
+    layout of nvfp4_quantize and the checkpoints, and plain_weight() returns it.
+    """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None):
         super().__init__()
@@ -279,6 +354,24 @@ class NVFP4Linear(torch.nn.Module):
                                                    device=device))
         self.register_buffer("global_scale", torch.ones(1, dtype=torch.float32, device=device))
         self.register_buffer("bias", torch.zeros(out_features, device=device) if bias else None)
+        self.tiled = tileable(out_features, in_features)
+        if self.tiled:
+            self.register_state_dict_post_hook(_plain_state)
+            self.register_load_state_dict_pre_hook(_tile_state)
+
+    def plain_weight(self):
+        """(packed, scales) in the plain layout (copies where the module holds the tiled one)."""
+        if self.tiled:
+            return untile_packed(self.packed), untile_scales(self.scales)
+        return self.packed, self.scales
+
+    def set_weight(self, packed: torch.Tensor, scales: torch.Tensor) -> None:
+        """Copy plain-layout packed [N, K/2] / scales [N, K/16] in (tiled where the module is)."""
+        check_shape("packed", packed, tuple(self.packed.shape), "[out_features, in_features/2]")
+        check_shape("scales", scales, tuple(self.scales.shape), "[out_features, in_features/16]")
+        with torch.no_grad():
+            self.packed.copy_(tile_packed(u8(packed)) if self.tiled else u8(packed))
+            self.scales.copy_(tile_scales(scales) if self.tiled else scales)
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, global_scale: Optional[float] = None) -> "NVFP4Linear":
@@ -287,15 +380,30 @@ class NVFP4Linear(torch.nn.Module):
         w = linear.weight.detach()
         m = cls(linear.in_features, linear.out_features, linear.bias is not None, device=w.device)
         packed, scales, gs = nvfp4_quantize(w, global_scale)
-        m.packed.copy_(packed)
-        m.scales.copy_(scales)
+        m.set_weight(packed, scales)
         m.global_scale.copy_(gs.reshape(1))
         if linear.bias is not None:
             m.bias = linear.bias.detach().float().clone()
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tiled:
+            return _tiled_forward(self, x)
         return nvfp4_linear(x, self.packed, self.scales, self.global_scale, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"tiled={self.tiled}")
+
+
+def _plain_state(module, state_dict, prefix, local_metadata):
+    for name, fn in (("packed", untile_packed), ("scales", untile_scales)):
+        if prefix + name in state_dict:
+            state_dict[prefix + name] = fn(state_dict[prefix + name])
+
+
+def _tile_state(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+    for name, fn in (("packed", tile_packed), ("scales", tile_scales)):
+        t = state_dict.get(prefix + name)
+        if isinstance(t, torch.Tensor) and t.shape == getattr(module, name).shape:  # else load_state_dict says why
+            state_dict[prefix + name] = fn(t)

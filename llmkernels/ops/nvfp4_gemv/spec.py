@@ -5,7 +5,7 @@ from ...bench import Case, Impl, OpBench
 from ...checking import generator, result
 from .format import E2M1_VALUES, nvfp4_dequantize, nvfp4_quantize, to_blocked
 from .linear import dequant_launch
-from .op import nvfp4_gemv, nvfp4_linear
+from .op import NVFP4Linear, nvfp4_gemv, nvfp4_linear
 from .reference import nvfp4_gemv_ref, nvfp4_linear_ref
 
 # GEMV: every block term a*sfa*b*sfb/.. is exact in fp32 and blocks are summed in fp32 (relative error ~1e-7);
@@ -75,6 +75,16 @@ def check(device):
             y = nvfp4_linear(x["x"], x["packed"], x["scales"], x["gs"], x["bias"])
             ref = nvfp4_linear_ref(x["x"], x["packed"], x["scales"], x["gs"], x["bias"])
             out.append(result("nvfp4_linear", f"T={T} N={N} K={K} {str(dtype)[6:]}", y, ref, LINEAR_TOL[dtype]))
+    for dtype in dtypes:  # NVFP4Linear on the tiled layout
+        for T, N, K in [(1, 32, 256), (5, 48, 512), (16, 64, 768), (20, 16, 256)]:
+            x = make_linear_inputs(T, N, K, dtype, device)
+            m = NVFP4Linear(K, N, bias=True, device=device)
+            m.set_weight(x["packed"], x["scales"])
+            m.global_scale.copy_(x["gs"].reshape(1))
+            m.bias.copy_(x["bias"])
+            ref = nvfp4_linear_ref(x["x"], x["packed"], x["scales"], x["gs"], x["bias"])
+            out.append(result("nvfp4_linear", f"NVFP4Linear tiled T={T} N={N} K={K} {str(dtype)[6:]}", m(x["x"]), ref,
+                              LINEAR_TOL[dtype]))
     x = make_linear_inputs(1, 70, 96, torch.float16, device)
     w = torch.empty(70, 96, dtype=torch.float16, device=device)
     dequant_launch(x["packed"], x["scales"].view(torch.uint8), x["gs"].reshape(1), w)
@@ -182,6 +192,15 @@ def _linear_cases(quick):
             for N, K, T in nkt]
 
 
+def _linear_module(x):
+    """What a model runs: NVFP4Linear (the tiled layout where out_features % 16 == 0 and in_features % 256 == 0)."""
+    N, KH = x["packed"].shape
+    m = NVFP4Linear(2 * KH, N, bias=False, device=x["x"].device)
+    m.set_weight(x["packed"], x["scales"])
+    m.global_scale.copy_(x["gs"].reshape(1))
+    return lambda: m(x["x"])
+
+
 def _linear_ours(x):
     return lambda: nvfp4_linear(x["x"], x["packed"], x["scales"], x["gs"])
 
@@ -228,7 +247,8 @@ def benches():
             Impl("torch-scaled-mm", _gemv_scaled_mm, _scaled_mm_available),
         ]),
         OpBench("nvfp4_linear", _linear_cases, [
-            Impl("llmkernels", _linear_ours),
+            Impl("llmkernels", _linear_module),
+            Impl("llmkernels-plain-layout", _linear_ours),
             Impl("torch-dequant-bf16-linear", _linear_dequant_torch),
             Impl("torch-bf16-dense", _linear_dense_bf16),
             Impl("torchao-int4", _linear_torchao_int4, _torchao_available),

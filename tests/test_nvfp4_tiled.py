@@ -1,0 +1,186 @@
+"""NVFP4Linear's tiled weight layout (ops/nvfp4_gemv/tiled.py): the layout itself, the module's plain-layout state,
+and (GPU) the tiled mma kernel against the fp32 reference."""
+import pytest
+import torch
+
+from llmkernels import NVFP4Linear, nvfp4_quantize
+from llmkernels.checking import rel_err
+from llmkernels.ops.nvfp4_gemv.reference import nvfp4_linear_ref
+from llmkernels.ops.nvfp4_gemv.spec import LINEAR_TOL, random_scales
+from llmkernels.ops.nvfp4_gemv.tiled import (tile_packed, tile_scales, tileable, tiled_launch, untile_packed,
+                                             untile_scales)
+
+
+def _weights(N, K, dev):
+    w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device=dev)  # every code, both signs
+    s = random_scales((N, K // 16), dev, 0x08, 0x60)
+    return w, s
+
+
+def test_layout_matches_its_definition():
+    N, K = 48, 768
+    w, s = _weights(N, K, "cpu")
+    wp, sp = tile_packed(w), tile_scales(s)
+    assert wp.shape == w.shape and wp.dtype == w.dtype and sp.shape == s.shape and sp.dtype == s.dtype
+    words = w.view(torch.int64)  # [N, K/16]: word kw of row r
+    tw = wp.view(torch.int64).view(N // 16, K // 64, 32, 2)
+    ts = sp.view(torch.uint8).view(N // 16, K // 256, 32, 8)
+    su = s.view(torch.uint8)
+    for r in range(N):
+        b, g, h = r // 16, r % 8, (r % 16) // 8
+        for kw in range(K // 16):
+            lane = 4 * g + kw % 4
+            assert tw[b, kw // 4, lane, h] == words[r, kw]
+            assert ts[b, kw // 16, lane, 2 * ((kw // 4) % 4) + h] == su[r, kw]
+    assert torch.equal(untile_packed(wp), w) and torch.equal(untile_scales(sp).view(torch.uint8), su)
+
+
+def test_tileable():
+    assert tileable(16, 256) and tileable(4096, 14336)
+    assert not tileable(24, 256) and not tileable(16, 272) and not tileable(0, 256)
+
+
+def test_module_state_is_plain(device):
+    lin = torch.nn.Linear(512, 48, bias=True).to(device)
+    q = NVFP4Linear.from_linear(lin)
+    assert q.tiled and "tiled=True" in repr(q)
+    packed, scales, gs = nvfp4_quantize(lin.weight.detach())
+    sd = q.state_dict()
+    assert torch.equal(sd["packed"], packed) and torch.equal(sd["scales"].view(torch.uint8), scales.view(torch.uint8))
+    assert not torch.equal(q.packed, packed)  # the buffer holds the tiled bytes
+    p2, s2 = q.plain_weight()
+    assert torch.equal(p2, packed) and torch.equal(s2.view(torch.uint8), scales.view(torch.uint8))
+    # a plain state dict loads into a tiled module, and the forward is the reference on the plain weights
+    q2 = NVFP4Linear(512, 48, bias=True, device=device)
+    q2.load_state_dict(sd)
+    assert torch.equal(q2.packed, q.packed) and torch.equal(q2.state_dict()["packed"], packed)
+    x = torch.randn(3, 512, device=device).half()
+    ref = nvfp4_linear_ref(x, packed, scales, q.global_scale, q.bias)
+    assert rel_err(q2(x), ref) <= LINEAR_TOL[torch.float16]
+    # a wrong shape is load_state_dict's own error, not a crash in the layout change
+    bad = dict(sd, packed=sd["packed"][:, :-1])
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        q2.load_state_dict(bad)
+
+
+def test_module_not_tileable_stays_plain(device):
+    q = NVFP4Linear(272, 40, bias=False, device=device)
+    assert not q.tiled and q.plain_weight()[0] is q.packed
+
+
+def test_set_weight_checks_shapes(device):
+    q = NVFP4Linear(256, 16, bias=False, device=device)
+    w, s = _weights(16, 256, device)
+    with pytest.raises(ValueError, match="packed"):
+        q.set_weight(w[:, :-1], s)
+    q.set_weight(w, s)
+    assert torch.equal(q.plain_weight()[0], w)
+
+
+def test_module_bad_x(device):
+    q = NVFP4Linear(256, 16, bias=False, device=device)
+    with pytest.raises(ValueError, match="in_features=256"):
+        q(torch.randn(2, 128, device=device).half())
+    with pytest.raises(TypeError, match="x"):
+        q(torch.randn(2, 256, device=device))
+
+
+def test_module_plan_not_reused_across_shapes(device):
+    # the cached plan of one x shape / dtype / stride must not serve another
+    q = NVFP4Linear(256, 32, bias=True, device=device)
+    w, s = _weights(32, 256, device)
+    q.set_weight(w, s)
+    q.bias.normal_()
+    for x in (torch.randn(2, 256, device=device).half(), torch.randn(5, 256, device=device).half(),
+              torch.randn(5, 256, device=device).bfloat16() if device.type == "cuda" else None,
+              torch.randn(3, 512, device=device).half()[:, ::2], torch.randn(2, 3, 256, device=device).half()):
+        if x is None:
+            continue
+        for _ in range(2):  # the first call checks and plans, the second takes the plan
+            y = q(x)
+            ref = nvfp4_linear_ref(x.reshape(-1, 256), w, s, q.global_scale, q.bias).reshape(*x.shape[:-1], 32)
+            assert y.shape == ref.shape and rel_err(y, ref) <= LINEAR_TOL[x.dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T,N,K,cfg", [(1, 16, 256, {}), (3, 48, 512, {}), (8, 4096, 4096, {}),
+                                       (9, 96, 1024, {}), (16, 1040, 4352, {}), (5, 4096, 14336, {}),
+                                       (2, 64, 4096, {"KS": 16}), (4, 160, 2048, {"KS": 1, "R": 4}),
+                                       (13, 512, 3584, {"KS": 2, "R": 1}), (16, 256, 8192, {"KS": 16})])
+def test_gpu_tiled_kernel(dtype, T, N, K, cfg):
+    # full-range codes and scales, NaN-poisoned output, strided x, bias; a wrong layout or fragment order would
+    # mix rows, tokens or K ranges and miss the reference by far more than the tolerance
+    dev = torch.device("cuda")
+    w, s = _weights(N, K, dev)
+    xs = torch.randn(T, K + 64, device=dev).to(dtype)[:, :K]
+    gs = torch.full((1,), 0.37, device=dev)
+    bias = torch.randn(N, device=dev)
+    ref = nvfp4_linear_ref(xs, w, s, gs, bias)
+    y = torch.full((T, N), float("nan"), dtype=dtype, device=dev)
+    tiled_launch(xs, tile_packed(w), tile_scales(s).view(torch.uint8), gs, bias, y, cfg=cfg)
+    assert rel_err(y, ref) <= LINEAR_TOL[dtype]
+
+
+@pytest.mark.gpu
+def test_gpu_tiled_nan_scale_and_input():
+    dev = torch.device("cuda")
+    w, s = _weights(32, 512, dev)
+    s = s.view(torch.uint8).clone()
+    s[3, 5] = 0x7F  # e4m3 NaN: row 3 is NaN for every token
+    x = torch.randn(4, 512, device=dev).bfloat16()
+    x[2, 100] = float("nan")  # token 2 is NaN for every row
+    y = torch.empty(4, 32, dtype=torch.bfloat16, device=dev)
+    tiled_launch(x, tile_packed(w), tile_scales(s), torch.ones(1, device=dev), None, y)
+    assert torch.isnan(y[:, 3]).all() and torch.isnan(y[2]).all()
+    ok = torch.ones_like(y, dtype=torch.bool)
+    ok[:, 3], ok[2] = False, False
+    assert not torch.isnan(y[ok]).any()
+
+
+@pytest.mark.gpu
+def test_gpu_tiled_module_graph_and_compile():
+    dev = torch.device("cuda")
+    lin = torch.nn.Linear(1024, 512, bias=True, device=dev)
+    q = NVFP4Linear.from_linear(lin)
+    x = torch.randn(4, 1024, device=dev).bfloat16()
+    packed, scales = q.plain_weight()
+    ref = nvfp4_linear_ref(x, packed, scales, q.global_scale, q.bias)
+    y0 = q(x)
+    assert rel_err(y0, ref) <= LINEAR_TOL[torch.bfloat16]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        yg = q(x)
+    yg.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(yg, y0)
+    yc = torch.compile(q, fullgraph=True)(x)
+    assert torch.equal(yc, y0)
+    # prefill (T > 16) takes the plain path on an untiled copy
+    xp = torch.randn(40, 1024, device=dev).bfloat16()
+    assert rel_err(q(xp), nvfp4_linear_ref(xp, packed, scales, q.global_scale, q.bias)) <= LINEAR_TOL[torch.bfloat16]
+
+
+def test_dequant_reads_the_tiled_layout(device):
+    from llmkernels.ops.nvfp4_gemv.linear import dequant_launch
+    N, K = 48, 768
+    w, s = _weights(N, K, device)
+    s = s.view(torch.uint8).clone()
+    s[17, 9] = 0x7F  # a NaN scale: its 16 outputs are NaN in both layouts
+    gs = torch.full((1,), 0.37, device=device)
+    plain = torch.empty(N, K, dtype=torch.float16, device=device)
+    tiled = torch.full((N, K), 1.0, dtype=torch.float16, device=device)
+    dequant_launch(w, s, gs, plain)
+    dequant_launch(tile_packed(w), tile_scales(s), gs, tiled, tiled=True)
+    assert torch.equal(plain.isnan(), tiled.isnan()) and plain.isnan().sum() == 16
+    assert torch.equal(plain.nan_to_num(), tiled.nan_to_num())
+
+
+def test_module_prefill_reference(device):
+    q = NVFP4Linear(512, 32, bias=True, device=device)
+    w, s = _weights(32, 512, device)
+    q.set_weight(w, s)
+    q.bias.normal_()
+    x = torch.randn(20, 512, device=device).half()
+    assert rel_err(q(x), nvfp4_linear_ref(x, w, s, q.global_scale, q.bias)) <= LINEAR_TOL[torch.float16]
