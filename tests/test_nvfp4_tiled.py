@@ -107,7 +107,10 @@ def test_module_plan_not_reused_across_shapes(device):
 @pytest.mark.parametrize("T,N,K,cfg", [(1, 16, 256, {}), (3, 48, 512, {}), (8, 4096, 4096, {}),
                                        (9, 96, 1024, {}), (16, 1040, 4352, {}), (5, 4096, 14336, {}),
                                        (2, 64, 4096, {"KS": 16}), (4, 160, 2048, {"KS": 1, "R": 4}),
-                                       (13, 512, 3584, {"KS": 2, "R": 1}), (16, 256, 8192, {"KS": 16})])
+                                       (13, 512, 3584, {"KS": 2, "R": 1}), (16, 256, 8192, {"KS": 16}),
+                                       (2, 64, 14336, {"KS": 16}), (3, 32, 768, {"KS": 4}),
+                                       (11, 80, 1280, {"KS": 8, "loads": 1}), (1, 48, 4096, {"loads": 0}),
+                                       (6, 96, 2304, {"KS": 4, "loads": 0}), (12, 64, 4096, {"loads": 2})])
 def test_gpu_tiled_kernel(dtype, T, N, K, cfg):
     # full-range codes and scales, NaN-poisoned output, strided x, bias; a wrong layout or fragment order would
     # mix rows, tokens or K ranges and miss the reference by far more than the tolerance

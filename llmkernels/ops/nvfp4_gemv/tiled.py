@@ -87,16 +87,44 @@ def _store_sum(acc, row, t, T, N, gs_ptr, bias_ptr, y_ptr, s_yt, one, R: tl.cons
     tl.store(y_ptr + t * s_yt + off, v.to(y_ptr.dtype.element_ty), mask=(row < N) & (t < T))
 
 
+@triton.jit
+def _tiled_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, sv, u: tl.constexpr, px0, px1, la, lb, ha, hb,
+                DT: tl.constexpr, NT: tl.constexpr):
+    """Step u of an iteration: words wt / wb, their scales in bytes 2u / 2u + 1 of sv, the activations at px + 16u."""
+    st = e4m3_f32(((sv >> (16 * u)) & 0xFF).to(tl.uint8), False).to(DT)
+    sb = e4m3_f32(((sv >> (16 * u + 8)) & 0xFF).to(tl.uint8), False).to(DT)
+    x0, x1, x2, x3 = _mma_acts(px0 + 16 * u, True, 1)
+    x4, x5, x6, x7 = x0, x1, x2, x3
+    if NT == 2:
+        x4, x5, x6, x7 = _mma_acts(px1 + 16 * u, True, 1)
+    return _mma_issue(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6, x7,
+                      la, lb, ha, hb, DT, NT)
+
+
+@triton.jit
+def _tiled_keep(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, b0, b1, b2, b3, b4, b5, b6, b7, keep,
+                EVEN: tl.constexpr, NT: tl.constexpr):
+    """The accumulators after an iteration, or before it (b*) where it lies past the warp's short range."""
+    if not EVEN:
+        acc0, acc1, acc2, acc3 = (tl.where(keep, acc0, b0), tl.where(keep, acc1, b1), tl.where(keep, acc2, b2),
+                                  tl.where(keep, acc3, b3))
+        if NT == 2:
+            acc4, acc5, acc6, acc7 = (tl.where(keep, acc4, b4), tl.where(keep, acc5, b5), tl.where(keep, acc6, b6),
+                                      tl.where(keep, acc7, b7))
+    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+
+
 @triton.jit(do_not_specialize=["one"])
 def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, per, s_xt, s_yt, one,
-                      R: tl.constexpr, KS: tl.constexpr, NT: tl.constexpr, HAS_BIAS: tl.constexpr):
+                      R: tl.constexpr, KS: tl.constexpr, NT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      LOADS: tl.constexpr, EVEN: tl.constexpr):
     """y [T <= 8 NT, N] = x @ W^T, W in the tiled layout, on mma.sync m16n8k16 fed from registers (the decode and
     the fragment order of linear._linear_mma_kernel). A program has R KS warps: warp KS r + k takes row block
-    R pid + r and the k-th of KS ranges of `per` iterations (KI = K/256 in all; an iteration is 4 steps of 4 words
-    a row). Each step a lane loads 16 contiguous bytes (its two rows' words), each iteration 8 bytes of scales; the
-    KS partial sums are added in shared memory at the end. x_ptr int64 [T, K/4], w_ptr int64, s_ptr int64 (tiled
-    packed / scales); element e of the [32 R KS] tensors lives in lane e % 32 of warp e // 32 (see the plain
-    kernel: the runtime `one` keeps addresses from looking contiguous)."""
+    R pid + r and the k-th of KS ranges of `per` iterations (KI = K/256 in all, EVEN: KS divides it; an iteration is
+    4 steps of 4 words a row). Each step a lane loads 16 contiguous bytes (its two rows' words), each iteration 8
+    bytes of scales; the KS partial sums are added in shared memory at the end. x_ptr int64 [T, K/4], w_ptr int64,
+    s_ptr int64 (tiled packed / scales); element e of the [32 R KS] tensors lives in lane e % 32 of warp e // 32
+    (see the plain kernel: the runtime `one` keeps addresses from looking contiguous)."""
     DT: tl.constexpr = y_ptr.dtype.element_ty
     W: tl.constexpr = R * KS
     pid = tl.program_id(0)
@@ -114,28 +142,71 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
     acc6 = tl.zeros([32 * W], tl.float32)
     acc7 = tl.zeros([32 * W], tl.float32)
     la, lb, ha, hb = _mma_tables(e, DT)
-    pw = w_ptr + ((blk * KI + i_lo) * 128 + lane) * 2  # 4 steps x 32 lanes x 2 words an iteration
-    ps = s_ptr + (blk * KI + i_lo) * 32 + lane
-    k0 = 16 * i_lo + lane % 4  # the lane's first word: 16 an iteration, 4 a step
+    if EVEN:  # KS divides K/256: every warp runs `per` whole iterations
+        n_w = per
+        i_at = i_lo
+    else:  # the last warps' ranges are short or empty: their pointers stay in range, extra iterations discarded
+        n_w = tl.minimum(tl.maximum(KI - i_lo, 0), per)
+        i_at = tl.minimum(i_lo, KI - 1)
+    pw = w_ptr + ((blk * KI + i_at) * 128 + lane) * 2  # 4 steps x 32 lanes x 2 words an iteration
+    ps = s_ptr + (blk * KI + i_at) * 32 + lane
+    k0 = 16 * i_at + lane % 4  # the lane's first word: 16 an iteration, 4 a step
     px0 = x_ptr + tl.minimum(tok, T - 1) * s_xt + 4 * k0
     px1 = x_ptr + tl.minimum(tok + 8, T - 1) * s_xt + 4 * k0
-    for _ in range(0, per):
+    if LOADS == 0:  # each step loads its words just before its decode
+        for it in range(0, per):
+            adv = (it + 1 < n_w).to(tl.int64)  # short ranges: the pointers stop at their last iteration
+            sv = _ld_word(ps)
+            b0, b1, b2, b3, b4, b5, b6, b7 = acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+            for u in tl.static_range(4):
+                wt, wb = _ld_pair(pw + 64 * u)
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
+                    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, sv, u, px0, px1, la, lb, ha, hb, DT, NT)
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_keep(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, b0, b1, b2, b3, b4, b5, b6, b7, it < n_w, EVEN, NT)
+            pw += 256 * adv
+            ps += 32 * adv
+            px0 += 64 * adv
+            px1 += 64 * adv
+    else:  # an iteration's words loaded together; LOADS 2: the next iteration's before this one decodes
         sv = _ld_word(ps)
-        for u in tl.static_range(4):
-            wt, wb = _ld_pair(pw + 64 * u)
-            st = e4m3_f32(((sv >> (16 * u)) & 0xFF).to(tl.uint8), False).to(DT)
-            sb = e4m3_f32(((sv >> (16 * u + 8)) & 0xFF).to(tl.uint8), False).to(DT)
-            x0, x1, x2, x3 = _mma_acts(px0 + 16 * u, True, 1)
-            x4, x5, x6, x7 = x0, x1, x2, x3
-            if NT == 2:
-                x4, x5, x6, x7 = _mma_acts(px1 + 16 * u, True, 1)
-            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _mma_issue(
-                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6, x7,
-                la, lb, ha, hb, DT, NT)
-        pw += 256
-        ps += 32
-        px0 += 64
-        px1 += 64
+        w0t, w0b = _ld_pair(pw)
+        w1t, w1b = _ld_pair(pw + 64)
+        w2t, w2b = _ld_pair(pw + 128)
+        w3t, w3b = _ld_pair(pw + 192)
+        for it in range(0, per):
+            adv = (it + 1 < n_w).to(tl.int64)  # the last iteration reloads its own words (valid addresses)
+            if LOADS == 2:
+                pw += 256 * adv
+                ps += 32 * adv
+                nsv = _ld_word(ps)
+                n0t, n0b = _ld_pair(pw)
+                n1t, n1b = _ld_pair(pw + 64)
+                n2t, n2b = _ld_pair(pw + 128)
+                n3t, n3b = _ld_pair(pw + 192)
+            b0, b1, b2, b3, b4, b5, b6, b7 = acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, sv, 0, px0, px1, la, lb, ha, hb, DT, NT)
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w1t, w1b, sv, 1, px0, px1, la, lb, ha, hb, DT, NT)
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w2t, w2b, sv, 2, px0, px1, la, lb, ha, hb, DT, NT)
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w3t, w3b, sv, 3, px0, px1, la, lb, ha, hb, DT, NT)
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_keep(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, b0, b1, b2, b3, b4, b5, b6, b7, it < n_w, EVEN, NT)
+            if LOADS == 2:
+                sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b = nsv, n0t, n0b, n1t, n1b, n2t, n2b, n3t, n3b
+            else:
+                pw += 256 * adv
+                ps += 32 * adv
+                sv = _ld_word(ps)
+                w0t, w0b = _ld_pair(pw)
+                w1t, w1b = _ld_pair(pw + 64)
+                w2t, w2b = _ld_pair(pw + 128)
+                w3t, w3b = _ld_pair(pw + 192)
+            px0 += 64 * adv
+            px1 += 64 * adv
     g = tl.arange(0, 32)
     row = pid * (16 * R) + tl.arange(0, R)[:, None] * 16 + (g // 4)[None, :]
     t0 = (2 * (g % 4))[None, :]
@@ -152,9 +223,13 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
 
 @dataclass(frozen=True)
 class TiledConfig(KernelConfig):
-    """KS warps split K (a power of 2 dividing K/256; 0: planned), R row blocks a program (0: KS >= 4 ? 1 : 4 / KS)."""
+    """KS warps split K (a power of 2 <= 16; ranges of cdiv(K/256, KS) iterations, the last ones short or empty
+    where KS does not divide K/256; 0: planned), R row blocks a program (0: KS >= 4 ? 1 : 4 / KS), loads: 0 = each
+    step's words just before its decode, 1 = an iteration's words together, 2 = the next iteration's words before
+    this one decodes (-1: planned)."""
     KS: int = 0
     R: int = 0
+    loads: int = -1
 
 
 def _pow2(n: float, up: bool) -> int:
@@ -165,19 +240,24 @@ def _pow2(n: float, up: bool) -> int:
 
 
 def tiled_config(T: int, N: int, K: int, device, cfg=None):
-    """(KS, R, per): up to 8 tokens, enough warps for ~48 a SM (KS <= 16, rounded up); 9-16 tokens, ~32 a SM
-    (KS <= 8, rounded down): the best of KS / 2, KS, 2 KS on the H100 (round 13). KS must divide K/256."""
+    """(KS, R, per, loads). Up to 8 tokens: the next iteration's weights in flight (loads 2), KS = 16384 / blocks of
+    16 rows (rounded down, <= 8); 9-16 tokens: each step's words just before its decode (loads 0; the grouped loads
+    lost 4-8 points there), KS ~32 warps an SM (rounded down, <= 8), a power of 2 dividing K/256 where one does
+    (no idle iterations). Both from A/B runs of KS / 2, KS, 2 KS on the H100 (notes, linear round 13)."""
     c = TiledConfig.of(cfg)
     KI, blocks = K // TILE_K, N // TILE_N
     ks = c.KS
     if not ks:
-        ks = min(16, _pow2(48 * num_sms(device) / blocks, True)) if T <= 8 else \
-            min(8, _pow2(32 * num_sms(device) / blocks, False))
-        while KI % ks:
-            ks //= 2
-    if ks < 1 or ks & (ks - 1) or KI % ks or ks > 16:
-        raise ValueError(f"KS (={ks}) must be a power of 2 <= 16 dividing K/256 (={KI})")
-    return ks, c.R or max(1, 4 // ks), KI // ks
+        ks = min(8, _pow2(16384 / blocks, False)) if T <= 8 else min(8, _pow2(32 * num_sms(device) / blocks, False))
+        if T > 8:
+            while KI % ks:
+                ks //= 2
+    if ks < 1 or ks & (ks - 1) or ks > 16:
+        raise ValueError(f"KS (={ks}) must be a power of 2 <= 16")
+    loads = c.loads if c.loads >= 0 else 2 if T <= 8 else 0
+    if loads not in (0, 1, 2):
+        raise ValueError(f"loads (={loads}) must be 0, 1 or 2")
+    return ks, c.R or max(1, 4 // ks), cdiv(KI, ks), loads
 
 
 def tiled_usable(x: torch.Tensor) -> bool:
@@ -191,11 +271,11 @@ def tiled_launch(x, packed, scales, gs, bias, y, cfg=None):
     """x [T, K] (tiled_usable), packed / scales in the tiled layout, gs fp32 [1], bias fp32 [N] or None -> y."""
     T, K = x.shape
     N = packed.shape[0]
-    ks, r, per = tiled_config(T, N, K, x.device, cfg)
+    ks, r, per, loads = tiled_config(T, N, K, x.device, cfg)
     launch(_tiled_mma_kernel, (cdiv(N // 16, r),), x.view(torch.int64), _u8(packed).view(torch.int64),
            _u8(scales).view(torch.int64), gs, bias if bias is not None else gs, y, T, N, K // TILE_K, per,
            x.stride(0) // 4, y.stride(0), 1, R=r, KS=ks, NT=1 if T <= 8 else 2, HAS_BIAS=bias is not None,
-           num_warps=r * ks)
+           LOADS=loads, EVEN=(K // TILE_K) % ks == 0, num_warps=r * ks)
     return y
 
 
@@ -205,11 +285,11 @@ class TiledPlan:
 
     def __init__(self, x, N, has_bias):
         T, K = x.shape
-        ks, r, per = tiled_config(T, N, K, x.device)
+        ks, r, per, loads = tiled_config(T, N, K, x.device)
         self.T, self.N, self.dtype = T, N, x.dtype
         self.ints = (T, N, K // TILE_K, per, x.stride(0) // 4, N, 1)
         self.main = Launch(_tiled_mma_kernel, (cdiv(N // 16, r),), R=r, KS=ks, NT=1 if T <= 8 else 2,
-                           HAS_BIAS=has_bias, num_warps=r * ks)
+                           HAS_BIAS=has_bias, LOADS=loads, EVEN=(K // TILE_K) % ks == 0, num_warps=r * ks)
 
     def __call__(self, x, packed, scales, gs, bias):
         y = torch.empty(self.T, self.N, dtype=self.dtype, device=x.device)
