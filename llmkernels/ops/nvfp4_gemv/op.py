@@ -296,8 +296,8 @@ class _TiledHit:
     __slots__ = ("flat", "plan", "token")
 
     def __init__(self, x, x2, N, has_bias):
-        self.flat = x.dim() == 2 and x.stride(-1) == 1
-        self.plan = TiledPlan(x2, N, has_bias) if self.flat and tiled_usable(x2) else None
+        self.flat = x.dim() == 2 and x.stride(-1) == 1  # x is its own [T, K] (else reshaped, as on the first call)
+        self.plan = TiledPlan(x2, N, has_bias) if x.stride(-1) == 1 and tiled_usable(x2) else None
         self.token = new_token()
 
 
@@ -314,7 +314,9 @@ def _tiled_forward(m: "NVFP4Linear", x: torch.Tensor) -> torch.Tensor:
         hit = _CHECKED_TILED.get(key)
         if hit is not None and direct_ok(x, p, s, gs, b):
             if hit.plan is not None:
-                return hit.plan(x, p, s, gs, b)
+                if hit.flat:
+                    return hit.plan(x, p, s, gs, b)
+                return hit.plan(x.reshape(-1, m.in_features), p, s, gs, b).reshape(*x.shape[:-1], m.out_features)
             y = run_planned(hit.token, _linear_tiled, x.reshape(-1, m.in_features), p, s, gs, b)
             return y.reshape(*x.shape[:-1], m.out_features)
     check_tensor("x", x, dtypes=_X_DTYPES)
@@ -327,7 +329,7 @@ def _tiled_forward(m: "NVFP4Linear", x: torch.Tensor) -> torch.Tensor:
     if key is not None and direct_ok(x, p, s, gs, b):
         hit = _CHECKED_TILED.put(key, _TiledHit(x, x2, m.out_features, b is not None))
         if hit.plan is not None:
-            return hit.plan(x, p, s, gs, b)
+            return hit.plan(x2, p, s, gs, b).reshape(*x.shape[:-1], m.out_features)
         return run_planned(hit.token, _linear_tiled, x2, p, s, gs, b).reshape(*x.shape[:-1], m.out_features)
     return _linear_tiled_op(x2, p, s, gs, b).reshape(*x.shape[:-1], m.out_features)
 

@@ -293,7 +293,7 @@ class TiledPlan:
 
     def __call__(self, x, packed, scales, gs, bias):
         y = torch.empty(self.T, self.N, dtype=self.dtype, device=x.device)
-        # the kept launcher reads addresses only; Triton's path types the pointers from the tensors
-        x, packed, scales = x.view(torch.int64), _u8(packed).view(torch.int64), _u8(scales).view(torch.int64)
+        if not self.main.direct():  # the kept launcher reads addresses only; Triton's path types the pointers
+            x, packed, scales = x.view(torch.int64), _u8(packed).view(torch.int64), _u8(scales).view(torch.int64)
         self.main(x, packed, scales, gs, bias if bias is not None else gs, y, *self.ints)
         return y
