@@ -90,6 +90,14 @@ def _mma_tables(e, DT: tl.constexpr):
 
 
 @triton.jit
+def _mma_start(e, DT: tl.constexpr):
+    """The 8 zeroed fp32 accumulators of an mma kernel (shaped like e) and the decode's byte tables."""
+    z = tl.zeros(e.shape, tl.float32)
+    la, lb, ha, hb = _mma_tables(e, DT)
+    return z, z, z, z, z, z, z, z, la, lb, ha, hb
+
+
+@triton.jit
 def _mma_issue(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6, x7,
                la, lb, ha, hb, DT: tl.constexpr, NT: tl.constexpr):
     """One mma step: weight words wt / wb (rows r, r + 8: one scale block each) with their scales st / sb (in DT),
@@ -176,15 +184,7 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
     k_lo = split * per_split
     k_hi = tl.minimum(k_lo + per_split, KW)
     # per group of 8 tokens: (row r, token 2c), (r, 2c + 1), (r + 8, 2c), (r + 8, 2c + 1)
-    acc0 = tl.zeros([32 * W], tl.float32)
-    acc1 = tl.zeros([32 * W], tl.float32)
-    acc2 = tl.zeros([32 * W], tl.float32)
-    acc3 = tl.zeros([32 * W], tl.float32)
-    acc4 = tl.zeros([32 * W], tl.float32)
-    acc5 = tl.zeros([32 * W], tl.float32)
-    acc6 = tl.zeros([32 * W], tl.float32)
-    acc7 = tl.zeros([32 * W], tl.float32)
-    la, lb, ha, hb = _mma_tables(e, DT)
+    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, la, lb, ha, hb = _mma_start(e, DT)
     # whole iterations without masks: rows and tokens past the end are clamped (read, never stored)
     k_full = k_lo + (k_hi - k_lo) // (4 * U) * (4 * U)
     k0 = k_lo + c

@@ -18,7 +18,7 @@ from ..._config import KernelConfig
 from ..._launch import Launch, launch
 from ..._runtime import capability, cdiv, interpreting, num_sms
 from .common import e4m3_f32
-from .linear import MMA_MAX_T, _mma_acts, _mma_issue, _mma_tables
+from .linear import MMA_MAX_T, _mma_acts, _mma_issue, _mma_start
 
 TILE_N, TILE_K = 16, 256
 
@@ -68,6 +68,17 @@ def _ld_pair(p):
 def _ld_word(p):
     return tl.inline_asm_elementwise("ld.global.nc.b64 $0, [$1];", "=l,l", [p.to(tl.int64, bitcast=True)],
                                      dtype=tl.int64, is_pure=True, pack=1)
+
+
+@triton.jit
+def _ld_iter(pw, ps):
+    """An iteration's scale word and its 4 steps' word pairs."""
+    sv = _ld_word(ps)
+    w0t, w0b = _ld_pair(pw)
+    w1t, w1b = _ld_pair(pw + 64)
+    w2t, w2b = _ld_pair(pw + 128)
+    w3t, w3b = _ld_pair(pw + 192)
+    return sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b
 
 
 @triton.jit
@@ -133,15 +144,7 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
     blk = tl.minimum(pid * R + e // (32 * KS), N // 16 - 1).to(tl.int64)  # blocks past the end: read, not stored
     i_lo = ((e // 32) % KS) * per
     tok = lane // 4
-    acc0 = tl.zeros([32 * W], tl.float32)
-    acc1 = tl.zeros([32 * W], tl.float32)
-    acc2 = tl.zeros([32 * W], tl.float32)
-    acc3 = tl.zeros([32 * W], tl.float32)
-    acc4 = tl.zeros([32 * W], tl.float32)
-    acc5 = tl.zeros([32 * W], tl.float32)
-    acc6 = tl.zeros([32 * W], tl.float32)
-    acc7 = tl.zeros([32 * W], tl.float32)
-    la, lb, ha, hb = _mma_tables(e, DT)
+    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, la, lb, ha, hb = _mma_start(e, DT)
     if EVEN:  # KS divides K/256: every warp runs `per` whole iterations
         n_w = per
         i_at = i_lo
@@ -169,21 +172,13 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
             px0 += 64 * adv
             px1 += 64 * adv
     else:  # an iteration's words loaded together; LOADS 2: the next iteration's before this one decodes
-        sv = _ld_word(ps)
-        w0t, w0b = _ld_pair(pw)
-        w1t, w1b = _ld_pair(pw + 64)
-        w2t, w2b = _ld_pair(pw + 128)
-        w3t, w3b = _ld_pair(pw + 192)
+        sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b = _ld_iter(pw, ps)
         for it in range(0, per):
             adv = (it + 1 < n_w).to(tl.int64)  # the last iteration reloads its own words (valid addresses)
             if LOADS == 2:
                 pw += 256 * adv
                 ps += 32 * adv
-                nsv = _ld_word(ps)
-                n0t, n0b = _ld_pair(pw)
-                n1t, n1b = _ld_pair(pw + 64)
-                n2t, n2b = _ld_pair(pw + 128)
-                n3t, n3b = _ld_pair(pw + 192)
+                nsv, n0t, n0b, n1t, n1b, n2t, n2b, n3t, n3b = _ld_iter(pw, ps)
             b0, b1, b2, b3, b4, b5, b6, b7 = acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, sv, 0, px0, px1, la, lb, ha, hb, DT, NT)
@@ -200,11 +195,7 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
             else:
                 pw += 256 * adv
                 ps += 32 * adv
-                sv = _ld_word(ps)
-                w0t, w0b = _ld_pair(pw)
-                w1t, w1b = _ld_pair(pw + 64)
-                w2t, w2b = _ld_pair(pw + 128)
-                w3t, w3b = _ld_pair(pw + 192)
+                sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b = _ld_iter(pw, ps)
             px0 += 64 * adv
             px1 += 64 * adv
     g = tl.arange(0, 32)
