@@ -85,6 +85,15 @@ def test_module_bad_x(device):
         q(torch.randn(2, 256, device=device))
 
 
+def test_module_replaced_buffers_are_checked(device):
+    q = NVFP4Linear(256, 32, bias=False, device=device)
+    x = torch.randn(2, 256, device=device).half()
+    q(x)  # cached plan for this key
+    q.scales = torch.zeros(32, 8, dtype=torch.float8_e4m3fn, device=device)  # wrong shape: a new key, checked
+    with pytest.raises(ValueError, match="scales"):
+        q(x)
+
+
 def test_module_plan_not_reused_across_shapes(device):
     # the cached plan of one x shape / dtype / stride must not serve another
     q = NVFP4Linear(256, 32, bias=True, device=device)

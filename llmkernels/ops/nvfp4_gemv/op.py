@@ -305,12 +305,12 @@ _CHECKED_TILED = PlanCache()
 
 
 def _tiled_forward(m: "NVFP4Linear", x: torch.Tensor) -> torch.Tensor:
-    """NVFP4Linear.forward on its tiled weights: checks once per key (x's shape, strides, dtype, device; the
-    buffers' devices), then a cached plan."""
+    """NVFP4Linear.forward on its tiled weights: checks once per key (x's and the buffers' shapes, strides, dtypes,
+    devices), then a cached plan."""
     p, s, gs, b = m.packed, m.scales, m.global_scale, m.bias
     key = None
     if not tracing():
-        key = (tkey(x), tkey(p), tkey(b), current_device())
+        key = (tkey(x), tkey(p), tkey(s), tkey(gs), tkey(b), current_device())
         hit = _CHECKED_TILED.get(key)
         if hit is not None and direct_ok(x, p, s, gs, b):
             if hit.plan is not None:
@@ -322,6 +322,14 @@ def _tiled_forward(m: "NVFP4Linear", x: torch.Tensor) -> torch.Tensor:
     check_tensor("x", x, dtypes=_X_DTYPES)
     if x.dim() < 1 or x.shape[-1] != m.in_features:
         raise ValueError(f"x must be [..., in_features={m.in_features}], got {tuple(x.shape)}")
+    N, K = m.out_features, m.in_features  # the buffers may have been replaced: the kernel trusts their shapes
+    check_shape("packed", p, (N, K // 2), "[out_features, in_features/2]")
+    check_shape("scales", s, (N, K // BLOCK), "[out_features, in_features/16]")
+    check_shape("global_scale", gs, (1,), "[1]")
+    if b is not None:
+        check_shape("bias", b, (N,), "[out_features]")
+    if not (p.is_contiguous() and s.is_contiguous()):
+        raise ValueError("packed and scales must be contiguous (the tiled layout is addressed as one block)")
     check_same_device(x=x, packed=p, scales=s, global_scale=gs, bias=b)
     x2 = x.reshape(-1, m.in_features)
     if x2.shape[0] <= MAX_FUSED_T:
