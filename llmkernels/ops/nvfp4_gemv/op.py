@@ -346,7 +346,7 @@ class NVFP4Linear(torch.nn.Module):
     """Inference-only nn.Linear replacement holding an NVFP4 weight (4.5 bits per weight).
 
     Where out_features % 16 == 0 and in_features % 256 == 0 (`tiled`), the `packed` and `scales` buffers hold the
-    tiled layout of tiled.py (the same bytes reordered so the decode kernel's loads are contiguous: 1.07-1.5x the
+    tiled layout of tiled.py (the same bytes reordered so the decode kernel's loads are contiguous: 1.12-1.6x the
     plain layout's speed on the H100); state_dict() and load_state_dict() use the plain [N, K/2] / [N, K/16]
     layout of nvfp4_quantize and the checkpoints, and plain_weight() returns it.
     """

@@ -1,7 +1,7 @@
 """NVFP4 linear on a tiled weight layout (what NVFP4Linear stores where out_features % 16 == 0 and in_features %
 256 == 0): each mma-kernel warp's weight words and scales lie contiguous in memory, 512 bytes a step, so a load
 instruction reads four whole 128-byte lines (the plain layout gives 8 rows x 32 bytes) and a warp streams one
-contiguous range. Measured on the H100: 1.07-1.5x the plain-layout kernel (notes/nvfp4_gemv.md, linear round 13).
+contiguous range. Measured on the H100: 1.12-1.6x the plain-layout kernel (notes/nvfp4_gemv.md, linear round 13).
 
 Layout, for 16-row block b and 8-byte weight word w (16 E2M1 codes: one scale block) of row r = 16 b + g + 8 h:
 packed (uint8 [N, K/2], the same bytes reordered) holds word [b, w // 4, 4 g + w % 4, h] of an int64
