@@ -150,6 +150,26 @@ def test_modelopt_producer_checkpoint(tmp_path, device):
 # ---- quantize_ -> save_nvfp4 -> load_nvfp4 ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+def test_roundtrip_tiled_layout(tmp_path, device, fmt):
+    # every linear of this model is tileable (out % 16, in % 256): NVFP4Linear holds the tiled layout in memory, the
+    # checkpoint the plain one; the loaded model is the reference model on the checkpoint's dequantized weights
+    model = quantize_(_tiny_model(device, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                                  num_key_value_heads=2))
+    quant = {n: m for n, m in model.named_modules() if isinstance(m, NVFP4Linear)}
+    assert len(quant) == 14 and all(m.tiled for m in quant.values())
+    save_nvfp4(model, tmp_path, format=fmt)
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    packed_name = "weight" if fmt == "modelopt" else "weight_packed"
+    for name, mod in quant.items():  # the file holds the plain layout
+        assert torch.equal(sd[f"{name}.{packed_name}"].to(mod.packed.device), mod.plain_weight()[0])
+    loaded = load_nvfp4(tmp_path, device=device, dtype=DTYPE)
+    for name, mod in quant.items():
+        assert torch.equal(loaded.get_submodule(name).packed, mod.packed)  # tiled again, the same bytes
+    ids = torch.randint(0, TINY["vocab_size"], (2, 8))
+    _close(_logits(loaded, ids), _logits(_ref_logits(str(tmp_path), _ours_dequant(fmt), device), ids))
+
+
+@pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
 def test_roundtrip(tmp_path, device, fmt):
     model = quantize_(_tiny_model(device, attention_bias=True))  # q/k/v/o with a bias
     ids = torch.randint(0, TINY["vocab_size"], (2, 8))
