@@ -167,8 +167,13 @@ def _linear(x, packed, scales, global_scale, bias):
     if T <= MAX_FUSED_T:
         y = torch.empty(T, N, dtype=x.dtype, device=x.device)
         return linear_launch(x, w8, s8, global_scale, bias, y)
-    w = torch.empty(N, x.shape[1], dtype=x.dtype, device=x.device)
-    dequant_launch(w8, s8, global_scale, w)
+    return _dequant_linear(x, w8, s8, global_scale, bias, False)
+
+
+def _dequant_linear(x, w8, s8, global_scale, bias, tiled: bool):
+    """More than MAX_FUSED_T tokens: W * global_scale dequantized to x's dtype (one rounding), then cuBLAS."""
+    w = torch.empty(w8.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
+    dequant_launch(w8, s8, global_scale, w, tiled=tiled)
     return torch.nn.functional.linear(x, w, bias.to(x.dtype) if bias is not None else None)
 
 
@@ -280,10 +285,8 @@ def _linear_tiled(x, packed, scales, global_scale, bias):
     if tiled_usable(x):
         y = torch.empty(x.shape[0], packed.shape[0], dtype=x.dtype, device=x.device)
         return tiled_launch(x, packed, scales, global_scale, bias, y)
-    if x.shape[0] > MAX_FUSED_T:  # prefill: dequantize straight from the tiled layout, then cuBLAS
-        w = torch.empty(packed.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
-        dequant_launch(u8(packed), u8(scales), global_scale, w, tiled=True)
-        return torch.nn.functional.linear(x, w, bias.to(x.dtype) if bias is not None else None)
+    if x.shape[0] > MAX_FUSED_T:  # prefill: dequantize straight from the tiled layout
+        return _dequant_linear(x, u8(packed), u8(scales), global_scale, bias, True)
     return _linear(x, untile_packed(packed), untile_scales(scales), global_scale, bias)
 
 

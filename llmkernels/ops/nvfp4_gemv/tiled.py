@@ -18,7 +18,7 @@ from ..._config import KernelConfig
 from ..._launch import Launch, launch
 from ..._runtime import capability, cdiv, interpreting, num_sms
 from .common import e4m3_f32
-from .linear import MMA_MAX_T, _mma_acts, _mma_issue, _mma_start
+from .linear import MMA_MAX_T, _mma_acts, _mma_issue, _mma_start, _store_out
 
 TILE_N, TILE_K = 16, 256
 
@@ -84,18 +84,13 @@ def _ld_iter(pw, ps):
 @triton.jit
 def _store_sum(acc, row, t, T, N, gs_ptr, bias_ptr, y_ptr, s_yt, one, R: tl.constexpr, KS: tl.constexpr,
                HAS_BIAS: tl.constexpr):
-    """The sum of one accumulator over the KS warps that split K ([32 R KS] -> [R, 32], in shared memory), scaled,
-    biased and stored. Offsets times the runtime 1: an address that looks contiguous could change the layout Triton
-    picks for the fragments."""
+    """The sum of one accumulator over the KS warps that split K ([32 R KS] -> [R, 32], in shared memory), stored by
+    the plain kernel's _store_out (scale, bias, masks)."""
     if KS == 1:
         v = tl.reshape(acc, [R, 32])
     else:
         v = tl.sum(tl.reshape(acc, [R, KS, 32]), axis=1)
-    off = row * one
-    v = v * tl.load(gs_ptr)
-    if HAS_BIAS:
-        v += tl.load(bias_ptr + off, mask=row < N, other=0.0).to(tl.float32)
-    tl.store(y_ptr + t * s_yt + off, v.to(y_ptr.dtype.element_ty), mask=(row < N) & (t < T))
+    _store_out(v, row, t, 0, T, N, gs_ptr, bias_ptr, y_ptr, y_ptr, s_yt, one, False, HAS_BIAS)
 
 
 @triton.jit
