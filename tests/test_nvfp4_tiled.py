@@ -73,6 +73,10 @@ def test_set_weight_checks_shapes(device):
     w, s = _weights(16, 256, device)
     with pytest.raises(ValueError, match="packed"):
         q.set_weight(w[:, :-1], s)
+    with pytest.raises(TypeError, match="scales"):  # a float copy_ would convert values, not bytes
+        q.set_weight(w, s.view(torch.uint8))
+    with pytest.raises(TypeError, match="packed"):
+        q.set_weight(w.float(), s)
     q.set_weight(w, s)
     assert torch.equal(q.plain_weight()[0], w)
 
@@ -91,6 +95,10 @@ def test_module_replaced_buffers_are_checked(device):
     q(x)  # cached plan for this key
     q.scales = torch.zeros(32, 8, dtype=torch.float8_e4m3fn, device=device)  # wrong shape: a new key, checked
     with pytest.raises(ValueError, match="scales"):
+        q(x)
+    q.scales = torch.zeros(32, 16, dtype=torch.float8_e4m3fn, device=device)
+    q.bias = torch.zeros(64, device=device)[::2]  # a strided bias: the kernel would read it as contiguous
+    with pytest.raises(ValueError, match="contiguous"):
         q(x)
 
 

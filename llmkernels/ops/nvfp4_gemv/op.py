@@ -331,8 +331,8 @@ def _tiled_forward(m: "NVFP4Linear", x: torch.Tensor) -> torch.Tensor:
     check_shape("global_scale", gs, (1,), "[1]")
     if b is not None:
         check_shape("bias", b, (N,), "[out_features]")
-    if not (p.is_contiguous() and s.is_contiguous()):
-        raise ValueError("packed and scales must be contiguous (the tiled layout is addressed as one block)")
+    if not (p.is_contiguous() and s.is_contiguous() and (b is None or b.is_contiguous())):
+        raise ValueError("packed, scales and bias must be contiguous (the tiled kernel addresses them as blocks)")
     check_same_device(x=x, packed=p, scales=s, global_scale=gs, bias=b)
     x2 = x.reshape(-1, m.in_features)
     if x2.shape[0] <= MAX_FUSED_T:
@@ -379,11 +379,14 @@ class NVFP4Linear(torch.nn.Module):
         return self.packed, self.scales
 
     def set_weight(self, packed: torch.Tensor, scales: torch.Tensor) -> None:
-        """Copy plain-layout packed [N, K/2] / scales [N, K/16] in (tiled where the module is)."""
+        """Copy plain-layout packed [N, K/2] (uint8 or float4_e2m1fn_x2) / scales [N, K/16] (float8_e4m3fn) in
+        (tiled where the module is)."""
+        packed = as_bytes("packed", packed)
+        check_tensor("scales", scales, dtypes=SCALE_DTYPES)
         check_shape("packed", packed, tuple(self.packed.shape), "[out_features, in_features/2]")
         check_shape("scales", scales, tuple(self.scales.shape), "[out_features, in_features/16]")
         with torch.no_grad():
-            self.packed.copy_(tile_packed(u8(packed)) if self.tiled else u8(packed))
+            self.packed.copy_(tile_packed(packed) if self.tiled else packed)
             self.scales.copy_(tile_scales(scales) if self.tiled else scales)
 
     @classmethod
