@@ -253,15 +253,21 @@ def tiled_usable(x: torch.Tensor) -> bool:
     return 0 < x.shape[0] <= MMA_MAX_T and x.stride(1) == 1 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0
 
 
+def _tiled_options(T: int, N: int, K: int, device, has_bias: bool, cfg=None):
+    """(grid, per, the kernel's constexprs and launch options) of one call shape (tiled_launch and TiledPlan)."""
+    ks, r, per, loads = tiled_config(T, N, K, device, cfg)
+    return (cdiv(N // 16, r),), per, dict(R=r, KS=ks, NT=1 if T <= 8 else 2, HAS_BIAS=has_bias, LOADS=loads,
+                                          EVEN=(K // TILE_K) % ks == 0, num_warps=r * ks)
+
+
 def tiled_launch(x, packed, scales, gs, bias, y, cfg=None):
     """x [T, K] (tiled_usable), packed / scales in the tiled layout, gs fp32 [1], bias fp32 [N] or None -> y."""
     T, K = x.shape
     N = packed.shape[0]
-    ks, r, per, loads = tiled_config(T, N, K, x.device, cfg)
-    launch(_tiled_mma_kernel, (cdiv(N // 16, r),), x.view(torch.int64), _u8(packed).view(torch.int64),
+    grid, per, opts = _tiled_options(T, N, K, x.device, bias is not None, cfg)
+    launch(_tiled_mma_kernel, grid, x.view(torch.int64), _u8(packed).view(torch.int64),
            _u8(scales).view(torch.int64), gs, bias if bias is not None else gs, y, T, N, K // TILE_K, per,
-           x.stride(0) // 4, y.stride(0), 1, R=r, KS=ks, NT=1 if T <= 8 else 2, HAS_BIAS=bias is not None,
-           LOADS=loads, EVEN=(K // TILE_K) % ks == 0, num_warps=r * ks)
+           x.stride(0) // 4, y.stride(0), 1, **opts)
     return y
 
 
@@ -271,11 +277,10 @@ class TiledPlan:
 
     def __init__(self, x, N, has_bias):
         T, K = x.shape
-        ks, r, per, loads = tiled_config(T, N, K, x.device)
+        grid, per, opts = _tiled_options(T, N, K, x.device, has_bias)
         self.T, self.N, self.dtype = T, N, x.dtype
         self.ints = (T, N, K // TILE_K, per, x.stride(0) // 4, N, 1)
-        self.main = Launch(_tiled_mma_kernel, (cdiv(N // 16, r),), R=r, KS=ks, NT=1 if T <= 8 else 2,
-                           HAS_BIAS=has_bias, LOADS=loads, EVEN=(K // TILE_K) % ks == 0, num_warps=r * ks)
+        self.main = Launch(_tiled_mma_kernel, grid, **opts)
 
     def __call__(self, x, packed, scales, gs, bias):
         y = torch.empty(self.T, self.N, dtype=self.dtype, device=x.device)
