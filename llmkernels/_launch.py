@@ -218,6 +218,23 @@ class Launch:
             self.kept = _direct(self.fn, ck, len(args), self.kwargs)
 
 
+_MEMSET = []
+
+
+def zero_async(ptr: int, nbytes: int, device: int) -> None:
+    """Zero nbytes (a multiple of 4) at device address ptr on the current stream of CUDA device `device`, through the
+    driver's cuMemsetD32Async: ~1 us of host time against ~8 for tensor.zero_()'s dispatch and fill launch, and a
+    memset node under CUDA-graph capture. For kept plans, which hand kernels addresses (see Launch.direct)."""
+    if not _MEMSET:
+        import ctypes
+        f = ctypes.CDLL("libcuda.so.1").cuMemsetD32Async
+        f.argtypes, f.restype = (ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p), ctypes.c_int
+        _MEMSET.append(f)
+    rc = _MEMSET[0](ptr, 0, nbytes >> 2, torch._C._cuda_getCurrentRawStream(device))
+    if rc:
+        raise RuntimeError(f"cuMemsetD32Async failed with CUDA error {rc}")
+
+
 def _hooks() -> bool:
     rt = knobs.runtime
     return bool(rt.launch_enter_hook.calls or rt.launch_exit_hook.calls)

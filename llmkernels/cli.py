@@ -56,7 +56,7 @@ def _bench(args) -> int:
     if not torch.cuda.is_available():
         print("llmkernels bench needs a CUDA GPU; none is present here", file=sys.stderr)
         return 2
-    from .bench.harness import Progress, merge_records, run_op_bench
+    from .bench.harness import EAGER_PASSES, Progress, merge_records, run_eager, run_op_bench
     from .bench.report import device_slug, plot, table
     from .registry import resolve, spec_modules
     ops = resolve(args.ops)
@@ -65,11 +65,14 @@ def _bench(args) -> int:
         benches = eager_benches(ops)
     else:
         benches = [b for mod in spec_modules(ops) for b in mod.benches() if b.op in ops]
-    total = sum(len(b.cases(args.quick)) * len(b.impls) for b in benches)
-    progress = Progress(total)
-    records = []
-    for b in benches:
-        records += run_op_bench(b, quick=args.quick, log=lambda m: print(m, file=sys.stderr), progress=progress)
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    if args.eager:  # every op's cases in each pass (see run_eager)
+        records = run_eager(benches, log=log, progress=Progress(EAGER_PASSES))
+    else:
+        progress = Progress(sum(len(b.cases(args.quick)) * len(b.impls) for b in benches))
+        records = []
+        for b in benches:
+            records += run_op_bench(b, quick=args.quick, log=log, progress=progress)
     print(table(records))
     os.makedirs(args.out, exist_ok=True)
     slug = device_slug(torch.cuda.get_device_name())
@@ -94,7 +97,8 @@ def main(argv=None) -> int:
     b.add_argument("--out", default="benchmarks/results", help="folder for <device>.json and <device>.png")
     b.add_argument("--quick", action="store_true", help="a few shapes only")
     b.add_argument("--eager", action="store_true",
-                   help="wall time per call of 300 back-to-back eager calls at a small shape (host cost), with peers")
+                   help="wall time per call of back-to-back eager calls at a small shape (host cost), with peers: "
+                        "the median of 3 interleaved rounds of 300 calls in each of 7 passes over all ops")
     args = ap.parse_args(argv)
     return {"info": _info, "check": _check, "bench": _bench}[args.cmd](args)
 

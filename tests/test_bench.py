@@ -63,20 +63,38 @@ def test_run_op_bench_ceilings_around_the_cases(fake_device):
     assert "gemm" not in fake_device and not any(c.startswith("sleep") for c in fake_device)
 
 
-def test_eager_cases_interleaved_before_any_ceiling(fake_device, monkeypatch):
-    # eager timings first (a copy or GEMM burst changes the clocks), all implementations of a case interleaved
-    def interleaved(fns, *a):
-        fake_device.append(f"eager x{len(fns)}")
-        return [0.04 + 0.01 * i for i in range(len(fns))]
+def test_eager_passes_interleaved_before_any_ceiling(fake_device, monkeypatch):
+    # eager timings first (a copy or GEMM burst changes the clocks): every case of every op in each pass, the
+    # implementations of a case interleaved; ms = the median of all rounds of all passes; failing peers dropped
+    def interleaved(fns, rounds=7, raw=False, warmup=20, calls=300):
+        fake_device.append(f"eager x{len(fns)} w{warmup}")
+        assert raw and rounds == harness.EAGER_ROUNDS
+        k = len([c for c in fake_device if c.startswith("eager")])  # a later pass reads faster
+        return [[(0.04 + 0.01 * i) / k + 1e-4 * r for r in range(rounds)] for i in range(len(fns))]
+
+    def broken():
+        raise RuntimeError("peer failed")
 
     monkeypatch.setattr(harness, "eager_interleaved", interleaved)
     cases = lambda quick: [Case(shape={"n": n}, make_inputs=dict, bytes=0, timing="eager") for n in (1, 2)]  # noqa
-    bench = OpBench("op_e", cases, [Impl("llmkernels-eager", lambda x: None), Impl("peer-eager", lambda x: None),
+    bench = OpBench("op_e", cases, [Impl("llmkernels-eager", lambda x: lambda: None),
+                                    Impl("peer-eager", lambda x: lambda: None),
+                                    Impl("broken-eager", lambda x: broken),
                                     Impl("absent", lambda x: None, available=lambda: "not installed")])
-    recs = harness.run_op_bench(bench, log=lambda m: None)
-    assert fake_device[:3] == ["eager x2", "eager x2", "copy"]
-    assert [(r["impl"], r["ms"], r["timing"]) for r in recs][:2] == [("llmkernels-eager", 0.04, "eager"),
-                                                                     ("peer-eager", 0.05, "eager")]
+    logs = []
+    recs = harness.run_eager([bench, OpBench("op_f", cases, bench.impls[:1])], passes=3, log=logs.append)
+    assert fake_device[:4] == ["eager x2 w20", "eager x2 w20", "eager x1 w20", "eager x1 w20"]
+    assert fake_device[4:12] == ["eager x2 w3", "eager x2 w3", "eager x1 w3", "eager x1 w3"] * 2
+    assert fake_device[12:] == ["copy", "gemm"]
+    assert [(r["op"], r["impl"], r["shape"]["n"]) for r in recs] == [
+        ("op_e", "llmkernels-eager", 1), ("op_e", "peer-eager", 1), ("op_e", "llmkernels-eager", 2),
+        ("op_e", "peer-eager", 2), ("op_f", "llmkernels-eager", 1), ("op_f", "llmkernels-eager", 2)]
+    r = recs[0]
+    assert r["timing"] == "eager" and r["rounds"] == 3 * harness.EAGER_ROUNDS
+    assert r["pass_ms"] == pytest.approx([0.04 / k + 1e-4 for k in (1, 5, 9)])
+    assert r["ms"] == pytest.approx(0.04 / 5 + 1e-4)  # the median round: the middle pass's middle round
+    assert any("skipping peer absent" in m for m in logs) and any("broken-eager failed" in m for m in logs)
+    assert harness.run_op_bench(bench, log=lambda m: None)[0]["impl"] == "llmkernels-eager"  # through run_eager
 
 
 def test_registry_resolves_public_names():

@@ -205,6 +205,10 @@ def test_repeated_calls_with_fresh_data(device):
         sparse_mla_fwd_ref(qr, kvr, idx, 0.07, **dict(kw, attn_sink=sink))[0].backward(dout.float())
         assert dkv.shape == kv.shape and dkv.dtype == kv.dtype
         assert rel_err(dq, qr.grad) <= 2e-2 and rel_err(dkv, kvr.grad) <= 2e-2 and rel_err(dsink, sink.grad) <= 2e-2
+        dq32, dkv32, dsink32 = sparse_mla_bwd(q, kv, got[0], dout, idx3, got[2], 0.07, dkv_dtype=torch.float32, **kw)
+        assert dkv32.shape == kv.shape and dkv32.dtype == torch.float32
+        assert rel_err(dq32, qr.grad) <= 2e-2 and rel_err(dkv32, kvr.grad) <= 2e-2
+        assert rel_err(dsink32, sink.grad) <= 2e-2
         w = torch.randn(48, 64, device=device)
         p, s, g = nvfp4_quantize(w)
         x = torch.randn(2, 64, device=device).to(dt)

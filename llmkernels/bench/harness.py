@@ -120,12 +120,12 @@ def _eager_ms(fn: Callable[[], object], calls: int = 300, rounds: int = 5) -> fl
     return eager_interleaved([fn], calls, rounds)[0]
 
 
-def eager_interleaved(fns, calls: int = 300, rounds: int = 7) -> List[float]:
+def eager_interleaved(fns, calls: int = 300, rounds: int = 7, raw: bool = False, warmup: int = 20) -> List:
     """_eager_ms of several implementations of one case, their rounds interleaved (A B C A B C ...), so that they
     share the GPU's clock and power state and the host's: a round of 300 calls lasts ~10 ms, and runs apart by
-    seconds differed by up to 1.5x for the same call (benchmarks/notes/host_path.md)."""
+    seconds differed by up to 1.5x for the same call (benchmarks/notes/host_path.md). raw: every round's time."""
     for fn in fns:
-        for _ in range(20):
+        for _ in range(warmup):
             fn()
     torch.cuda.synchronize()
     times = [[] for _ in fns]
@@ -136,7 +136,66 @@ def eager_interleaved(fns, calls: int = 300, rounds: int = 7) -> List[float]:
                 fn()
             torch.cuda.synchronize()
             ts.append((time.perf_counter() - t0) * 1e3 / calls)
-    return [sorted(ts)[rounds // 2] for ts in times]
+    return times if raw else [sorted(ts)[rounds // 2] for ts in times]
+
+
+EAGER_PASSES, EAGER_ROUNDS = 7, 3
+
+
+def run_eager(benches, passes: int = EAGER_PASSES, log=print, progress: Optional["Progress"] = None) -> List[dict]:
+    """Eager records of every case of benches: all cases built first, then `passes` passes through all of them, each
+    timing a case's implementations in EAGER_ROUNDS interleaved rounds; ms = the median of a case's rounds over all
+    passes, and pass_ms each pass's median. A pass over every op lasts seconds, so the rounds sample the host's
+    speed over a minute rather than one burst: on the GPU machine's virtual CPUs the same call read 1.3-2x apart
+    between bursts and between processes (benchmarks/notes/host_path.md, version 4)."""
+    built = []  # (op, case, [(impl, fn)])
+    for bench in benches:
+        impls = []
+        for impl in bench.impls:
+            reason = impl.available()
+            if reason:
+                log(f"[{bench.op}] skipping peer {impl.name}: {reason}")
+            else:
+                impls.append(impl)
+        for case in bench.cases(False):
+            fns = []
+            for impl in impls:
+                try:
+                    fn = impl.build(case.make_inputs())
+                    fn()
+                    torch.cuda.synchronize()
+                    fns.append((impl, fn))
+                except Exception as e:  # a peer failing must not stop the run
+                    log(f"\n[{bench.op}] {impl.name} failed at {case.shape}: {type(e).__name__}: {str(e)[:200]}")
+                    torch.cuda.synchronize()
+            built.append((bench.op, case, fns))
+    rounds = {(i, j): [] for i, (_, _, fns) in enumerate(built) for j in range(len(fns))}
+    per_pass = {k: [] for k in rounds}
+    for p in range(passes):
+        for i, (op, case, fns) in enumerate(built):
+            ts = eager_interleaved([fn for _, fn in fns], rounds=EAGER_ROUNDS, raw=True, warmup=20 if p == 0 else 3)
+            for j, t in enumerate(ts):
+                rounds[(i, j)] += t
+                per_pass[(i, j)].append(sorted(t)[len(t) // 2])
+        if progress:
+            progress.step(f"eager pass {p + 1}/{passes}")
+    # the ceilings after the timing (a copy or GEMM burst changes the clocks): the report tells runs apart by them
+    copy_tbps, gemm_tflops = copy_bandwidth() / 1e12, gemm_rate() / 1e12
+    device, date, commit = torch.cuda.get_device_name(), datetime.date.today().isoformat(), _git_commit()
+    records = []
+    for i, (op, case, fns) in enumerate(built):
+        for j, (impl, _) in enumerate(fns):
+            ts = sorted(rounds[(i, j)])
+            ms = ts[len(ts) // 2]
+            log(f"\n[{op}] {impl.name} {case.shape}: {ms:.4f} ms")
+            records.append({
+                "op": op, "impl": impl.name, "shape": case.shape, "ms": ms, "floor_ms": 0.0, "pct_of_floor": 0.0,
+                "tflops": None, "gbps": 0.0, "bound": case.bound, "timing": "eager",
+                "rounds": len(ts), "pass_ms": per_pass[(i, j)], "copy_tbps": copy_tbps, "gemm_tflops": gemm_tflops,
+                "device": device, "torch": torch.__version__,
+                "triton": triton.__version__, "date": date, "commit": commit,
+            })
+    return records
 
 
 def time_impl(impl: Impl, case: Case) -> tuple:
@@ -177,9 +236,9 @@ def run_op_bench(bench: OpBench, quick: bool = False, log=print, progress: Optio
     # the copy rate first; the bf16 GEMM ceiling only after the cases: it runs at the power cap and leaves the
     # GPU slow for seconds (nvfp4_gemv read 9-18 points low right after it: benchmarks/notes/nvfp4_gemv.md, round 8)
     cases = bench.cases(quick)
-    eager = bool(cases) and all(c.timing == "eager" for c in cases)
-    # eager calls (no floor) are timed before any ceiling is measured: a copy or GEMM burst changes the clocks
-    copy_tbps = None if eager else copy_bandwidth() / 1e12
+    if cases and all(c.timing == "eager" for c in cases):
+        return run_eager([bench], log=log, progress=progress)
+    copy_tbps = copy_bandwidth() / 1e12
     device = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
     commit = _git_commit()
@@ -191,9 +250,7 @@ def run_op_bench(bench: OpBench, quick: bool = False, log=print, progress: Optio
             log(f"[{bench.op}] skipping peer {impl.name}: {reason}")
         else:
             impls.append(impl)
-    for case in cases if eager else ():
-        timed += _eager_case(bench.op, case, impls, log, progress)
-    for case in () if eager else cases:
+    for case in cases:
         for impl in impls:
             label = f"{bench.op} {impl.name} " + " ".join(f"{k}={v}" for k, v in case.shape.items())
             if impl.max_bytes is not None and case.bytes > impl.max_bytes:
@@ -215,8 +272,6 @@ def run_op_bench(bench: OpBench, quick: bool = False, log=print, progress: Optio
             log(f"\n[{bench.op}] {impl.name} {case.shape}: {ms:.4f} ms")
             if progress:
                 progress.step(label)
-    if copy_tbps is None:
-        copy_tbps = copy_bandwidth() / 1e12
     fresh = gemm_rate.cache_info().currsize == 0
     gemm_tflops = gemm_rate() / 1e12
     if fresh:  # let the GPU recover before whatever is timed next (another op of the same run)
@@ -236,38 +291,6 @@ def run_op_bench(bench: OpBench, quick: bool = False, log=print, progress: Optio
             "date": date, "commit": commit,
         })
     return records
-
-
-def _eager_case(op, case, impls, log, progress) -> list:
-    """(case, impl, ms, "eager") for every implementation that runs, their rounds interleaved."""
-    built = []
-    for impl in impls:
-        try:
-            built.append((impl, impl.build(case.make_inputs())))
-        except Exception as e:  # a peer failing must not stop the run
-            log(f"\n[{op}] {impl.name} failed at {case.shape}: {type(e).__name__}: {str(e)[:200]}")
-    try:
-        ms = eager_interleaved([fn for _, fn in built])
-    except Exception as e:  # one failing call: time them one at a time to keep the others
-        log(f"\n[{op}] interleaved eager timing failed at {case.shape} ({type(e).__name__}); one at a time")
-        ms = []
-        for impl, fn in built:
-            try:
-                ms.append(_eager_ms(fn))
-            except Exception as e2:
-                log(f"\n[{op}] {impl.name} failed at {case.shape}: {type(e2).__name__}: {str(e2)[:200]}")
-                ms.append(None)
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    out = []
-    for (impl, _), t in zip(built, ms):
-        if t is not None:
-            out.append((case, impl, t, "eager"))
-            log(f"\n[{op}] {impl.name} {case.shape}: {t:.4f} ms")
-    for impl in impls:
-        if progress:
-            progress.step(f"{op} {impl.name} " + " ".join(f"{k}={v}" for k, v in case.shape.items()))
-    return out
 
 
 def merge_records(path, new: List[dict]) -> List[dict]:

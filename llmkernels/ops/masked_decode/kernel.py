@@ -156,10 +156,10 @@ class DecodePlan:
         # one scratch buffer for the parts' out and lse (one allocation instead of two)
         R, S, D = self.part
         scratch = torch.empty(R * S * (D + 1), dtype=torch.float32, device=q.device)
-        lse_part = scratch[R * S * D:]
-        if self.split.direct():  # kept kernels read addresses only: the parts' out starts the scratch, the mask's
-            mask = drop_mask     # bools are its bytes
-        else:
+        if self.split.direct() and self.merge.launch.direct():  # kept kernels read addresses only: the parts' out
+            mask, lse_part = drop_mask, scratch.data_ptr() + 4 * R * S * D  # starts the scratch, the mask's bools
+        else:                                                                # are its bytes
+            lse_part = scratch[R * S * D:]
             mask, scratch = drop_mask.view(torch.uint8) if drop_mask is not None else None, scratch[:R * S * D]
         self.split(q, k, v, mask if mask is not None else q, kv_lens if kv_lens is not None else q, scratch,
                    lse_part, *self.ints)

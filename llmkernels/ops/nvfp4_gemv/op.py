@@ -204,7 +204,8 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         hit = _CHECKED_LINEAR.get(key)
         gs_t = global_scale if isinstance(global_scale, torch.Tensor) else None
         if hit is not None and direct_ok(x, packed, scales, bias, gs_t):
-            gs = hit.gs if gs_t is None else gs_t if hit.flat_gs else gs_t.reshape(1)
+            # (a plan's kernels read the global scale's address only: a 0-d or [1, 1] tensor needs no reshape)
+            gs = hit.gs if gs_t is None else gs_t if hit.flat_gs or hit.plan is not None else gs_t.reshape(1)
             x2 = x if hit.flat_x else x.reshape(-1, x.shape[-1])
             if hit.plan is not None:
                 y = hit.plan(x2, packed, scales, gs, bias)

@@ -31,11 +31,12 @@ def _bwd(a: SparseArgs, out, dout, lse, dlse, deterministic: bool, dkv_fp32: boo
     q, kv, attn_sink = a.q, a.kv, a.attn_sink
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if plan is not None:
-        dkv, delta = plan(a, out, dout, lse, dq)
+        dkv, delta = plan(a, out, dout, lse, dq, attn_sink is not None)  # (the plan's key fixed dkv_fp32)
     else:
         dkv, delta = sparse_mla_bwd_launch(a, out, dout, lse, dlse, dq, deterministic=deterministic)
-    d_sink = _d_sink(attn_sink, lse, delta) if attn_sink is not None else delta.new_empty(0)
-    return dq, (dkv if dkv_fp32 else dkv.to(kv.dtype)), d_sink
+        dkv = dkv if dkv_fp32 else dkv.to(kv.dtype)
+    d_sink = _d_sink(attn_sink, lse, delta) if attn_sink is not None else lse.new_empty(0)
+    return dq, dkv, d_sink
 
 
 def _d_sink(attn_sink, lse, delta):
@@ -45,14 +46,12 @@ def _d_sink(attn_sink, lse, delta):
     return -(share * delta).sum(0)
 
 
-def _bwd_raw(plan, q, kv, out, dout, indices, lse, attn_sink, topk_length, q_start, dkv_fp32: bool):
-    """A kept backward plan on the caller's tensors (BwdWsPlan.direct): no canonical arguments built."""
+def _bwd_raw(plan, q, kv, out, dout, indices, lse, attn_sink, topk_length, q_start):
+    """A kept backward plan on the caller's tensors (BwdWsPlan.direct): no canonical arguments built; dkv comes in
+    kv's shape."""
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dkv, delta = plan.run(q, kv, indices, topk_length, q_start if isinstance(q_start, torch.Tensor) else None, out,
-                          dout, lse, dq)
-    dkv = dkv if dkv_fp32 else dkv.to(kv.dtype)
-    if kv.dim() == 3:
-        dkv = dkv.view(kv.shape)
+                          dout, lse, dq, attn_sink is not None)
     return (dq, dkv) if attn_sink is None else (dq, dkv, _d_sink(attn_sink, lse, delta))
 
 
@@ -91,8 +90,7 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
         hit = _CHECKED.get(key)
         if hit is not None and direct_ok(q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t):
             if hit.raw_plan() is not None:
-                return _bwd_raw(hit.plan, q, kv, out, dout, indices, lse, attn_sink, topk_length, q_start,
-                                dkv_dtype == torch.float32)
+                return _bwd_raw(hit.plan, q, kv, out, dout, indices, lse, attn_sink, topk_length, q_start)
             a = rebind(hit.args, q, kv, indices, attn_sink, topk_length, q_start)
             return _public(run_planned(hit.token, _bwd, a, out, dout, lse, None, deterministic,
                                        dkv_dtype == torch.float32, hit.plan), kv, attn_sink)
@@ -112,7 +110,8 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
             raise ValueError(f"{name} is on {t.device} but q is on {a.q.device}; all tensors must be on one device")
     if key is not None and direct_ok(q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t):
         # the custom op would only run _bwd: call it (a kept plan for the default mode: see bwd.BwdWsPlan)
-        plan = None if deterministic else BwdWsPlan.make(a, out, dout, lse, torch.empty_like(a.q))
+        fp32 = dkv_dtype == torch.float32
+        plan = None if deterministic else BwdWsPlan.make(a, out, dout, lse, torch.empty_like(a.q), fp32)
         token = _CHECKED.put(key, Checked(bare(a), new_token(), plan, rebind_is_view(attn_sink, topk_length))).token
         return _public(run_planned(token, _bwd, a, out, dout, lse, None, deterministic, dkv_dtype == torch.float32,
                                    plan), kv, attn_sink)

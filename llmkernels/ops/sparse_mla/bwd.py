@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ..._config import KernelConfig
-from ..._launch import launch
+from ..._launch import Launch, launch, zero_async
 from ..._runtime import cdiv, interpreting, next_pow2
 from .wgmma_common import rows_16b, wgmma_usable
 from .bwd_wgmma import GradsWs, ProbsWs, grads_ws_heads, grads_ws_launch, probs_ws_launch
@@ -224,46 +224,96 @@ def _ws_passes(args, dout, cfg) -> tuple:
                     and rows_16b(dout, (0, 1)))
 
 
+@triton.jit
+def _cast_kernel(src, dst, n, BLOCK: tl.constexpr):
+    """dst[:n] = src[:n] in dst's dtype (round to nearest even): a kept plan's dKV fp32 -> kv's dtype."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(dst + offs, tl.load(src + offs, mask=m).to(dst.dtype.element_ty), mask=m)
+
+
+def _region(nbytes: int) -> int:
+    return -(-nbytes // 256) * 256  # scratch regions start 256-byte aligned (the kept kernels assume 16)
+
+
 class BwdWsPlan:
     """sparse_mla_bwd_launch's default (non-deterministic) mode where both passes are Gluon and the scratch holds
-    every row at once, worked out once for a cached plan (see _launch): buffers allocated per call, kernels kept.
-    make() returns None for any other case (the call then takes sparse_mla_bwd_launch)."""
-    __slots__ = ("probs", "grads", "s_kv", "d_qk", "h_q", "topk")
+    every row at once, worked out once for a cached plan (see _launch): kernels kept, and per call one scratch
+    allocation (dKV fp32, Delta, P, dS) that the kept kernels take as addresses, zeroed by a driver memset, and dKV
+    cast to kv's dtype by a kept kernel straight into kv's shape. make() returns None for any other case (the call
+    then takes sparse_mla_bwd_launch)."""
+    __slots__ = ("probs", "grads", "cast", "fp32", "s_kv", "d_qk", "h_q", "topk", "regions")
 
     @staticmethod
-    def make(args, out, dout, lse, dq) -> Optional["BwdWsPlan"]:
+    def make(args, out, dout, lse, dq, dkv_fp32: bool) -> Optional["BwdWsPlan"]:
         s_q, h_q, d_qk = args.q.shape
         cfg = default_config(h_q, d_qk)
         if s_q == 0 or h_q == 0 or not _ws_passes(args, dout, cfg)[1]:
             return None
         if _scratch_rows(s_q, h_q, args.indices.shape[1], args.q.element_size()) < s_q:
             return None  # row chunks: row0 varies (a kernel specialises on it)
-        return BwdWsPlan(args, out, dout, lse, dq)
+        return BwdWsPlan(args, out, dout, lse, dq, dkv_fp32)
 
-    def __init__(self, args, out, dout, lse, dq):
+    def __init__(self, args, out, dout, lse, dq, dkv_fp32: bool):
+        """dkv_fp32: the calls return dKV in fp32 (the accumulator itself), else in kv's dtype."""
         q = args.q
+        s_q = q.shape[0]
         self.s_kv, self.d_qk, self.h_q, self.topk = args.kv.shape[0], q.shape[2], q.shape[1], args.indices.shape[1]
         scaled_ds = q.dtype == torch.bfloat16  # as sparse_mla_bwd_launch with both Gluon passes
         dkv = torch.empty(self.s_kv, self.d_qk, dtype=torch.float32, device=q.device)  # strides only
-        self.probs = ProbsWs(args, out, dout, lse, lse, False, q.shape[0], False, scaled_ds)
-        self.grads = GradsWs(args, dout, dq, dkv, q.shape[0], grads_ws_heads(self.h_q), False, scaled_ds)
+        self.probs = ProbsWs(args, out, dout, lse, lse, False, s_q, False, scaled_ds)
+        self.grads = GradsWs(args, dout, dq, dkv, s_q, grads_ws_heads(self.h_q), False, scaled_ds)
+        n = self.s_kv * self.d_qk
+        self.fp32 = dkv_fp32
+        self.cast = None if dkv_fp32 or n == 0 else Launch(_cast_kernel, (cdiv(n, 2048),), BLOCK=2048, num_warps=4)
+        # byte offsets in the scratch: dKV fp32, Delta fp32 [s_q, h_q], P, dS [s_q, h_q, topk] in q's dtype
+        o_delta = _region(4 * n)
+        o_p = o_delta + _region(4 * s_q * self.h_q)
+        pd = _region(q.element_size() * s_q * self.h_q * self.topk)
+        self.regions = (o_delta, o_p, o_p + pd, o_p + 2 * pd)
 
-    def __call__(self, args, out, dout, lse, dq):
-        return self.run(args.q, args.kv, args.indices, args.topk_length, args.q_start_t, out, dout, lse, dq)
+    def __call__(self, args, out, dout, lse, dq, want_delta: bool):
+        return self.run(args.q, args.kv, args.indices, args.topk_length, args.q_start_t, out, dout, lse, dq,
+                        want_delta)
 
     def direct(self) -> bool:
-        """Both passes go straight to their kept kernels: run() may take the caller's raw tensors (see
-        fwd_wgmma.FwdWsPlan.direct)."""
-        return self.probs.direct() and self.grads.direct()
+        """Every launch goes straight to its kept kernel: run() may take the caller's raw tensors (see
+        fwd_wgmma.FwdWsPlan.direct) and hands the scratch over as addresses."""
+        return self.probs.direct() and self.grads.direct() and (self.cast is None or self.cast.direct())
 
-    def run(self, q, kv, idx, tlen, qs_t, out, dout, lse, dq):
-        """(dkv fp32 [s_kv, d_qk], delta [s_q, h_q]); dq written."""
-        dkv = torch.zeros(self.s_kv, self.d_qk, dtype=torch.float32, device=q.device)
-        delta = torch.empty(q.shape[0], self.h_q, dtype=torch.float32, device=q.device)
-        p_buf = torch.empty(q.shape[0], self.h_q, self.topk, dtype=q.dtype, device=q.device)
-        ds_buf = torch.empty_like(p_buf)
-        self.probs.run(q, kv, idx, tlen, qs_t, out, dout, lse, lse, p_buf, ds_buf, delta, idx, 0)
-        self.grads.run(q, kv, idx, tlen, qs_t, dout, p_buf, ds_buf, dq, dkv, 0)
+    def run(self, q, kv, idx, tlen, qs_t, out, dout, lse, dq, want_delta: bool):
+        """(dkv in kv's shape, in fp32 or kv's dtype (see __init__); Delta [s_q, h_q] fp32 if want_delta else
+        None); dq written."""
+        o_delta, o_p, o_ds, end = self.regions
+        dkv_fp32 = self.fp32
+        n, s_q, dev = self.s_kv * self.d_qk, q.shape[0], q.device
+        if dkv_fp32:  # returned itself: its own tensor, the scratch starts at Delta
+            dkv = torch.empty(kv.shape, dtype=torch.float32, device=dev)
+            scratch = torch.empty(end - o_delta, dtype=torch.uint8, device=dev)
+            base, acc = scratch.data_ptr() - o_delta, dkv.data_ptr()
+        else:
+            scratch = torch.empty(end, dtype=torch.uint8, device=dev)
+            base = acc = scratch.data_ptr()
+        pd = o_ds - o_p
+        if self.direct():
+            zero_async(acc, 4 * n, dev.index)
+            d32, p = acc, (base + o_delta, base + o_p, base + o_ds)
+        else:  # Triton's path (first call, launch hooks) types the pointers from tensors: views of the scratch
+            at = lambda o, nb: scratch[o - (o_delta if dkv_fp32 else 0):][:nb]  # noqa: E731
+            d32 = dkv.view(self.s_kv, self.d_qk) if dkv_fp32 else at(0, 4 * n).view(torch.float32)
+            d32.zero_()
+            p = (at(o_delta, 4 * s_q * self.h_q).view(torch.float32), at(o_p, pd).view(q.dtype),
+                 at(o_ds, pd).view(q.dtype))
+        self.probs.run(q, kv, idx, tlen, qs_t, out, dout, lse, lse, p[1], p[2], p[0], idx, 0)
+        self.grads.run(q, kv, idx, tlen, qs_t, dout, p[1], p[2], dq, d32, 0)
+        if not dkv_fp32:
+            dkv = torch.empty(kv.shape, dtype=kv.dtype, device=dev)
+            if self.cast is not None:
+                self.cast(d32, dkv, n)
+        delta = None
+        if want_delta:
+            delta = scratch[o_delta - (o_delta if dkv_fp32 else 0):][:4 * s_q * self.h_q]
+            delta = delta.view(torch.float32).view(s_q, self.h_q)
         return dkv, delta
 
 

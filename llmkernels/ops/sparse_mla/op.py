@@ -4,7 +4,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..._launch import PlanCache, direct_ok, new_token, run_planned, tkey, tracing
+from ..._launch import PlanCache, direct_ok, new_token, run_planned, tkey, tracing, zero_async
 from ..._validate import check_same_device, check_shape, check_tensor
 from .attn_dist import attn_dist_launch
 from .common import Checked, SparseArgs, bare, call_key, prepare, rebind, rebind_is_view
@@ -217,7 +217,8 @@ def sparse_mla_attn_dist(q: Tensor, kv: Tensor, indices: Tensor, lse: Tensor, sm
     key, hit = _lookup("dist", raw, (lse,))
     if hit is not None:
         if hit.raw_plan() is not None:
-            out = torch.zeros(indices.shape[0], indices.shape[-1], dtype=torch.float32, device=q.device)
+            out = torch.empty(indices.shape[0], indices.shape[-1], dtype=torch.float32, device=q.device)
+            zero_async(out.data_ptr(), 4 * out.numel(), q.device.index)  # (the kernel adds into it)
             hit.plan.run(q, kv, indices, topk_length, q_start if isinstance(q_start, Tensor) else None, lse, out)
             return out
         return run_planned(hit.token, _dist, _rebind(hit, raw), lse, hit.plan)

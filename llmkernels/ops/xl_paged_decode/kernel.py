@@ -319,9 +319,13 @@ class XLPlan:
     def __call__(self, q, k_cache, v_cache, block_tables, context_lens, u, bd, out, lse) -> None:
         if self.empty:
             return
+        # one scratch buffer for the parts' out and lse (one allocation instead of two); kept kernels take addresses
         R, S, D = self.part
-        o_part = torch.empty(R, S, D, dtype=torch.float32, device=q.device)
-        lse_part = torch.empty(R, S, dtype=torch.float32, device=q.device)
+        scratch = torch.empty(R * S * (D + 1), dtype=torch.float32, device=q.device)
+        if self.split.direct() and self.merge.launch.direct():
+            o_part, lse_part = scratch, scratch.data_ptr() + 4 * R * S * D
+        else:
+            o_part, lse_part = scratch[:R * S * D], scratch[R * S * D:]
         self.split(q, u if u is not None else q, bd if bd is not None else q, k_cache, v_cache, block_tables,
                    context_lens, o_part, lse_part, *self.ints)
         self.merge(o_part, lse_part, out, lse)
