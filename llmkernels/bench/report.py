@@ -128,11 +128,12 @@ def eager_table(records: list[dict]) -> str:
     rows = [r for r in records if eager(r) and _ours(r)]
     if not rows:
         return ""
-    lines = ["| op | shape | llmkernels us per call | peers in the same run (us per call) | commit |",
-             "|---|---|---|---|---|"]
+    lines = ["| op | shape | llmkernels us per call | passes | peers in the same run (us per call) | commit |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         peers = ", ".join(f"{p['impl'].removesuffix('-eager')} {p['ms'] * 1e3:.1f}" for p in _peers(records, r, True))
-        lines.append(f"| {r['op']} | {shape_str(r['shape'])} | {r['ms'] * 1e3:.1f} | {peers or '-'} | "
+        passes = f"{min(r['pass_ms']) * 1e3:.1f}-{max(r['pass_ms']) * 1e3:.1f}" if r.get("pass_ms") else "-"
+        lines.append(f"| {r['op']} | {shape_str(r['shape'])} | {r['ms'] * 1e3:.1f} | {passes} | {peers or '-'} | "
                      f"{r.get('commit', '')} |")
     return "\n".join(lines)
 
@@ -218,8 +219,10 @@ def _with_eager(body, e2e_rows=False):
 
 
 EAGER_HEADER = ("Eager calls (`llmkernels bench --eager`): wall time per call of 300 back-to-back calls from plain "
-                "PyTorch at a small shape, host included (median of 7 rounds, interleaved with the peers' rounds); the "
-                "peers through their usual eager API.")
+                "PyTorch at a small shape, host included: the median of 21 rounds, 3 in each of 7 passes over all ops, "
+                "each interleaved with the peers' rounds; the passes column gives the fastest and slowest pass's "
+                "median (the GPU machine's virtual CPUs change speed by up to 1.7x between passes, peers alike). "
+                "Peers through their usual eager API.")
 
 
 E2E_HEADER = ("Whole models (`python -m llmkernels.hf.bench`): greedy decode with a static KV cache (prompt 512), "
