@@ -142,6 +142,18 @@ def eager_interleaved(fns, calls: int = 300, rounds: int = 7, raw: bool = False,
 EAGER_PASSES, EAGER_ROUNDS = 7, 3
 
 
+def _available(bench: OpBench, log) -> list:
+    """The implementations of bench that can run here; each skipped one is logged with its reason."""
+    impls = []
+    for impl in bench.impls:
+        reason = impl.available()
+        if reason:
+            log(f"[{bench.op}] skipping peer {impl.name}: {reason}")
+        else:
+            impls.append(impl)
+    return impls
+
+
 def run_eager(benches, passes: int = EAGER_PASSES, log=print, progress: Optional["Progress"] = None) -> List[dict]:
     """Eager records of every case of benches: all cases built first, then `passes` passes through all of them, each
     timing a case's implementations in EAGER_ROUNDS interleaved rounds; ms = the median of a case's rounds over all
@@ -150,13 +162,7 @@ def run_eager(benches, passes: int = EAGER_PASSES, log=print, progress: Optional
     between bursts and between processes (benchmarks/notes/host_path.md, version 4)."""
     built = []  # (op, case, [(impl, fn)])
     for bench in benches:
-        impls = []
-        for impl in bench.impls:
-            reason = impl.available()
-            if reason:
-                log(f"[{bench.op}] skipping peer {impl.name}: {reason}")
-            else:
-                impls.append(impl)
+        impls = _available(bench, log)
         for case in bench.cases(False):
             fns = []
             for impl in impls:
@@ -243,13 +249,7 @@ def run_op_bench(bench: OpBench, quick: bool = False, log=print, progress: Optio
     date = datetime.date.today().isoformat()
     commit = _git_commit()
     records, timed = [], []
-    impls = []
-    for impl in bench.impls:
-        reason = impl.available()
-        if reason:
-            log(f"[{bench.op}] skipping peer {impl.name}: {reason}")
-        else:
-            impls.append(impl)
+    impls = _available(bench, log)
     for case in cases:
         for impl in impls:
             label = f"{bench.op} {impl.name} " + " ".join(f"{k}={v}" for k, v in case.shape.items())

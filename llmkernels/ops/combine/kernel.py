@@ -164,8 +164,17 @@ class CombinePlan:
     out) fixed. Called with the tensors: o_part, lse_part, out, lse_out (None when has_lse_out is False)."""
 
     def __init__(self, R: int, S: int, D: int, strides: tuple, has_lse_out: bool, device: torch.device):
-        self.empty, self.ints = R == 0, (S, D, *strides)
+        self.empty, self.ints, self.numel = R == 0, (S, D, *strides), R * S * D
         self.launch = Launch(_combine_kernel, (R,), **_consts(S, D, has_lse_out, device))
+
+    def parts(self, device: torch.device, split: Launch) -> tuple:
+        """(o_part, lse_part) for the split kernel `split` and this merge, in one fp32 scratch (one allocation, not
+        two): o_part [R, S, D] then lse_part [R, S], contiguous (the strides of a decode plan's merge). Once both
+        kernels are kept, o_part is the whole scratch and lse_part an address (kept kernels read addresses only)."""
+        scratch = torch.empty(self.numel + self.numel // self.ints[1], dtype=torch.float32, device=device)
+        if split.direct() and self.launch.direct():
+            return scratch, scratch.data_ptr() + 4 * self.numel
+        return scratch[:self.numel], scratch[self.numel:]
 
     def __call__(self, o_part, lse_part, out, lse_out) -> None:
         if not self.empty:

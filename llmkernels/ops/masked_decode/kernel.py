@@ -138,7 +138,6 @@ class DecodePlan:
         self.empty = B == 0 or Hq == 0
         block_n = cfg.block_n if D <= 128 else cfg.block_n // 2  # same tile bytes at D=256
         splits, chunk = _plan(B, Hkv, L if kv_lens is not None else kv_len, q.device, cfg.waves)
-        self.part = (B * Hq, splits, D)
         ms = drop_mask.stride() if drop_mask is not None else (0, 0, 0)
         pdl = pdl_enabled(q.device)
         self.ints = (Hkv, L, kv_len, chunk, sm_scale * LOG2E, q.stride(0), q.stride(1),
@@ -153,17 +152,13 @@ class DecodePlan:
     def __call__(self, q, k, v, drop_mask, kv_lens, out, lse) -> None:
         if self.empty:
             return
-        # one scratch buffer for the parts' out and lse (one allocation instead of two)
-        R, S, D = self.part
-        scratch = torch.empty(R * S * (D + 1), dtype=torch.float32, device=q.device)
-        if self.split.direct() and self.merge.launch.direct():  # kept kernels read addresses only: the parts' out
-            mask, lse_part = drop_mask, scratch.data_ptr() + 4 * R * S * D  # starts the scratch, the mask's bools
-        else:                                                                # are its bytes
-            lse_part = scratch[R * S * D:]
-            mask, scratch = drop_mask.view(torch.uint8) if drop_mask is not None else None, scratch[:R * S * D]
-        self.split(q, k, v, mask if mask is not None else q, kv_lens if kv_lens is not None else q, scratch,
+        o_part, lse_part = self.merge.parts(q.device, self.split)
+        mask = drop_mask  # a kept kernel reads the bools as their bytes; Triton's path types them as uint8
+        if mask is not None and not self.split.direct():
+            mask = mask.view(torch.uint8)
+        self.split(q, k, v, mask if mask is not None else q, kv_lens if kv_lens is not None else q, o_part,
                    lse_part, *self.ints)
-        self.merge(scratch, lse_part, out, lse)
+        self.merge(o_part, lse_part, out, lse)
 
 
 _PLANS = PlanCache()

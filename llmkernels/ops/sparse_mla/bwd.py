@@ -287,34 +287,29 @@ class BwdWsPlan:
         o_delta, o_p, o_ds, end = self.regions
         dkv_fp32 = self.fp32
         n, s_q, dev = self.s_kv * self.d_qk, q.shape[0], q.device
-        if dkv_fp32:  # returned itself: its own tensor, the scratch starts at Delta
+        # dKV fp32 is returned itself with dkv_fp32: its own tensor, and the scratch starts at Delta
+        skip = o_delta if dkv_fp32 else 0
+        scratch = torch.empty(end - skip, dtype=torch.uint8, device=dev)
+        at = lambda o, nb: scratch[o - skip:][:nb]  # noqa: E731  (a region's bytes)
+        base = scratch.data_ptr() - skip
+        if dkv_fp32:
             dkv = torch.empty(kv.shape, dtype=torch.float32, device=dev)
-            scratch = torch.empty(end - o_delta, dtype=torch.uint8, device=dev)
-            base, acc = scratch.data_ptr() - o_delta, dkv.data_ptr()
-        else:
-            scratch = torch.empty(end, dtype=torch.uint8, device=dev)
-            base = acc = scratch.data_ptr()
-        pd = o_ds - o_p
+        pd, n_delta = o_ds - o_p, 4 * s_q * self.h_q
         if self.direct():
-            zero_async(acc, 4 * n, dev.index)
-            d32, p = acc, (base + o_delta, base + o_p, base + o_ds)
+            d32 = dkv.data_ptr() if dkv_fp32 else base
+            zero_async(d32, 4 * n, dev.index)
+            p = (base + o_delta, base + o_p, base + o_ds)
         else:  # Triton's path (first call, launch hooks) types the pointers from tensors: views of the scratch
-            at = lambda o, nb: scratch[o - (o_delta if dkv_fp32 else 0):][:nb]  # noqa: E731
             d32 = dkv.view(self.s_kv, self.d_qk) if dkv_fp32 else at(0, 4 * n).view(torch.float32)
             d32.zero_()
-            p = (at(o_delta, 4 * s_q * self.h_q).view(torch.float32), at(o_p, pd).view(q.dtype),
-                 at(o_ds, pd).view(q.dtype))
+            p = (at(o_delta, n_delta).view(torch.float32), at(o_p, pd).view(q.dtype), at(o_ds, pd).view(q.dtype))
         self.probs.run(q, kv, idx, tlen, qs_t, out, dout, lse, lse, p[1], p[2], p[0], idx, 0)
         self.grads.run(q, kv, idx, tlen, qs_t, dout, p[1], p[2], dq, d32, 0)
         if not dkv_fp32:
             dkv = torch.empty(kv.shape, dtype=kv.dtype, device=dev)
             if self.cast is not None:
                 self.cast(d32, dkv, n)
-        delta = None
-        if want_delta:
-            delta = scratch[o_delta - (o_delta if dkv_fp32 else 0):][:4 * s_q * self.h_q]
-            delta = delta.view(torch.float32).view(s_q, self.h_q)
-        return dkv, delta
+        return dkv, (at(o_delta, n_delta).view(torch.float32).view(s_q, self.h_q) if want_delta else None)
 
 
 def sparse_mla_bwd_launch(args, out, dout, lse, dlse: Optional[torch.Tensor], dq: torch.Tensor,

@@ -295,7 +295,6 @@ class XLPlan:
         if bd is not None:
             max_len = min(max_len, bd.shape[-1])
         splits, chunk = _plan(S, Hkv, max_len, q.device, block_n, cfg.programs_per_sm)
-        self.part = (S * H, splits, D)
         us = (0, 0) if u is None else ((0, u.stride(0)) if u.dim() == 2 else (u.stride(0), u.stride(1)))
         bds = (0, 0, 0) if bd is None else tuple(bd.stride())
         if legacy:
@@ -319,13 +318,7 @@ class XLPlan:
     def __call__(self, q, k_cache, v_cache, block_tables, context_lens, u, bd, out, lse) -> None:
         if self.empty:
             return
-        # one scratch buffer for the parts' out and lse (one allocation instead of two); kept kernels take addresses
-        R, S, D = self.part
-        scratch = torch.empty(R * S * (D + 1), dtype=torch.float32, device=q.device)
-        if self.split.direct() and self.merge.launch.direct():
-            o_part, lse_part = scratch, scratch.data_ptr() + 4 * R * S * D
-        else:
-            o_part, lse_part = scratch[:R * S * D], scratch[R * S * D:]
+        o_part, lse_part = self.merge.parts(q.device, self.split)
         self.split(q, u if u is not None else q, bd if bd is not None else q, k_cache, v_cache, block_tables,
                    context_lens, o_part, lse_part, *self.ints)
         self.merge(o_part, lse_part, out, lse)
