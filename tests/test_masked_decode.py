@@ -126,6 +126,26 @@ def test_splits_interleaved_or_contiguous(device, interleave):
         _poisoned(x, kl, L, {"block_n": 64, "num_stages": 3, "interleave": interleave})
 
 
+@pytest.mark.parametrize("fuse", [64, 0])
+def test_split_merge_fused_or_launched(device, fuse):
+    # eager calls merge the parts inside the split kernel (the last program of a row, by arrival counters it re-arms)
+    # or by a merge launch (fuse_merge 0, and CUDA-graph capture): same results; repeated calls and calls of other
+    # shapes share the per-stream scratch, whose counters are 0 again after every call
+    from llmkernels.ops.combine.kernel import _SCRATCH
+    from llmkernels.ops.masked_decode.kernel import DecodePlan
+    B, Hkv, G, L, D = 2, 1, 4, 2600, 64
+    x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device, kept=0.7)
+    plan = DecodePlan(x["q"], x["k"], x["v"], x["drop"], None, L, D ** -0.5, {"fuse_merge": fuse})
+    assert plan.parts.merge is not None and plan.parts.groups == (B * Hkv if fuse else 0)
+    for kl in (None, torch.tensor([2600, 700], dtype=torch.int32, device=device), None):
+        for e in _SCRATCH.values():  # parts left by earlier calls: NaN, so a part this call fails to write shows
+            e[0].fill_(float("nan"))
+        _poisoned(x, kl, L, {"fuse_merge": fuse})
+        y = make_inputs(1, 2, 2 * G, 1100, D, torch.float16, device, kept=0.5)  # 2 splits, fused or not
+        _poisoned(y, None, 1100, {"fuse_merge": fuse})
+        assert all(int(e[1].count_nonzero()) == 0 for e in _SCRATCH.values())
+
+
 def test_empty_batch(device):
     q = torch.randn(0, 4, 64, dtype=torch.float16, device=device)
     k = torch.randn(0, 2, 10, 64, dtype=torch.float16, device=device)

@@ -35,17 +35,25 @@ def test_matches_reference(case, device):
     assert torch.equal(run(x), o)  # return_lse only adds lse
 
 
-def test_many_splits_nan_poisoned(device):
-    """Small tiles force several splits (some wholly past a short context); every output is written."""
-    for layout in ("nhd", "legacy"):
+@pytest.mark.parametrize("fuse", [64, 0])
+def test_many_splits_nan_poisoned(device, fuse):
+    """Small tiles force several splits (some wholly past a short context); every output is written, whether the
+    split kernel merges its parts (eager) or a merge launch does (fuse_merge 0, CUDA-graph capture); the shared
+    scratch's arrival counters are 0 again after each call."""
+    from llmkernels.ops.combine.kernel import _SCRATCH
+    for layout in ("nhd", "legacy", "nhd"):
         x = make_inputs(3, 4, 2, 64, 8, [190, 3, 0], layout, torch.float16, device)
         S, H, D = x["q"].shape
         out = torch.full((S, H, D), float("nan"), dtype=torch.float16, device=device)
         lse = torch.full((S, H), float("nan"), device=device)
+        for e in _SCRATCH.values():  # parts left by earlier calls: NaN, so a part this call fails to write shows
+            e[0].fill_(float("nan"))
         K.xl_paged_decode_fwd(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["context_lens"], x["u"],
-                              x["bd"], D ** -0.5, out, lse, config={"block_n": 16, "programs_per_sm": 16})
+                              x["bd"], D ** -0.5, out, lse,
+                              config={"block_n": 16, "programs_per_sm": 16, "fuse_merge": fuse})
         assert K._plan(S, 2, x["block_tables"].shape[1] * 8, x["q"].device, 16, 16)[0] >= 4
         _assert_close(x, out, lse, torch.float16)
+        assert all(int(e[1].count_nonzero()) == 0 for e in _SCRATCH.values())
 
 
 def test_context_zero_and_empty_table(device):

@@ -96,6 +96,21 @@ def merge_row(
 
 
 @triton.jit
+def merge_if_last(cnt_ptr, grp, o_ptr, lse_ptr, out_ptr, lse_out_ptr, row0, S, D, stride_os, stride_or, stride_lr,
+                  ROWS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ONE_SHOT: tl.constexpr):
+    """Epilogue of a split program that stored its part of rows row0 .. row0 + ROWS - 1 (o_part [R, S, D] fp32 with
+    unit last stride, lse_part [R, S] with unit split stride, out rows of D): the last of the rows' S programs to
+    arrive at counter grp merges them (merge_row, lse out too) and re-arms the counter (0) for the next launch.
+    Saves the merge's launch; the counters start at 0 (SplitParts)."""
+    tl.debug_barrier()  # every thread's part stores precede the release below
+    if tl.atomic_add(cnt_ptr + grp, 1, sem="acq_rel") == S - 1:  # acquire: the other programs' parts are visible
+        for g in tl.static_range(ROWS):
+            merge_row(o_ptr, lse_ptr, out_ptr, lse_out_ptr, row0 + g, S, D, stride_os, stride_or, 1, stride_lr, D,
+                      True, BLOCK_S, BLOCK_D, ONE_SHOT)
+        tl.store(cnt_ptr + grp, 0)
+
+
+@triton.jit
 def _combine_kernel(
     o_ptr, lse_ptr, out_ptr, lse_out_ptr,
     S, D,
@@ -167,18 +182,60 @@ class CombinePlan:
         self.empty, self.ints, self.numel = R == 0, (S, D, *strides), R * S * D
         self.launch = Launch(_combine_kernel, (R,), **_consts(S, D, has_lse_out, device))
 
-    def parts(self, device: torch.device, split: Launch) -> tuple:
-        """(o_part, lse_part) for the split kernel `split` and this merge, in one fp32 scratch (one allocation, not
-        two): o_part [R, S, D] then lse_part [R, S], contiguous (the strides of a decode plan's merge). Once both
-        kernels are kept, o_part is the whole scratch and lse_part an address (kept kernels read addresses only)."""
-        scratch = torch.empty(self.numel + self.numel // self.ints[1], dtype=torch.float32, device=device)
-        if split.direct() and self.launch.direct():
-            return scratch, scratch.data_ptr() + 4 * self.numel
-        return scratch[:self.numel], scratch[self.numel:]
-
     def __call__(self, o_part, lse_part, out, lse_out) -> None:
         if not self.empty:
             self.launch(o_part, lse_part, out, lse_out if lse_out is not None else lse_part, *self.ints)
+
+
+_SCRATCH = {}  # (device index, raw stream) -> (parts fp32, counters int32, their addresses): see split_scratch
+
+
+def capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing()
+
+
+def split_scratch(device: torch.device, numel: int, counters: int) -> tuple:
+    """(parts, counters, parts' address, counters' address): fp32 scratch of >= numel elements and >= `counters`
+    int32 arrival counters, all 0, for the split kernels of eager calls (merge_if_last re-arms each counter it uses,
+    so they are 0 again when a kernel ends). One pair per (device, stream), shared by every plan: the calls on a
+    stream run in order, and no allocation or zeroing is left per call. Not for CUDA-graph capture (see SplitParts)."""
+    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index)) if device.type == "cuda" else None
+    e = _SCRATCH.get(key)
+    if e is None or e[0].numel() < numel or e[1].numel() < counters:
+        parts = torch.empty(max(numel, e[0].numel() if e else 0), dtype=torch.float32, device=device)
+        cnt = torch.zeros(max(counters, e[1].numel() if e else 0, 1), dtype=torch.int32, device=device)
+        e = _SCRATCH[key] = parts, cnt, parts.data_ptr(), cnt.data_ptr()
+    return e
+
+
+class SplitParts:
+    """Where a split kernel's R rows x S parts of width D go and how they are merged. S == 1: nowhere, the split
+    kernel writes out and lse itself (direct_write). Eager calls with fuse: the split kernel merges them itself
+    (merge_if_last, one arrival counter per group of rows), parts in split_scratch. Otherwise (fuse False, or
+    CUDA-graph capture, whose graph may be replayed beside other work on another stream) a CombinePlan launch merges
+    them: parts in split_scratch when eager, a fresh buffer under capture."""
+
+    def __init__(self, R: int, S: int, D: int, groups: int, fuse: bool, device: torch.device):
+        self.direct_write, self.groups = S == 1, groups if fuse and S > 1 else 0
+        self.numel, self.lse_numel = R * S * D, R * S
+        self.merge = CombinePlan(R, S, D, (D, S * D, 1, S, D), True, device) if S > 1 else None
+        self.blocks = combine_blocks(S, D)
+
+    def fused(self, device: torch.device) -> bool:
+        """This call's split kernel merges its parts (see the class)."""
+        return self.groups > 0 and not capturing(device)
+
+    def get(self, device: torch.device, fused: bool, addresses: bool) -> tuple:
+        """(o_part, lse_part, counters (fused only, else None)): addresses for kept kernels (which read only those),
+        else typed views."""
+        n = self.numel + self.lse_numel
+        if not fused and capturing(device):
+            parts = torch.empty(n, dtype=torch.float32, device=device)
+            return parts[:self.numel], parts[self.numel:], None
+        parts, cnt, pa, ca = split_scratch(device, n, self.groups if fused else 0)
+        if addresses:
+            return pa, pa + 4 * self.numel, ca if fused else None
+        return parts[:self.numel], parts[self.numel:n], cnt if fused else None
 
 
 def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse_out) -> None:

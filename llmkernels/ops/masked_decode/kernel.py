@@ -9,7 +9,7 @@ from ..._constants import LN2_C, LOG2E
 from ..._launch import Launch, PlanCache, current_device, tkey
 from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
-from ..combine.kernel import CombinePlan, pdl_enabled, pdl_enter, softmax_step
+from ..combine.kernel import SplitParts, merge_if_last, pdl_enabled, pdl_enter, softmax_step
 
 
 @triton.jit
@@ -63,15 +63,17 @@ def row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, 
 
 @triton.jit
 def _masked_decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr,
+    q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr, cnt_ptr, out_ptr, lse_out_ptr,
     Hkv, L, kv_len, chunk, qk_scale,
     s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr,
+    FUSED: tl.constexpr = False, MB_S: tl.constexpr = 1, MB_D: tl.constexpr = 1, MB_ONE: tl.constexpr = True,
 ):
     """Grid (splits, B * Hkv): program (s, b * Hkv + h) attends the G query heads of kv head h of sequence b to
     tiles s, s + S, ... of the row (INTERLEAVE; S splits) or to tokens [s * chunk, (s + 1) * chunk), and stores
-    that part (normalised out; lse, -inf if empty)."""
+    that part (normalised out; lse, -inf if empty); with one split, o / lse are out and lse. FUSED: the row's last
+    program merges its parts into out_ptr / lse_out_ptr (merge_if_last with counters cnt_ptr; MB_*: its blocks)."""
     pdl_enter(USE_GDC)
     split = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
@@ -92,6 +94,9 @@ def _masked_decode_split_kernel(
     row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, hi, step, qk_scale,
              s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
              G, BLOCK_G, D, BLOCK_N, HAS_DROP)
+    if FUSED:
+        merge_if_last(cnt_ptr, r, o_ptr, lse_ptr, out_ptr, lse_out_ptr, r * G, tl.num_programs(0), D, s_os, s_or,
+                      s_lr, G, MB_S, MB_D, MB_ONE)
 
 
 # Launch configuration (benchmarks/notes/masked_decode.md, sweep rounds 1-3 and 8 on the H100): B * Hkv * splits ~
@@ -103,13 +108,15 @@ def _masked_decode_split_kernel(
 class DecodeConfig(KernelConfig):
     """block_n keys per tile (halved at D=256: same tile bytes), waves of programs over the SMs the split aims at,
     pdl (programmatic dependent launch of the split kernel where the GPU has it), interleave (splits take tiles in
-    turn rather than one chunk each)."""
+    turn rather than one chunk each), fuse_merge (eager calls: the split kernel merges its own parts while heads per
+    kv head x splits <= this; more would leave one program merging many rows after the others are done)."""
     block_n: int = 128
     num_warps: int = 4
     num_stages: int = 2
     waves: int = 2
     pdl: bool = True
     interleave: bool = True
+    fuse_merge: int = 64
 
 
 CONFIG = DecodeConfig()
@@ -125,7 +132,8 @@ def _plan(B: int, Hkv: int, L: int, device: torch.device, waves: int):
 
 
 class DecodePlan:
-    """The launches of one masked_decode call shape: split kernel + merge, everything but the tensors fixed.
+    """The launches of one masked_decode call shape: the split kernel and how its parts are merged (SplitParts),
+    everything but the tensors fixed.
 
     q [B, Hq, D] (unit last stride); k, v [B, Hkv, L, D]; drop_mask bool or None; kv_lens int32/int64 [B] contiguous
     or None; out [B, Hq, D] and lse [B, Hq] contiguous. config may override the keys of CONFIG (no mask) /
@@ -140,25 +148,37 @@ class DecodePlan:
         splits, chunk = _plan(B, Hkv, L if kv_lens is not None else kv_len, q.device, cfg.waves)
         ms = drop_mask.stride() if drop_mask is not None else (0, 0, 0)
         pdl = pdl_enabled(q.device)
-        self.ints = (Hkv, L, kv_len, chunk, sm_scale * LOG2E, q.stride(0), q.stride(1),
-                     *k.stride()[:3], *v.stride()[:3], *ms, splits * D, D, splits)
-        self.split = Launch(_masked_decode_split_kernel, (splits, B * Hkv), G=Hq // Hkv,
-                            BLOCK_G=max(16, next_pow2(Hq // Hkv)), D=D, BLOCK_N=block_n,
-                            HAS_DROP=drop_mask is not None, HAS_LENS=kv_lens is not None, USE_GDC=pdl,
-                            INTERLEAVE=cfg.interleave, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                            **({"launch_pdl": True} if pdl and cfg.pdl else {}))
-        self.merge = CombinePlan(B * Hq, splits, D, (D, splits * D, 1, splits, D), True, q.device)
+        G = Hq // Hkv
+        self.parts = SplitParts(B * Hq, splits, D, B * Hkv, G * splits <= cfg.fuse_merge, q.device)
+        self.ints = (Hkv, L, kv_len, chunk, sm_scale * LOG2E, q.stride(0), q.stride(1), *k.stride()[:3],
+                     *v.stride()[:3], *ms, *((D, D, 1) if splits == 1 else (splits * D, D, splits)))
+        consts = dict(G=G, BLOCK_G=max(16, next_pow2(G)), D=D, BLOCK_N=block_n, HAS_DROP=drop_mask is not None,
+                      HAS_LENS=kv_lens is not None, USE_GDC=pdl, INTERLEAVE=cfg.interleave, num_warps=cfg.num_warps,
+                      num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl and cfg.pdl else {}))
+        self.split = Launch(_masked_decode_split_kernel, (splits, B * Hkv), **consts)
+        self.fused = Launch(_masked_decode_split_kernel, (splits, B * Hkv), **consts, FUSED=True,
+                            **dict(zip(("MB_S", "MB_D", "MB_ONE"), self.parts.blocks))) if self.parts.groups else None
 
     def __call__(self, q, k, v, drop_mask, kv_lens, out, lse) -> None:
         if self.empty:
             return
-        o_part, lse_part = self.merge.parts(q.device, self.split)
+        sp = self.parts
+        fused = sp.fused(q.device)
+        go = self.fused if fused else self.split
+        direct = go.direct()
         mask = drop_mask  # a kept kernel reads the bools as their bytes; Triton's path types them as uint8
-        if mask is not None and not self.split.direct():
+        if mask is not None and not direct:
             mask = mask.view(torch.uint8)
-        self.split(q, k, v, mask if mask is not None else q, kv_lens if kv_lens is not None else q, o_part,
-                   lse_part, *self.ints)
-        self.merge(o_part, lse_part, out, lse)
+        args = (q, k, v, mask if mask is not None else q, kv_lens if kv_lens is not None else q)
+        if sp.direct_write:  # one split: its part is the result
+            go(*args, out, lse, q, q, q, *self.ints)
+            return
+        o_part, lse_part, cnt = sp.get(q.device, fused, direct and (fused or sp.merge.launch.direct()))
+        if fused:
+            go(*args, o_part, lse_part, cnt, out, lse, *self.ints)
+        else:
+            go(*args, o_part, lse_part, q, q, q, *self.ints)
+            sp.merge(o_part, lse_part, out, lse)
 
 
 _PLANS = PlanCache()

@@ -25,6 +25,7 @@ from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mb
 from ..._config import KernelConfig
 from ..._launch import Launch, keyed
 from ..._runtime import cdiv, next_pow2, num_sms
+from ..combine.kernel import capturing, split_scratch
 from .common import LN2_C, LOG2E_C, nan_max, row_args, row_finish, row_flags, row_ptrs
 
 if HAVE_GLUON:
@@ -490,6 +491,8 @@ class FwdWsPlan:
         if self.main is not None:
             self.main(*head, 0, 1, 0, lse)
         if self.piece is not None:
-            part = torch.empty(self.part_numel, dtype=torch.float32, device=out.device)
+            dev = out.device  # eager: the per-stream split scratch (no allocation); a fresh buffer under capture
+            part = torch.empty(self.part_numel, dtype=torch.float32, device=dev) if capturing(dev) else \
+                split_scratch(dev, self.part_numel, 0)[0]
             self.piece(*head, self.n_main, self.n_piece, self.pp, part)
             self.merge(part, out, max_logits, lse, sink, *self.merge_ints)

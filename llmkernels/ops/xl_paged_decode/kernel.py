@@ -9,7 +9,7 @@ from ..._constants import LN2_C, LOG2E
 from ..._launch import Launch, PlanCache, current_device, tkey
 from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
-from ..combine.kernel import CombinePlan, pdl_enabled, pdl_enter, softmax_step
+from ..combine.kernel import SplitParts, merge_if_last, pdl_enabled, pdl_enter, softmax_step
 
 
 @triton.jit
@@ -132,7 +132,7 @@ def _tile_mha(n0, end, blk, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base,
 
 @triton.jit
 def _xl_decode_split_kernel(
-    q_ptr, u_ptr, bd_ptr, k_ptr, v_ptr, tbl_ptr, lens_ptr, o_ptr, lse_ptr,
+    q_ptr, u_ptr, bd_ptr, k_ptr, v_ptr, tbl_ptr, lens_ptr, o_ptr, lse_ptr, cnt_ptr, out_ptr, lse_out_ptr,
     Hkv, num_blocks, max_len, chunk, qk_scale,
     s_qs, s_qh, s_us, s_uh, s_bs, s_bh, s_bt,
     s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_ts, s_tb, s_or, s_os, s_lr,
@@ -140,7 +140,10 @@ def _xl_decode_split_kernel(
     BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr,
     HAS_U: tl.constexpr, HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr, K_NATIVE: tl.constexpr, MHA_REDUCE: tl.constexpr,
     PREFETCH_TBL: tl.constexpr, USE_GDC: tl.constexpr,
+    FUSED: tl.constexpr = False, MB_S: tl.constexpr = 1, MB_D: tl.constexpr = 1, MB_ONE: tl.constexpr = True,
 ):
+    """Grid (splits, S * Hkv): the G heads of kv head hk of sequence s over tokens [split * chunk, + chunk), stored as
+    a part (with one split: out / lse). FUSED: the last program of the row merges (see masked_decode's kernel)."""
     pdl_enter(USE_GDC)
     split = tl.program_id(0)
     sh = tl.program_id(1)
@@ -221,6 +224,9 @@ def _xl_decode_split_kernel(
         rows = (s * Hkv + hk) * G + offs_g
         tl.store(o_ptr + rows[:, None] * s_or + split * s_os + offs_d[None, :], o, mask=qmask)
         tl.store(lse_ptr + rows * s_lr + split, lse, mask=gmask)
+    if FUSED:
+        merge_if_last(cnt_ptr, sh, o_ptr, lse_ptr, out_ptr, lse_out_ptr, sh * G, tl.num_programs(0), D, s_os, s_or,
+                      s_lr, G, MB_S, MB_D, MB_ONE)
 
 
 @dataclass(frozen=True)
@@ -232,7 +238,8 @@ class XLConfig(KernelConfig):
       prefetch_table: reduce path only: load the next tile's block ids one iteration ahead (Triton does not
         cp.async-pipeline loads that feed no dot, so the table -> K/V latency chain is otherwise exposed).
       legacy_k: "v2" (K tile [BLOCK_N, D] gathered along d) or "native" (loaded [D/x, BLOCK_N, x] in memory
-        order, permuted to K^T for the dot); dot path, legacy layout only."""
+        order, permuted to K^T for the dot); dot path, legacy layout only.
+    fuse_merge: eager calls merge the parts in the split kernel while G x splits <= this (masked_decode's knob)."""
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
@@ -241,6 +248,7 @@ class XLConfig(KernelConfig):
     legacy_k: str = "v2"
     prefetch_table: bool = False
     pdl: bool = True
+    fuse_merge: int = 64
 
     def __post_init__(self):
         if self.mha_path not in ("dot", "reduce") or self.legacy_k not in ("v2", "native"):
@@ -273,7 +281,8 @@ def _plan(S: int, Hkv: int, span: int, device: torch.device, block_n: int, progr
 
 
 class XLPlan:
-    """The launches of one xl_paged_decode call shape (split kernel + merge), everything but the tensors fixed.
+    """The launches of one xl_paged_decode call shape (the split kernel; its merge: SplitParts), everything but the
+    tensors fixed.
 
     q [S, H, D] unit last stride; u None, [S, H, D] or [H, D]; bd None or [S, H, >= 1] any strides; k/v caches in
     either layout (see op.py); block_tables [S, max_blocks] int32; context_lens [S] int32 contiguous; out [S, H, D]
@@ -303,25 +312,38 @@ class XLPlan:
         else:
             ks = (k_cache.stride(0), k_cache.stride(2), k_cache.stride(1))
             vs = (v_cache.stride(0), v_cache.stride(2), v_cache.stride(1))
+        self.parts = SplitParts(S * H, splits, D, S * Hkv, G * splits <= cfg.fuse_merge, q.device)
         self.ints = (Hkv, k_cache.shape[0], max_len, chunk, scale * LOG2E, q.stride(0), q.stride(1),
-                     *us, *bds, *ks, *vs, block_tables.stride(0), block_tables.stride(1), splits * D, D, splits)
-        self.split = Launch(
-            _xl_decode_split_kernel, (splits, S * Hkv),
+                     *us, *bds, *ks, *vs, block_tables.stride(0), block_tables.stride(1),
+                     *((D, D, 1) if splits == 1 else (splits * D, D, splits)))
+        consts = dict(
             G=G, BLOCK_G=max(16, next_pow2(G)), D=D, BLOCK_D=next_pow2(D),
             BS=bs, BSUB=min(bs, block_n), BLOCK_N=block_n, KX=k_cache.shape[4] if legacy else 1, LEGACY=legacy,
             HAS_U=u is not None, HAS_BD=bd is not None, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
             K_NATIVE=legacy and cfg.legacy_k == "native", MHA_REDUCE=G == 1 and cfg.mha_path == "reduce",
             PREFETCH_TBL=bool(cfg.prefetch_table), USE_GDC=pdl, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl and cfg.pdl else {}))
-        self.merge = CombinePlan(S * H, splits, D, (D, splits * D, 1, splits, D), True, q.device)
+        self.split = Launch(_xl_decode_split_kernel, (splits, S * Hkv), **consts)
+        self.fused = Launch(_xl_decode_split_kernel, (splits, S * Hkv), **consts, FUSED=True,
+                            **dict(zip(("MB_S", "MB_D", "MB_ONE"), self.parts.blocks))) if self.parts.groups else None
 
     def __call__(self, q, k_cache, v_cache, block_tables, context_lens, u, bd, out, lse) -> None:
         if self.empty:
             return
-        o_part, lse_part = self.merge.parts(q.device, self.split)
-        self.split(q, u if u is not None else q, bd if bd is not None else q, k_cache, v_cache, block_tables,
-                   context_lens, o_part, lse_part, *self.ints)
-        self.merge(o_part, lse_part, out, lse)
+        sp = self.parts
+        fused = sp.fused(q.device)
+        go = self.fused if fused else self.split
+        args = (q, u if u is not None else q, bd if bd is not None else q, k_cache, v_cache, block_tables,
+                context_lens)
+        if sp.direct_write:  # one split: its part is the result
+            go(*args, out, lse, q, q, q, *self.ints)
+            return
+        o_part, lse_part, cnt = sp.get(q.device, fused, go.direct() and (fused or sp.merge.launch.direct()))
+        if fused:
+            go(*args, o_part, lse_part, cnt, out, lse, *self.ints)
+        else:
+            go(*args, o_part, lse_part, q, q, q, *self.ints)
+            sp.merge(o_part, lse_part, out, lse)
 
 
 _PLANS = PlanCache()
