@@ -10,13 +10,15 @@ from ..._launch import Launch, launch
 from ..._runtime import capability, interpreting, next_pow2
 
 @triton.jit
-def pdl_enter(USE_GDC: tl.constexpr):
+def pdl_enter(USE_GDC: tl.constexpr, TRIGGER: tl.constexpr = True):
     """Entry of a kernel launched with programmatic dependent launch: wait until the preceding kernel's writes
-    are visible (it may still have been running when this grid started), then let the next kernel launch (it
-    waits for this grid's writes in turn). Split kernels, the merge and nvfp4's split-K reduce all start so."""
+    are visible (it may still have been running when this grid started), then (TRIGGER) let the next kernel launch
+    (it waits for this grid's writes in turn). Split kernels, the merge and nvfp4's split-K reduce all start so. A
+    kernel that no merge follows does not trigger: the next call's programs would take SM slots, only to wait."""
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if TRIGGER:
+            tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -186,6 +188,8 @@ class CombinePlan:
         if not self.empty:
             self.launch(o_part, lse_part, out, lse_out if lse_out is not None else lse_part, *self.ints)
 
+
+EARLY_TRIGGER_LAST = False  # A/B: a split kernel with no merge after it triggers its dependents at entry too
 
 _SCRATCH = {}  # (device index, raw stream) -> (parts fp32, counters int32, their addresses): see split_scratch
 

@@ -9,6 +9,7 @@ from ..._constants import LN2_C, LOG2E
 from ..._launch import Launch, PlanCache, current_device, tkey
 from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
+from ..combine import kernel as CK
 from ..combine.kernel import SplitParts, merge_if_last, pdl_enabled, pdl_enter, softmax_step
 
 
@@ -69,12 +70,13 @@ def _masked_decode_split_kernel(
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr,
     FUSED: tl.constexpr = False, MB_S: tl.constexpr = 1, MB_D: tl.constexpr = 1, MB_ONE: tl.constexpr = True,
+    TRIGGER: tl.constexpr = True,
 ):
     """Grid (splits, B * Hkv): program (s, b * Hkv + h) attends the G query heads of kv head h of sequence b to
     tiles s, s + S, ... of the row (INTERLEAVE; S splits) or to tokens [s * chunk, (s + 1) * chunk), and stores
     that part (normalised out; lse, -inf if empty); with one split, o / lse are out and lse. FUSED: the row's last
     program merges its parts into out_ptr / lse_out_ptr (merge_if_last with counters cnt_ptr; MB_*: its blocks)."""
-    pdl_enter(USE_GDC)
+    pdl_enter(USE_GDC, TRIGGER)
     split = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     b = r // Hkv
@@ -155,8 +157,10 @@ class DecodePlan:
         consts = dict(G=G, BLOCK_G=max(16, next_pow2(G)), D=D, BLOCK_N=block_n, HAS_DROP=drop_mask is not None,
                       HAS_LENS=kv_lens is not None, USE_GDC=pdl, INTERLEAVE=cfg.interleave, num_warps=cfg.num_warps,
                       num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl and cfg.pdl else {}))
-        self.split = Launch(_masked_decode_split_kernel, (splits, B * Hkv), **consts)
+        self.split = Launch(_masked_decode_split_kernel, (splits, B * Hkv), **consts,
+                            TRIGGER=CK.EARLY_TRIGGER_LAST or splits > 1)
         self.fused = Launch(_masked_decode_split_kernel, (splits, B * Hkv), **consts, FUSED=True,
+                            TRIGGER=CK.EARLY_TRIGGER_LAST,
                             **dict(zip(("MB_S", "MB_D", "MB_ONE"), self.parts.blocks))) if self.parts.groups else None
 
     def __call__(self, q, k, v, drop_mask, kv_lens, out, lse) -> None:

@@ -9,6 +9,7 @@ from ..._constants import LN2_C, LOG2E
 from ..._launch import Launch, PlanCache, current_device, tkey
 from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
+from ..combine import kernel as CK
 from ..combine.kernel import SplitParts, merge_if_last, pdl_enabled, pdl_enter, softmax_step
 
 
@@ -141,10 +142,11 @@ def _xl_decode_split_kernel(
     HAS_U: tl.constexpr, HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr, K_NATIVE: tl.constexpr, MHA_REDUCE: tl.constexpr,
     PREFETCH_TBL: tl.constexpr, USE_GDC: tl.constexpr,
     FUSED: tl.constexpr = False, MB_S: tl.constexpr = 1, MB_D: tl.constexpr = 1, MB_ONE: tl.constexpr = True,
+    TRIGGER: tl.constexpr = True,
 ):
     """Grid (splits, S * Hkv): the G heads of kv head hk of sequence s over tokens [split * chunk, + chunk), stored as
     a part (with one split: out / lse). FUSED: the last program of the row merges (see masked_decode's kernel)."""
-    pdl_enter(USE_GDC)
+    pdl_enter(USE_GDC, TRIGGER)
     split = tl.program_id(0)
     sh = tl.program_id(1)
     s = (sh // Hkv).to(tl.int64)
@@ -323,8 +325,10 @@ class XLPlan:
             K_NATIVE=legacy and cfg.legacy_k == "native", MHA_REDUCE=G == 1 and cfg.mha_path == "reduce",
             PREFETCH_TBL=bool(cfg.prefetch_table), USE_GDC=pdl, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl and cfg.pdl else {}))
-        self.split = Launch(_xl_decode_split_kernel, (splits, S * Hkv), **consts)
+        self.split = Launch(_xl_decode_split_kernel, (splits, S * Hkv), **consts,
+                            TRIGGER=CK.EARLY_TRIGGER_LAST or splits > 1)
         self.fused = Launch(_xl_decode_split_kernel, (splits, S * Hkv), **consts, FUSED=True,
+                            TRIGGER=CK.EARLY_TRIGGER_LAST,
                             **dict(zip(("MB_S", "MB_D", "MB_ONE"), self.parts.blocks))) if self.parts.groups else None
 
     def __call__(self, q, k_cache, v_cache, block_tables, context_lens, u, bd, out, lse) -> None:
