@@ -14,7 +14,8 @@ def pdl_enter(USE_GDC: tl.constexpr, TRIGGER: tl.constexpr = True):
     """Entry of a kernel launched with programmatic dependent launch: wait until the preceding kernel's writes
     are visible (it may still have been running when this grid started), then (TRIGGER) let the next kernel launch
     (it waits for this grid's writes in turn). Split kernels, the merge and nvfp4's split-K reduce all start so. A
-    kernel that no merge follows does not trigger: the next call's programs would take SM slots, only to wait."""
+    kernel that no merge follows does not trigger: the next call's programs would take SM slots only to wait
+    (masked_decode B=32 L=8K, one split, graph replay: 406 us with the trigger, 358 without; notes/host_path.md)."""
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
         if TRIGGER:
@@ -188,8 +189,6 @@ class CombinePlan:
         if not self.empty:
             self.launch(o_part, lse_part, out, lse_out if lse_out is not None else lse_part, *self.ints)
 
-
-EARLY_TRIGGER_LAST = False  # A/B: a split kernel with no merge after it triggers its dependents at entry too
 
 _SCRATCH = {}  # (device index, raw stream) -> (parts fp32, counters int32, their addresses): see split_scratch
 

@@ -9,7 +9,6 @@ from ..._constants import LN2_C, LOG2E
 from ..._launch import Launch, PlanCache, current_device, tkey
 from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
-from ..combine import kernel as CK
 from ..combine.kernel import SplitParts, merge_if_last, pdl_enabled, pdl_enter, softmax_step
 
 
@@ -157,10 +156,8 @@ class DecodePlan:
         consts = dict(G=G, BLOCK_G=max(16, next_pow2(G)), D=D, BLOCK_N=block_n, HAS_DROP=drop_mask is not None,
                       HAS_LENS=kv_lens is not None, USE_GDC=pdl, INTERLEAVE=cfg.interleave, num_warps=cfg.num_warps,
                       num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl and cfg.pdl else {}))
-        self.split = Launch(_masked_decode_split_kernel, (splits, B * Hkv), **consts,
-                            TRIGGER=CK.EARLY_TRIGGER_LAST or splits > 1)
-        self.fused = Launch(_masked_decode_split_kernel, (splits, B * Hkv), **consts, FUSED=True,
-                            TRIGGER=CK.EARLY_TRIGGER_LAST,
+        self.split = Launch(_masked_decode_split_kernel, (splits, B * Hkv), **consts, TRIGGER=splits > 1)
+        self.fused = Launch(_masked_decode_split_kernel, (splits, B * Hkv), **consts, FUSED=True, TRIGGER=False,
                             **dict(zip(("MB_S", "MB_D", "MB_ONE"), self.parts.blocks))) if self.parts.groups else None
 
     def __call__(self, q, k, v, drop_mask, kv_lens, out, lse) -> None:

@@ -9,7 +9,6 @@ from ..._constants import LN2_C, LOG2E
 from ..._launch import Launch, PlanCache, current_device, tkey
 from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
-from ..combine import kernel as CK
 from ..combine.kernel import SplitParts, merge_if_last, pdl_enabled, pdl_enter, softmax_step
 
 
@@ -325,10 +324,8 @@ class XLPlan:
             K_NATIVE=legacy and cfg.legacy_k == "native", MHA_REDUCE=G == 1 and cfg.mha_path == "reduce",
             PREFETCH_TBL=bool(cfg.prefetch_table), USE_GDC=pdl, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl and cfg.pdl else {}))
-        self.split = Launch(_xl_decode_split_kernel, (splits, S * Hkv), **consts,
-                            TRIGGER=CK.EARLY_TRIGGER_LAST or splits > 1)
-        self.fused = Launch(_xl_decode_split_kernel, (splits, S * Hkv), **consts, FUSED=True,
-                            TRIGGER=CK.EARLY_TRIGGER_LAST,
+        self.split = Launch(_xl_decode_split_kernel, (splits, S * Hkv), **consts, TRIGGER=splits > 1)
+        self.fused = Launch(_xl_decode_split_kernel, (splits, S * Hkv), **consts, FUSED=True, TRIGGER=False,
                             **dict(zip(("MB_S", "MB_D", "MB_ONE"), self.parts.blocks))) if self.parts.groups else None
 
     def __call__(self, q, k_cache, v_cache, block_tables, context_lens, u, bd, out, lse) -> None:
