@@ -349,6 +349,11 @@ def test_tail_split_plan():
     assert tail_split(264, 132, 16) == (264, 1, 16)  # full waves only
     assert tail_split(200, 132, 16) == (200, 1, 16)  # 68 items in the last wave: not two pieces each
     assert tail_split(8, 132, 1) == (8, 1, 1)  # one pair: nothing to split
+    # the merge (a launch, the parts written and read) must cost less than the pairs saved
+    assert tail_split(64, 132, 2) == (64, 1, 2)  # s_q 64, h_q 64, topk 256: 21.4 us split, 12.7 whole
+    assert tail_split(64, 132, 4) == (64, 1, 4)  # topk 512: 24.9 / 19.7
+    assert tail_split(64, 132, 16) == (0, 2, 8)  # topk 2048: 44.6 / 59.0
+    assert tail_split(16, 132, 2) == (16, 1, 2)  # s_q 16: 12.0 / 11.3
 
 
 def test_tail_merge_matches_reference(device):

@@ -415,15 +415,25 @@ def _tail_merge(part_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, item0, n_piece, 
         tl.store(lse_ptr + row * s_lm + head, tl.where(empty, float("inf"), lse2 * LN2_C))
 
 
-def tail_split(n_items: int, n_sm: int, n_pairs: int) -> tuple:
+# Tail split cost model, fitted on the H100 (notes/host_path.md, version 5): a 64-row program spends ~3.3 us a pair of
+# 64-entry tiles; the merge costs ~3 us of launch plus writing and reading the pieces' fp32 parts (~3 MB/us).
+_PAIR_US, _MERGE_US, _PART_BYTES_PER_US = 3.3, 3.0, 3.0e6
+
+
+def tail_split(n_items: int, n_sm: int, n_pairs: int, d_v: int = 512) -> tuple:
     """(items run whole, pieces per remaining item, pairs per piece). The items of the last, partial wave (all of them
     when there are fewer than the SMs) are split over their topk so that they fill the idle SMs: a whole program
-    per item there would leave the GPU waiting on a few SMs for a full program (~3 % at s_q 4096, h_q 64)."""
+    per item there would leave the GPU waiting on a few SMs for a full program (~3 % at s_q 4096, h_q 64). Only where
+    the pairs saved outweigh the merge: s_q 64, h_q 64, topk 256 ran 21.4 us split in two against 12.7 whole."""
     tail = n_items % n_sm
     if tail == 0 or n_sm // tail < 2 or n_pairs < 2:
         return n_items, 1, n_pairs
     pp = cdiv(n_pairs, min(n_sm // tail, n_pairs, 16))  # <= 16 pieces: _tail_merge holds them in registers
-    return n_items - tail, cdiv(n_pairs, pp), pp
+    n_piece = cdiv(n_pairs, pp)
+    merge_us = _MERGE_US + 2 * tail * n_piece * (64 * d_v + 128) * 4 / _PART_BYTES_PER_US
+    if (n_pairs - pp) * _PAIR_US <= merge_us:
+        return n_items, 1, n_pairs
+    return n_items - tail, n_piece, pp
 
 
 @dataclass(frozen=True)
@@ -459,7 +469,7 @@ class FwdWsPlan:
         n_main, n_piece, pp = n_items, 1, 0
         n_sm = cfg.NSM or num_sms(q.device)
         if cfg.TAIL:
-            n_main, n_piece, pp = tail_split(n_items, n_sm, cdiv(idx.shape[1], 2 * cfg.BLOCK_N))
+            n_main, n_piece, pp = tail_split(n_items, n_sm, cdiv(idx.shape[1], 2 * cfg.BLOCK_N), a.d_v)
         self.n_main, self.n_piece, self.pp = n_main, n_piece, pp
         self.ints = (*row_args(a, n_hb)[2:], q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), out.stride(0),
                      out.stride(1), lse.stride(0), 0)
