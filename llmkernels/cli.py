@@ -65,6 +65,11 @@ def _bench(args) -> int:
         benches = eager_benches(ops)
     else:
         benches = [b for mod in spec_modules(ops) for b in mod.benches() if b.op in ops]
+    if args.impls:
+        wanted = set(args.impls.split(","))
+        for b in benches:
+            b.impls = [i for i in b.impls if i.name in wanted]
+        benches = [b for b in benches if b.impls]
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     if args.eager:  # every op's cases in each pass (see run_eager)
         records = run_eager(benches, log=log, progress=Progress(EAGER_PASSES))
@@ -96,6 +101,8 @@ def main(argv=None) -> int:
     b.add_argument("ops", nargs="*")
     b.add_argument("--out", default="benchmarks/results", help="folder for <device>.json and <device>.png")
     b.add_argument("--quick", action="store_true", help="a few shapes only")
+    b.add_argument("--impls", default=None, help="comma-separated implementations to time (default: all), e.g. "
+                   "llmkernels to re-record ours without the peers")
     b.add_argument("--eager", action="store_true",
                    help="wall time per call of back-to-back eager calls at a small shape (host cost), with peers: "
                         "the median of 3 interleaved rounds of 300 calls in each of 7 passes over all ops")
