@@ -146,6 +146,17 @@ def test_split_merge_fused_or_launched(device, fuse):
         assert all(int(e[1].count_nonzero()) == 0 for e in _SCRATCH.values())
 
 
+def test_empty_cache_frees_the_split_scratch(device):
+    import llmkernels
+    from llmkernels.ops.combine.kernel import _SCRATCH
+    x = make_inputs(1, 2, 8, 1100, 64, torch.float16, device, kept=0.5)  # 2 splits: parts in the scratch
+    o, _ = _compare(x)
+    assert _SCRATCH
+    llmkernels.empty_cache()
+    assert not _SCRATCH
+    assert torch.equal(_compare(x)[0], o)  # allocated again, same result
+
+
 def test_empty_batch(device):
     q = torch.randn(0, 4, 64, dtype=torch.float16, device=device)
     k = torch.randn(0, 2, 10, 64, dtype=torch.float16, device=device)

@@ -211,6 +211,13 @@ def split_scratch(device: torch.device, numel: int, counters: int) -> tuple:
     return e
 
 
+def empty_cache() -> None:
+    """Free the scratch that eager calls keep per (device, stream) for split parts (masked_decode, xl_paged_decode,
+    the sparse MLA forward; it grows to the largest call's parts, a few MB at typical shapes). The next eager call
+    allocates it again; torch.cuda.empty_cache() then returns the memory to the driver."""
+    _SCRATCH.clear()
+
+
 class SplitParts:
     """Where a split kernel's R rows x S parts of width D go and how they are merged. S == 1: nowhere, the split
     kernel writes out and lse itself (direct_write). Eager calls with fuse: the split kernel merges them itself
