@@ -17,9 +17,7 @@ import triton.language as tl
 from ..._config import KernelConfig
 from ..._launch import Launch, launch
 from ..._runtime import capability, cdiv, interpreting, num_sms
-from ..combine.kernel import pdl_enabled
 from .common import e4m3_f32
-from .gemv import _prefetch_l2
 from .linear import MMA_MAX_T, _mma_acts, _mma_issue, _mma_start, _store_out
 
 TILE_N, TILE_K = 16, 256
@@ -125,17 +123,14 @@ def _tiled_keep(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, b0, b1, b2, b3, 
 @triton.jit(do_not_specialize=["one"])
 def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, per, s_xt, s_yt, one,
                       R: tl.constexpr, KS: tl.constexpr, NT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      LOADS: tl.constexpr, EVEN: tl.constexpr, PF: tl.constexpr = 0):
+                      LOADS: tl.constexpr, EVEN: tl.constexpr):
     """y [T <= 8 NT, N] = x @ W^T, W in the tiled layout, on mma.sync m16n8k16 fed from registers (the decode and
     the fragment order of linear._linear_mma_kernel). A program has R KS warps: warp KS r + k takes row block
     R pid + r and the k-th of KS ranges of `per` iterations (KI = K/256 in all, EVEN: KS divides it; an iteration is
     4 steps of 4 words a row). Each step a lane loads 16 contiguous bytes (its two rows' words), each iteration 8
     bytes of scales; the KS partial sums are added in shared memory at the end. x_ptr int64 [T, K/4], w_ptr int64,
     s_ptr int64 (tiled packed / scales); element e of the [32 R KS] tensors lives in lane e % 32 of warp e // 32
-    (see the plain kernel: the runtime `one` keeps addresses from looking contiguous).
-    PF > 0 (launched with programmatic dependent launch): the lines of the warp's first PF iterations go to L2 before
-    griddepcontrol.wait, while the preceding kernel finishes (prefetch is safe there: L2 is the point of coherence),
-    and the next kernel is released once the main loop is done."""
+    (see the plain kernel: the runtime `one` keeps addresses from looking contiguous)."""
     DT: tl.constexpr = y_ptr.dtype.element_ty
     W: tl.constexpr = R * KS
     pid = tl.program_id(0)
@@ -156,13 +151,6 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
     k0 = 16 * i_at + lane % 4  # the lane's first word: 16 an iteration, 4 a step
     px0 = x_ptr + tl.minimum(tok, T - 1) * s_xt + 4 * k0
     px1 = x_ptr + tl.minimum(tok + 8, T - 1) * s_xt + 4 * k0
-    if PF > 0:
-        for j in tl.static_range(PF):
-            ok = j < n_w
-            for u in tl.static_range(4):
-                _prefetch_l2(pw + 256 * j + 64 * u, ok)
-            _prefetch_l2(ps + 32 * j, ok)
-        tl.extra.cuda.gdc_wait()
     if LOADS == 0:  # each step loads its words just before its decode
         for it in range(0, per):
             adv = (it + 1 < n_w).to(tl.int64)  # short ranges: the pointers stop at their last iteration
@@ -205,8 +193,6 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
                 sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b = _ld_iter(pw, ps)
             px0 += 64 * adv
             px1 += 64 * adv
-    if PF > 0:
-        tl.extra.cuda.gdc_launch_dependents()
     g = tl.arange(0, 32)
     row = pid * (16 * R) + tl.arange(0, R)[:, None] * 16 + (g // 4)[None, :]
     t0 = (2 * (g % 4))[None, :]
@@ -226,12 +212,10 @@ class TiledConfig(KernelConfig):
     """KS warps split K (a power of 2 <= 16; ranges of cdiv(K/256, KS) iterations, the last ones short or empty
     where KS does not divide K/256; 0: planned), R row blocks a program (0: KS >= 4 ? 1 : 4 / KS), loads: 0 = each
     step's words just before its decode, 1 = an iteration's words together, 2 = the next iteration's words before
-    this one decodes (-1: planned); prefetch: iterations of each warp's range sent to L2 before waiting on the
-    preceding kernel (programmatic dependent launch; 0: none, no PDL; -1: planned)."""
+    this one decodes (-1: planned)."""
     KS: int = 0
     R: int = 0
     loads: int = -1
-    prefetch: int = -1
 
 
 def _pow2(n: float, up: bool) -> int:
@@ -272,11 +256,8 @@ def tiled_usable(x: torch.Tensor) -> bool:
 def _tiled_options(T: int, N: int, K: int, device, has_bias: bool, cfg=None):
     """(grid, per, the kernel's constexprs and launch options) of one call shape (tiled_launch and TiledPlan)."""
     ks, r, per, loads = tiled_config(T, N, K, device, cfg)
-    pf = TiledConfig.of(cfg).prefetch
-    pf = min(per, max(pf, 0) if pf >= 0 else 0) if pdl_enabled(device) else 0
     return (cdiv(N // 16, r),), per, dict(R=r, KS=ks, NT=1 if T <= 8 else 2, HAS_BIAS=has_bias, LOADS=loads,
-                                          EVEN=(K // TILE_K) % ks == 0, PF=pf, num_warps=r * ks,
-                                          **({"launch_pdl": True} if pf else {}))
+                                          EVEN=(K // TILE_K) % ks == 0, num_warps=r * ks)
 
 
 def tiled_launch(x, packed, scales, gs, bias, y, cfg=None):
