@@ -395,6 +395,27 @@ def test_static_decoder_matches_full_forward(device):
         assert bool(((picked == top2[:, 0]) | (top2[:, 0] - picked <= tie)).all()), i
 
 
+def _check_picks(model, out, T, steps):
+    """Each decoded token is the argmax of a full forward of the sequence so far, up to a near-tie (the rounding
+    of the two attention paths, as _close's tolerance)."""
+    for i in range(steps):
+        logits = _logits(model, out[:, :T + i])[:, -1]
+        top = logits.topk(1).values[:, 0]
+        picked = logits.gather(1, out[:, T + i:T + i + 1])[:, 0]
+        assert bool(((picked == top) | (top - picked <= 20 * ROUND * logits.abs().amax(-1))).all()), i
+
+
+def test_static_decoder_compiled(device):
+    """compile= puts the decode step's forward under torch.compile (here the aot_eager backend: dynamo's capture of
+    the model with masked_decode's custom op, no code generation); same picks, prefill eager; a bad value refused."""
+    model = _tiny_model(device, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 7), device=device)
+    out = StaticDecoder(model, batch=2, max_len=16, graph=False, compile="aot_eager").generate(ids, 3)
+    _check_picks(model, out, 7, 3)
+    with pytest.raises(TypeError, match="compile"):
+        StaticDecoder(model, batch=2, max_len=16, compile=1)
+
+
 @pytest.mark.skipif(CUDA, reason="meta tensors pass the ops' device checks only under the CPU interpreter")
 def test_decode_step_has_no_host_sync():
     """The decode step runs on the meta device (every tensor without data): any .item(), bool() or .tolist() of a
@@ -415,6 +436,10 @@ def test_bench_quick(tmp_path):
     for r in recs:
         assert set(r["shape"]) == {"model", "batch", "format", "graph"} and r["shape"]["format"] == "nvfp4"
         assert r["ms"] > 0 and r["floor_ms"] > 0 and r["tokens_per_s"] > 0
+    assert bench.main(["--quick", "--batches", "1", "--formats", "nvfp4", "--no-graph", "--compile", "aot_eager",
+                       "--out", str(tmp_path)]) == 0
+    recs = [r for r in json.load(open(f))["records"] if "compile" in r["shape"]]
+    assert len(recs) == 1 and recs[0]["shape"]["compile"] == "aot_eager" and not recs[0]["shape"]["graph"]
 
 
 @pytest.mark.gpu
@@ -424,3 +449,5 @@ def test_graph_decode_matches_eager():
     eager = StaticDecoder(model, batch=4, max_len=32, graph=False).generate(ids, 8)
     graph = StaticDecoder(model, batch=4, max_len=32, graph=True).generate(ids, 8)
     assert torch.equal(eager, graph)
+    # inductor's fusions round differently from the eager ops: the picks, up to near-ties
+    _check_picks(model, StaticDecoder(model, batch=4, max_len=32, graph=True, compile=True).generate(ids, 8), 9, 8)

@@ -107,7 +107,8 @@ def e2e_table(records: list[dict]) -> str:
     for r in records:
         if e2e(r) and r["shape"].get("graph"):
             sh = r["shape"]
-            rows.setdefault((sh["model"], sh["batch"]), {})[sh["format"]] = r
+            model = sh["model"] + (f" (torch.compile {sh['compile']})" if sh.get("compile") else "")
+            rows.setdefault((model, sh["batch"]), {})[sh["format"]] = r
     if not rows:
         return ""
     lines = ["| model (random weights) | batch | bf16 tok/s | NVFP4 tok/s | NVFP4 ms / step (% of floor) | "

@@ -127,7 +127,7 @@ def run_batch(model, name: str, fmt: str, batch: int, args, device, copy_bps: fl
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    dec = StaticDecoder(model, batch, max_len, graph=False)
+    dec = StaticDecoder(model, batch, max_len, graph=False, compile=args.compile or False)
     prompt = torch.randint(0, model.config.vocab_size, (batch, args.prompt_len), device=device)
     dec.prefill(prompt)
     modes = [(False, args.eager_steps)] + ([(True, args.steps)] if graph else [])
@@ -147,9 +147,13 @@ def run_batch(model, name: str, fmt: str, batch: int, args, device, copy_bps: fl
         kv_mean = kv0 + (steps - 1) / 2
         elem = model.get_input_embeddings().weight.element_size()
         nbytes = read_bytes(model, batch) + kv_bytes(model.config, batch, kv_mean, elem)
-        out.append(({"model": name, "batch": batch, "format": fmt, "graph": use_graph}, ms, nbytes,
+        shape = {"model": name, "batch": batch, "format": fmt, "graph": use_graph}
+        if args.compile:
+            shape["compile"] = args.compile
+        out.append((shape, ms, nbytes,
                     {"context": kv_mean, "timing": "graph" if use_graph else "eager"}))
-        log(f"[e2e] {name} {fmt} batch={batch} graph={use_graph}: {ms:.3f} ms/step, {batch * 1e3 / ms:.1f} tok/s, "
+        log(f"[e2e] {name} {fmt} batch={batch} graph={use_graph} compile={args.compile}: {ms:.3f} ms/step"
+            f", {batch * 1e3 / ms:.1f} tok/s, "
             f"{100 * nbytes / copy_bps / (ms * 1e-3):.1f} % of floor")
     peak = torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else None
     for _, _, _, extra in out:
@@ -185,6 +189,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, help="timed CUDA-graph steps (default 64)")
     ap.add_argument("--eager-steps", type=int, help="default 8")
     ap.add_argument("--no-graph", action="store_true")
+    ap.add_argument("--compile", nargs="?", const="inductor", default=None,
+                    help="the decode step under torch.compile (default backend inductor); records gain shape key "
+                         "'compile'")
     ap.add_argument("--quick", action="store_true", help="defaults: the tiny model, batches 1 and 2, a few steps")
     ap.add_argument("--out", default=None, help="merge records into OUT/<device>.json")
     args = ap.parse_args(argv)
@@ -243,6 +250,7 @@ def main(argv=None) -> int:
     for r in recs:
         s, peak = r["shape"], r["peak_mem_gb"]
         print(f"{s['model']:<22} {s['format']:<6} B={s['batch']:<3} graph={str(s['graph']):<5} "
+              f"{'compile=' + s['compile'] + ' ' if 'compile' in s else ''}"
               f"{r['ms']:9.3f} ms/step {r['tokens_per_s']:9.1f} tok/s {r['pct_of_floor']:6.1f} % of floor"
               + ("" if peak is None else f"  peak {peak:.1f} GB"))
     if args.out:

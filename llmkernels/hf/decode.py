@@ -41,10 +41,12 @@ class StaticDecoder:
     sequence; with graph=True (CUDA only) step() replays one CUDA graph captured on its first call. The decode
     attention is llmkernels.masked_decode over the valid cache positions (head dims 64, 128, 256): the model's
     attention implementation is switched to it during the decoder's own calls only. Sliding windows are not applied
-    (contexts up to the window).
+    (contexts up to the window). compile: True (inductor) or a torch.compile backend name: the decode step's forward
+    is compiled on the first step, fusing the norms, rotary, residual adds and the MLP's activation (a Llama-3.1-8B
+    shape, NVFP4, batch 1: 5.35 -> 3.65 ms a graph step on the H100); the prefill stays eager.
     """
 
-    def __init__(self, model, batch: int, max_len: int, graph: bool = True):
+    def __init__(self, model, batch: int, max_len: int, graph: bool = True, compile=False):
         from transformers import StaticCache
         self.model, self.batch, self.max_len = model, batch, max_len
         self.graph = graph and torch.cuda.is_available()
@@ -58,16 +60,25 @@ class StaticDecoder:
         self.kv_len = torch.zeros(batch, dtype=torch.int32, device=self.device)
         self.length = 0  # tokens in the cache (host-side count)
         self._graph: Optional[torch.cuda.CUDAGraph] = None
+        if not isinstance(compile, (bool, str)):
+            raise TypeError(f"compile must be a bool or a torch.compile backend name, got {type(compile).__name__}")
+        # the decode step's forward under torch.compile (its own fusions of norms, rotary, residuals and the MLP's
+        # activation; compiled on the first step); the prefill stays eager
+        self._decode = self._run if not compile else torch.compile(
+            self._run, dynamic=False, **({"backend": compile} if isinstance(compile, str) else {}))
 
-    def _forward(self, ids, position_ids):
+    def _run(self, ids, position_ids):
+        out = self.model(input_ids=ids, position_ids=position_ids, use_cache=True, logits_to_keep=1,
+                         llmk_kv_len=self.kv_len, **{self._cache_kw: self.cache})
+        return out.logits[:, -1].argmax(-1)
+
+    def _forward(self, ids, position_ids, decode: bool = False):
         cfg = self.model.config
         prev, cfg._attn_implementation = cfg._attn_implementation, ATTN_NAME
         try:
-            out = self.model(input_ids=ids, position_ids=position_ids, use_cache=True, logits_to_keep=1,
-                             llmk_kv_len=self.kv_len, **{self._cache_kw: self.cache})
+            return (self._decode if decode else self._run)(ids, position_ids)
         finally:
             cfg._attn_implementation = prev
-        return out.logits[:, -1].argmax(-1)
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -87,7 +98,7 @@ class StaticDecoder:
         return nxt
 
     def _step(self) -> None:
-        nxt = self._forward(self.ids, self.pos)
+        nxt = self._forward(self.ids, self.pos, decode=True)
         self.ids.copy_(nxt[:, None])
         self.pos.add_(1)
         self.kv_len.add_(1)
