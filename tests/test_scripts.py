@@ -25,7 +25,7 @@ def test_readme_lists_every_tool():
     assert listed == present
 
 
-@pytest.mark.parametrize("tool", ["ab.py", "host_profile.py", "memcheck.py", "sass_dump.py"])
+@pytest.mark.parametrize("tool", ["ab.py", "e2e_profile.py", "host_profile.py", "memcheck.py", "sass_dump.py"])
 def test_python_tool_help(tool):
     r = run(sys.executable, os.path.join(SCRIPTS, tool), "--help")
     assert r.returncode == 0, r.stderr
