@@ -235,6 +235,32 @@ class SplitParts:
         """This call's split kernel merges its parts (see the class)."""
         return self.groups > 0 and not capturing(device)
 
+    def launches(self, kernel, grid: tuple, consts: dict) -> tuple:
+        """(split, fused): the split kernel's launch, and its merging variant (None where it never merges). A kernel
+        with no merge after it does not release its dependents at entry (see pdl_enter)."""
+        split = Launch(kernel, grid, **consts, TRIGGER=not self.direct_write)
+        fused = Launch(kernel, grid, **consts, FUSED=True, TRIGGER=False,
+                       **dict(zip(("MB_S", "MB_D", "MB_ONE"), self.blocks))) if self.groups else None
+        return split, fused
+
+    def pick(self, split: Launch, fused: Launch, device: torch.device) -> tuple:
+        """(the launch for this call, whether it merges): `fused`, the split kernel's merging variant, or `split`."""
+        f = self.fused(device)
+        return (fused if f else split), f
+
+    def launch(self, go: Launch, fused: bool, args: tuple, ints: tuple, out, lse, dummy) -> None:
+        """go(*args, o_part, lse_part, counters, out, lse, *ints) as the mode needs (pick: go and fused), and the
+        merge launch where go does not merge; `dummy` stands for the pointers a mode does not use."""
+        if self.direct_write:  # one split: its part is the result
+            go(*args, out, lse, dummy, dummy, dummy, *ints)
+            return
+        o_part, lse_part, cnt = self.get(out.device, fused, go.direct() and (fused or self.merge.launch.direct()))
+        if fused:
+            go(*args, o_part, lse_part, cnt, out, lse, *ints)
+        else:
+            go(*args, o_part, lse_part, dummy, dummy, dummy, *ints)
+            self.merge(o_part, lse_part, out, lse)
+
     def get(self, device: torch.device, fused: bool, addresses: bool) -> tuple:
         """(o_part, lse_part, counters (fused only, else None)): addresses for kept kernels (which read only those),
         else typed views."""

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from ..._constants import LN2_C, LOG2E
-from ..._launch import Launch, PlanCache, current_device, tkey
+from ..._launch import PlanCache, current_device, tkey
 from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
 from ..combine.kernel import SplitParts, merge_if_last, pdl_enabled, pdl_enter, softmax_step
@@ -156,30 +156,17 @@ class DecodePlan:
         consts = dict(G=G, BLOCK_G=max(16, next_pow2(G)), D=D, BLOCK_N=block_n, HAS_DROP=drop_mask is not None,
                       HAS_LENS=kv_lens is not None, USE_GDC=pdl, INTERLEAVE=cfg.interleave, num_warps=cfg.num_warps,
                       num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl and cfg.pdl else {}))
-        self.split = Launch(_masked_decode_split_kernel, (splits, B * Hkv), **consts, TRIGGER=splits > 1)
-        self.fused = Launch(_masked_decode_split_kernel, (splits, B * Hkv), **consts, FUSED=True, TRIGGER=False,
-                            **dict(zip(("MB_S", "MB_D", "MB_ONE"), self.parts.blocks))) if self.parts.groups else None
+        self.split, self.fused = self.parts.launches(_masked_decode_split_kernel, (splits, B * Hkv), consts)
 
     def __call__(self, q, k, v, drop_mask, kv_lens, out, lse) -> None:
         if self.empty:
             return
-        sp = self.parts
-        fused = sp.fused(q.device)
-        go = self.fused if fused else self.split
-        direct = go.direct()
+        go, fused = self.parts.pick(self.split, self.fused, q.device)
         mask = drop_mask  # a kept kernel reads the bools as their bytes; Triton's path types them as uint8
-        if mask is not None and not direct:
+        if mask is not None and not go.direct():
             mask = mask.view(torch.uint8)
-        args = (q, k, v, mask if mask is not None else q, kv_lens if kv_lens is not None else q)
-        if sp.direct_write:  # one split: its part is the result
-            go(*args, out, lse, q, q, q, *self.ints)
-            return
-        o_part, lse_part, cnt = sp.get(q.device, fused, direct and (fused or sp.merge.launch.direct()))
-        if fused:
-            go(*args, o_part, lse_part, cnt, out, lse, *self.ints)
-        else:
-            go(*args, o_part, lse_part, q, q, q, *self.ints)
-            sp.merge(o_part, lse_part, out, lse)
+        self.parts.launch(go, fused, (q, k, v, mask if mask is not None else q, kv_lens if kv_lens is not None else q),
+                          self.ints, out, lse, q)
 
 
 _PLANS = PlanCache()

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from ..._constants import LN2_C, LOG2E
-from ..._launch import Launch, PlanCache, current_device, tkey
+from ..._launch import PlanCache, current_device, tkey
 from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
 from ..combine.kernel import SplitParts, merge_if_last, pdl_enabled, pdl_enter, softmax_step
@@ -324,27 +324,14 @@ class XLPlan:
             K_NATIVE=legacy and cfg.legacy_k == "native", MHA_REDUCE=G == 1 and cfg.mha_path == "reduce",
             PREFETCH_TBL=bool(cfg.prefetch_table), USE_GDC=pdl, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl and cfg.pdl else {}))
-        self.split = Launch(_xl_decode_split_kernel, (splits, S * Hkv), **consts, TRIGGER=splits > 1)
-        self.fused = Launch(_xl_decode_split_kernel, (splits, S * Hkv), **consts, FUSED=True, TRIGGER=False,
-                            **dict(zip(("MB_S", "MB_D", "MB_ONE"), self.parts.blocks))) if self.parts.groups else None
+        self.split, self.fused = self.parts.launches(_xl_decode_split_kernel, (splits, S * Hkv), consts)
 
     def __call__(self, q, k_cache, v_cache, block_tables, context_lens, u, bd, out, lse) -> None:
         if self.empty:
             return
-        sp = self.parts
-        fused = sp.fused(q.device)
-        go = self.fused if fused else self.split
-        args = (q, u if u is not None else q, bd if bd is not None else q, k_cache, v_cache, block_tables,
-                context_lens)
-        if sp.direct_write:  # one split: its part is the result
-            go(*args, out, lse, q, q, q, *self.ints)
-            return
-        o_part, lse_part, cnt = sp.get(q.device, fused, go.direct() and (fused or sp.merge.launch.direct()))
-        if fused:
-            go(*args, o_part, lse_part, cnt, out, lse, *self.ints)
-        else:
-            go(*args, o_part, lse_part, q, q, q, *self.ints)
-            sp.merge(o_part, lse_part, out, lse)
+        go, fused = self.parts.pick(self.split, self.fused, q.device)
+        self.parts.launch(go, fused, (q, u if u is not None else q, bd if bd is not None else q, k_cache, v_cache,
+                                      block_tables, context_lens), self.ints, out, lse, q)
 
 
 _PLANS = PlanCache()
