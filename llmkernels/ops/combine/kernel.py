@@ -182,7 +182,7 @@ class CombinePlan:
     out) fixed. Called with the tensors: o_part, lse_part, out, lse_out (None when has_lse_out is False)."""
 
     def __init__(self, R: int, S: int, D: int, strides: tuple, has_lse_out: bool, device: torch.device):
-        self.empty, self.ints, self.numel = R == 0, (S, D, *strides), R * S * D
+        self.empty, self.ints = R == 0, (S, D, *strides)
         self.launch = Launch(_combine_kernel, (R,), **_consts(S, D, has_lse_out, device))
 
     def __call__(self, o_part, lse_part, out, lse_out) -> None:
@@ -194,6 +194,7 @@ _SCRATCH = {}  # (device index, raw stream) -> (parts fp32, counters int32, thei
 
 
 def capturing(device: torch.device) -> bool:
+    """The current stream of `device` is capturing a CUDA graph."""
     return device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing()
 
 
@@ -230,6 +231,8 @@ class SplitParts:
         self.numel, self.lse_numel = R * S * D, R * S
         self.merge = CombinePlan(R, S, D, (D, S * D, 1, S, D), True, device) if S > 1 else None
         self.blocks = combine_blocks(S, D)
+        # the split kernel's part strides (row of o_part, split of o_part, row of lse_part); with one split, out's
+        self.strides = (D, D, 1) if S == 1 else (S * D, D, S)
 
     def fused(self, device: torch.device) -> bool:
         """This call's split kernel merges its parts (see the class)."""

@@ -152,7 +152,7 @@ class DecodePlan:
         G = Hq // Hkv
         self.parts = SplitParts(B * Hq, splits, D, B * Hkv, G * splits <= cfg.fuse_merge, q.device)
         self.ints = (Hkv, L, kv_len, chunk, sm_scale * LOG2E, q.stride(0), q.stride(1), *k.stride()[:3],
-                     *v.stride()[:3], *ms, *((D, D, 1) if splits == 1 else (splits * D, D, splits)))
+                     *v.stride()[:3], *ms, *self.parts.strides)
         consts = dict(G=G, BLOCK_G=max(16, next_pow2(G)), D=D, BLOCK_N=block_n, HAS_DROP=drop_mask is not None,
                       HAS_LENS=kv_lens is not None, USE_GDC=pdl, INTERLEAVE=cfg.interleave, num_warps=cfg.num_warps,
                       num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl and cfg.pdl else {}))

@@ -420,6 +420,11 @@ def _tail_merge(part_ptr, out_ptr, maxl_ptr, lse_ptr, sink_ptr, item0, n_piece, 
 _PAIR_US, _MERGE_US, _PART_BYTES_PER_US = 3.3, 3.0, 3.0e6
 
 
+def _piece_floats(d_v: int) -> int:
+    """fp32 values a piece leaves for _tail_merge: O / l [64, d_v], log2 l + m [64], m [64]."""
+    return 64 * d_v + 128
+
+
 def tail_split(n_items: int, n_sm: int, n_pairs: int, d_v: int = 512) -> tuple:
     """(items run whole, pieces per remaining item, pairs per piece). The items of the last, partial wave (all of them
     when there are fewer than the SMs) are split over their topk so that they fill the idle SMs: a whole program
@@ -430,7 +435,7 @@ def tail_split(n_items: int, n_sm: int, n_pairs: int, d_v: int = 512) -> tuple:
         return n_items, 1, n_pairs
     pp = cdiv(n_pairs, min(n_sm // tail, n_pairs, 16))  # <= 16 pieces: _tail_merge holds them in registers
     n_piece = cdiv(n_pairs, pp)
-    merge_us = _MERGE_US + 2 * tail * n_piece * (64 * d_v + 128) * 4 / _PART_BYTES_PER_US
+    merge_us = _MERGE_US + 2 * tail * n_piece * _piece_floats(d_v) * 4 / _PART_BYTES_PER_US
     if (n_pairs - pp) * _PAIR_US <= merge_us:
         return n_items, 1, n_pairs
     return n_items - tail, n_piece, pp
@@ -481,7 +486,7 @@ class FwdWsPlan:
         self.piece = self.merge = None
         if n_piece > 1:
             n_tail = n_items - n_main
-            self.part_numel = n_tail * n_piece * (64 * a.d_v + 128)
+            self.part_numel = n_tail * n_piece * _piece_floats(a.d_v)
             self.piece = go(_fwd_see_kernel, (n_tail * n_piece,), **flags, SPLIT=1)
             self.merge = go(_tail_merge, (n_tail, 64), HAS_SINK=a.attn_sink is not None, SINK_IN_LSE=sink_in_lse,
                             BLOCK_P=next_pow2(n_piece), D_V=a.d_v, num_warps=4)

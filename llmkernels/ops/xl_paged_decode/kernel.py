@@ -316,7 +316,7 @@ class XLPlan:
         self.parts = SplitParts(S * H, splits, D, S * Hkv, G * splits <= cfg.fuse_merge, q.device)
         self.ints = (Hkv, k_cache.shape[0], max_len, chunk, scale * LOG2E, q.stride(0), q.stride(1),
                      *us, *bds, *ks, *vs, block_tables.stride(0), block_tables.stride(1),
-                     *((D, D, 1) if splits == 1 else (splits * D, D, splits)))
+                     *self.parts.strides)
         consts = dict(
             G=G, BLOCK_G=max(16, next_pow2(G)), D=D, BLOCK_D=next_pow2(D),
             BS=bs, BSUB=min(bs, block_n), BLOCK_N=block_n, KX=k_cache.shape[4] if legacy else 1, LEGACY=legacy,
