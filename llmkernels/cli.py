@@ -67,6 +67,11 @@ def _bench(args) -> int:
         benches = [b for mod in spec_modules(ops) for b in mod.benches() if b.op in ops]
     if args.impls:
         wanted = set(args.impls.split(","))
+        unknown = wanted - {i.name for b in benches for i in b.impls}
+        if unknown:
+            print(f"--impls: no implementation named {', '.join(sorted(unknown))} in the chosen benches (names: "
+                  f"{', '.join(sorted({i.name for b in benches for i in b.impls}))})", file=sys.stderr)
+            return 2
         for b in benches:
             b.impls = [i for i in b.impls if i.name in wanted]
         benches = [b for b in benches if b.impls]

@@ -68,3 +68,11 @@ def test_info_warns_outside_tested_set(capsys, monkeypatch):
     assert cli.main(["info"]) == 0
     err = capsys.readouterr().err
     assert "untested version: torch 2.14.1" in err and "untested version: triton 3.8.0" in err
+
+
+def test_bench_unknown_impl_is_refused(capsys, monkeypatch):
+    # checked before anything is timed (CUDA faked: the benches are only built, never run)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cli.main(["bench", "--impls", "nope,llmkernels", "masked_decode"]) == 2
+    err = capsys.readouterr().err
+    assert "no implementation named nope" in err and "llmkernels" in err
