@@ -7,8 +7,8 @@ from llmkernels import NVFP4Linear, nvfp4_quantize
 from llmkernels.checking import rel_err
 from llmkernels.ops.nvfp4_gemv.reference import nvfp4_linear_ref
 from llmkernels.ops.nvfp4_gemv.spec import LINEAR_TOL, random_scales
-from llmkernels.ops.nvfp4_gemv.tiled import (tile_packed, tile_scales, tileable, tiled_launch, untile_packed,
-                                             untile_scales)
+from llmkernels.ops.nvfp4_gemv.tiled import (PAIR_MASK, REST_MASK, REST_MUL, code_bits, tile_packed, tile_scales,
+                                             tileable, tiled_launch, untile_packed, untile_scales)
 
 
 def _weights(N, K, dev):
@@ -30,9 +30,53 @@ def test_layout_matches_its_definition():
         b, g, h = r // 16, r % 8, (r % 16) // 8
         for kw in range(K // 16):
             lane = 4 * g + kw % 4
-            assert tw[b, kw // 4, lane, h] == words[r, kw]
+            assert tw[b, kw // 4, lane, h] == _permuted(int(words[r, kw]))
             assert ts[b, kw // 16, lane, 2 * ((kw // 4) % 4) + h] == su[r, kw]
     assert torch.equal(untile_packed(wp), w) and torch.equal(untile_scales(sp).view(torch.uint8), su)
+
+
+def _permuted(word: int) -> int:
+    """A plain word (code k at bits 4k..4k+3) with its bits moved to code_bits, as a signed int64."""
+    out = 0
+    for k in range(16):
+        for i, b in enumerate(code_bits(k)):
+            out |= ((word >> (4 * k + i)) & 1) << b
+    return out - (1 << 64) if out >> 63 else out
+
+
+def test_code_bits_cover_the_word():
+    assert sorted(b for k in range(16) for b in code_bits(k)) == list(range(64))
+
+
+def _bf16_pair(word: int, p: int) -> int:
+    """The kernel's decode of pair p (tiled._asm_mma_tiled), emulated on Python ints: funnel shift + AND, or AND,
+    multiply, AND."""
+    word &= (1 << 64) - 1
+    lo, hi = word & 0xFFFFFFFF, word >> 32
+    if p < 6:
+        rot = ((word >> (3 * (p % 3))) | (word << (64 - 3 * (p % 3)))) & ((1 << 64) - 1)
+        src = rot & 0xFFFFFFFF if p < 3 else rot >> 32
+        return src & PAIR_MASK
+    return (((lo if p == 6 else hi) & REST_MASK) * REST_MUL) & 0xFFFFFFFF & PAIR_MASK
+
+
+def test_decode_recipe_gives_e2m1_in_bf16_fields():
+    """Every pair of every code: the decoded 32 bits are two bf16 E2M1 x 2^-126 (sign 15, magnitude at 6-8), the
+    pair's first code in the low half (the mma's even k), whatever the other 14 codes hold."""
+    g = torch.Generator().manual_seed(3)
+    for _ in range(64):
+        codes = torch.randint(0, 16, (16,), generator=g).tolist()
+        word = sum(c << (4 * k) for k, c in enumerate(codes))
+        tw = _permuted(word)
+        for p in range(8):
+            want = 0
+            for half, c in enumerate(codes[2 * p:2 * p + 2]):
+                want |= (((c & 7) << 6) | ((c >> 3) << 15)) << (16 * half)
+            assert _bf16_pair(tw, p) == want, (codes, p)
+    # the bf16 bits read as E2M1 x 2^-126 for all 16 codes
+    vals = torch.tensor([((c & 7) << 6) - (c >> 3 << 15) for c in range(16)], dtype=torch.int16)  # sign bit: int16 < 0
+    e2m1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6] * 2) * torch.tensor([1.0] * 8 + [-1.0] * 8)
+    assert torch.equal(vals.view(torch.bfloat16).double() * 2.0 ** 126, e2m1.double())
 
 
 def test_tileable():

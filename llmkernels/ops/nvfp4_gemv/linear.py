@@ -234,27 +234,15 @@ def _linear_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr,
 
 @triton.jit
 def _dequant_kernel(w_ptr, s_ptr, gs_ptr, out_ptr, N, KH, s_wn, s_sn, s_on,
-                    BN: tl.constexpr, BKH: tl.constexpr, FIX_NAN: tl.constexpr, TILED: tl.constexpr):
-    """TILED: w and s in NVFP4Linear's tiled layout (tiled.py), read where each byte lies there."""
+                    BN: tl.constexpr, BKH: tl.constexpr, FIX_NAN: tl.constexpr):
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     k0 = tl.program_id(1) * BKH
     kb = k0 + tl.arange(0, BKH)
     m2 = (rows < N)[:, None] & (kb < KH)[None, :]
     sk = k0 // 8 + tl.arange(0, BKH // 8)
     ms = (rows < N)[:, None] & (sk * 8 < KH)[None, :]
-    if TILED:  # byte q of word kw of row r = 16 b + g + 8 h: word [b, kw // 4, 4 g + kw % 4, h]; scales alike
-        r = rows[:, None].to(tl.int64)
-        lane = 4 * (r % 8)
-        h = (r % 16) // 8
-        kw = (kb // 8)[None, :]
-        w_off = (((r // 16) * (KH // 32) + kw // 4) * 64 + (lane + kw % 4) * 2 + h) * 8 + (kb % 8)[None, :]
-        sw = sk[None, :]
-        s_off = (((r // 16) * (KH // 128) + sw // 16) * 32 + lane + sw % 4) * 8 + 2 * ((sw // 4) % 4) + h
-        w = tl.load(w_ptr + w_off, mask=m2, other=0)
-        sc = tl.load(s_ptr + s_off, mask=ms, other=0)
-    else:
-        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * s_wn + kb[None, :], mask=m2, other=0)
-        sc = tl.load(s_ptr + rows[:, None].to(tl.int64) * s_sn + sk[None, :], mask=ms, other=0)
+    w = tl.load(w_ptr + rows[:, None].to(tl.int64) * s_wn + kb[None, :], mask=m2, other=0)
+    sc = tl.load(s_ptr + rows[:, None].to(tl.int64) * s_sn + sk[None, :], mask=ms, other=0)
     sc = e4m3_f32(sc, FIX_NAN) * (16384.0 * tl.load(gs_ptr))
     sc = tl.reshape(tl.broadcast_to(sc[:, :, None], [BN, BKH // 8, 8]), [BN, BKH])
     lo = e2m1_f16(w & 15).to(tl.float32) * sc
@@ -444,9 +432,12 @@ def dequant_launch(w8, s8, gs, out, tiled=False):
     N, KH = w8.shape
     if N == 0 or KH == 0:
         return out
+    if tiled:
+        from .tiled import dequant_tiled_launch
+        return dequant_tiled_launch(w8, s8, gs, out)
     w8, s8 = _unit_k(w8), _unit_k(s8)
     BN, BKH = 32, 128
     launch(_dequant_kernel, (cdiv(N, BN), cdiv(KH, BKH)),
         w8, s8, gs, out, N, KH, w8.stride(0), s8.stride(0), out.stride(0), BN=BN, BKH=BKH,
-        FIX_NAN=interpreting(), TILED=tiled, num_warps=4)
+        FIX_NAN=interpreting(), num_warps=4)
     return out

@@ -7,7 +7,13 @@ Layout, for 16-row block b and 8-byte weight word w (16 E2M1 codes: one scale bl
 packed (uint8 [N, K/2], the same bytes reordered) holds word [b, w // 4, 4 g + w % 4, h] of an int64
 [N/16, K/64, 32, 2] array (the 32 = the mma lanes: lane 4 g + c takes words c, c + 4, ... of rows g and g + 8);
 scales (e4m3 [N, K/16]) hold byte [b, w // 16, 4 g + w % 4, 2 ((w // 4) % 4) + h] of [N/16, K/256, 32, 8] (a lane's
-scales for 4 steps in one 8-byte word)."""
+scales for 4 steps in one 8-byte word).
+
+Within a word the bits are permuted too (code_bits): pair p of the block's 16 codes (codes 2p, 2p + 1) lies where a
+funnel shift and an AND (pairs 0-5) or an AND, a multiply and an AND (pairs 6, 7) move it into the bf16x2 fields
+[mantissa msb 6, exponent lsbs 7-8, sign 15] of each half, where it reads as E2M1 x 2^-126: 2-3 operations a pair
+instead of the byte-table decode's ~10 (notes/nvfp4_gemv.md, linear round 15)."""
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -17,8 +23,8 @@ import triton.language as tl
 from ..._config import KernelConfig
 from ..._launch import Launch, launch
 from ..._runtime import capability, cdiv, interpreting, num_sms
-from .common import e4m3_f32
-from .linear import MMA_MAX_T, _mma_acts, _mma_issue, _mma_start, _store_out
+from .common import e2m1_f16, e4m3_f32
+from .linear import MMA_MAX_T, _mma_acts, _store_out
 
 TILE_N, TILE_K = 16, 256
 
@@ -31,17 +37,54 @@ def _u8(t):
     return t if t.dtype == torch.uint8 else t.view(torch.uint8)
 
 
+# pair p < 6 sits at the bf16x2 fields' bits rotated by _SHIFT[p] within the 64-bit word (kernel: shf.r + and)
+_SHIFT = (0, 3, 6, 32, 35, 38)
+_FIELDS = (6, 7, 8, 15)  # bf16 bits of E2M1 x 2^-126: mantissa msb, the exponent's two lsbs, sign
+_REST = (3, 4, 0, 1)  # pairs 6, 7: (w & 0x001B001B) * (2^3 + 2^8 + 2^14) carries these to _FIELDS without overlap
+REST_MASK, REST_MUL, PAIR_MASK = 0x001B001B, (1 << 3) + (1 << 8) + (1 << 14), 0x81C081C0
+_C_REST_MASK, _C_REST_MUL, _C_PAIR_MASK = tl.constexpr(REST_MASK), tl.constexpr(REST_MUL), tl.constexpr(PAIR_MASK)
+
+
+def code_bits(k: int):
+    """The word bits holding code k's bits 0-3 (magnitude lsb .. sign) in the tiled layout."""
+    p, c = divmod(k, 2)
+    if p < 6:
+        return tuple((b + 16 * c + _SHIFT[p]) % 64 for b in _FIELDS)
+    return tuple(b + 16 * c + 32 * (p - 6) for b in _REST)
+
+
+@functools.lru_cache(maxsize=None)
+def _bit_tables(inverse: bool, device: torch.device) -> torch.Tensor:
+    """[8, 256] int64: the permuted word's part from each byte value at each byte position (or the inverse)."""
+    dst = [b for k in range(16) for b in code_bits(k)]  # plain bit 4k + i -> dst[4k + i]
+    if inverse:
+        dst = [dst.index(b) for b in range(64)]
+    tab = [[sum(1 << dst[8 * j + i] for i in range(8) if v >> i & 1) for v in range(256)] for j in range(8)]
+    return torch.tensor([[t - (1 << 64) if t >> 63 else t for t in row] for row in tab], dtype=torch.int64,
+                        device=device)
+
+
+def _permute_bits(words: torch.Tensor, inverse: bool) -> torch.Tensor:
+    tab = _bit_tables(inverse, words.device)
+    b = words.view(torch.uint8).view(*words.shape, 8)
+    out = tab[0][b[..., 0].long()]
+    for j in range(1, 8):
+        out |= tab[j][b[..., j].long()]
+    return out
+
+
 def tile_packed(packed: torch.Tensor) -> torch.Tensor:
     """Plain [N, K/2] packed codes (uint8 or float4_e2m1fn_x2) -> the tiled layout, same shape and dtype."""
     N, KH = packed.shape
-    w = _u8(packed).contiguous().view(torch.int64).view(N // 16, 2, 8, KH // 32, 4)  # b, h, g, j, c
+    w = _permute_bits(_u8(packed).contiguous().view(torch.int64), False).view(N // 16, 2, 8, KH // 32, 4)  # b h g j c
     return w.permute(0, 3, 2, 4, 1).contiguous().view(torch.uint8).view(N, KH).view(packed.dtype)
 
 
 def untile_packed(packed: torch.Tensor) -> torch.Tensor:
     N, KH = packed.shape
     w = _u8(packed).contiguous().view(torch.int64).view(N // 16, KH // 32, 8, 4, 2)  # b, j, g, c, h
-    return w.permute(0, 4, 2, 1, 3).contiguous().view(torch.uint8).view(N, KH).view(packed.dtype)
+    w = _permute_bits(w.permute(0, 4, 2, 1, 3).contiguous(), True)
+    return w.view(torch.uint8).view(N, KH).view(packed.dtype)
 
 
 def tile_scales(scales: torch.Tensor) -> torch.Tensor:
@@ -55,6 +98,68 @@ def untile_scales(scales: torch.Tensor) -> torch.Tensor:
     N, KS = scales.shape
     s = _u8(scales).contiguous().view(N // 16, KS // 16, 8, 4, 4, 2)  # b, i, g, c, u, h
     return s.permute(0, 5, 2, 1, 4, 3).contiguous().view(N, KS).view(scales.dtype)
+
+
+def _asm_mma_tiled(bf16: bool, nt: int = 1) -> str:
+    """One thread's 4 mma.m16n8k16 of a step over nt groups of 8 tokens, weights in the tiled layout. Operands
+    (A = 4 nt): accumulators $0..$A-1 (tied to $A..$2A-1); the words of rows r ($2A) and r + 8 ($2A+1); their
+    scales ($2A+2, $2A+3: 16-bit, times 2^119 (bf16) or 2^7 (fp16)); per token group its 4 activation words. Pair p
+    of a word (code_bits) becomes E2M1 x 2^-126 in bf16 fields: lo & PAIR_MASK, a funnel shift first (pairs 1-2, 4-5),
+    or (w & REST_MASK) * REST_MUL (pairs 6-7: the word half's leftover bits, moved without carries); fp16 moves the
+    magnitudes 3 bits up (E2M1 x 2^-14). Times the scale: E2M1 x scale x 2^-7, exact (<= 6 significant bits, normal
+    range); the store multiplies by 2^7. mma j takes pairs 2j (k 2t, 2t + 1) and 2j + 1 (k 2t + 8, 2t + 9) and
+    activation word j, as before the bits moved."""
+    na = 4 * nt
+    wt, wb, st, sb = 2 * na, 2 * na + 1, 2 * na + 2, 2 * na + 3
+    ty = "bf16" if bf16 else "f16"
+    s = ("{\n.reg .b32 lo<2>, hi<2>, a<4>, b<2>, sc<2>, t;\n"
+         f"mov.b64 {{lo0, hi0}}, ${wt};\nmov.b64 {{lo1, hi1}}, ${wb};\n"
+         f"mov.b32 sc0, {{${st}, ${st}}};\nmov.b32 sc1, {{${sb}, ${sb}}};\n")
+
+    def pair(r: int, p: int, dst: str) -> str:
+        lo, hi = f"lo{r}", f"hi{r}"
+        if p in (0, 3):
+            out = f"and.b32 {dst}, {lo if p == 0 else hi}, {PAIR_MASK:#x};\n"
+        elif p < 6:
+            a, b = (lo, hi) if p < 3 else (hi, lo)
+            out = f"shf.r.wrap.b32 {dst}, {a}, {b}, {_SHIFT[p] % 32};\nand.b32 {dst}, {dst}, {PAIR_MASK:#x};\n"
+        else:
+            out = (f"and.b32 {dst}, {lo if p == 6 else hi}, {REST_MASK:#x};\nmul.lo.u32 {dst}, {dst}, {REST_MUL};\n"
+                   f"and.b32 {dst}, {dst}, {PAIR_MASK:#x};\n")
+        if not bf16:  # magnitude bits 6-8 -> 9-11, sign stays: (x << 3 | x) & 0x8E008E00
+            out += f"shl.b32 t, {dst}, 3;\nlop3.b32 {dst}, t, {dst}, 0x8E008E00, 0xA8;\n"
+        return out + f"mul.rn.{ty}x2 {dst}, {dst}, sc{r};\n"
+
+    for j in range(4):
+        s += pair(0, 2 * j, "a0") + pair(1, 2 * j, "a1") + pair(0, 2 * j + 1, "a2") + pair(1, 2 * j + 1, "a3")
+        for q in range(nt):
+            d = ", ".join(f"${4 * q + i}" for i in range(4))
+            s += (f"mov.b64 {{b0, b1}}, ${2 * na + 4 + 4 * q + j};\n"
+                  f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{{d}}}, {{a0, a1, a2, a3}}, "
+                  f"{{b0, b1}}, {{{d}}};\n")
+    return s + "}"
+
+
+ASM_TILED_BF16 = tl.constexpr(_asm_mma_tiled(True))
+ASM_TILED_F16 = tl.constexpr(_asm_mma_tiled(False))
+ASM_TILED2_BF16 = tl.constexpr(_asm_mma_tiled(True, 2))
+ASM_TILED2_F16 = tl.constexpr(_asm_mma_tiled(False, 2))
+
+
+@triton.jit
+def _tiled_issue(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6, x7,
+                 DT: tl.constexpr, NT: tl.constexpr):
+    if NT == 2:
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = tl.inline_asm_elementwise(
+            ASM_TILED2_BF16 if DT == tl.bfloat16 else ASM_TILED2_F16,
+            "=f,=f,=f,=f,=f,=f,=f,=f,0,1,2,3,4,5,6,7,l,l,h,h,l,l,l,l,l,l,l,l",
+            [acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6, x7],
+            dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+    else:
+        acc0, acc1, acc2, acc3 = tl.inline_asm_elementwise(
+            ASM_TILED_BF16 if DT == tl.bfloat16 else ASM_TILED_F16, "=f,=f,=f,=f,0,1,2,3,l,l,h,h,l,l,l,l",
+            [acc0, acc1, acc2, acc3, wt, wb, st, sb, x0, x1, x2, x3], dtype=(tl.float32,) * 4, is_pure=True, pack=1)
+    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
 
 
 @triton.jit
@@ -90,21 +195,35 @@ def _store_sum(acc, row, t, T, N, gs_ptr, bias_ptr, y_ptr, s_yt, one, R: tl.cons
         v = tl.reshape(acc, [R, 32])
     else:
         v = tl.sum(tl.reshape(acc, [R, KS, 32]), axis=1)
+    v = v * 128.0  # the decode's 2^-7 (exact)
     _store_out(v, row, t, 0, T, N, gs_ptr, bias_ptr, y_ptr, y_ptr, s_yt, one, False, HAS_BIAS)
 
 
 @triton.jit
-def _tiled_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, sv, u: tl.constexpr, px0, px1, la, lb, ha, hb,
-                DT: tl.constexpr, NT: tl.constexpr):
-    """Step u of an iteration: words wt / wb, their scales in bytes 2u / 2u + 1 of sv, the activations at px + 16u."""
-    st = e4m3_f32(((sv >> (16 * u)) & 0xFF).to(tl.uint8), False).to(DT)
-    sb = e4m3_f32(((sv >> (16 * u + 8)) & 0xFF).to(tl.uint8), False).to(DT)
-    x0, x1, x2, x3 = _mma_acts(px0 + 16 * u, True, 1)
+def _tiled_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, sv, u: tl.constexpr, px0, px1,
+                DT: tl.constexpr, NT: tl.constexpr, WIDE: tl.constexpr):
+    """Step u of an iteration: words wt / wb, their scales in bytes 2u / 2u + 1 of sv (times 2^119 in bf16, 2^7 in
+    fp16: exact, as the decode wants), the activations at px + 16u (WIDE: two 16-byte loads, else four 8-byte)."""
+    if DT == tl.bfloat16:
+        up = 6.646139978924579e35  # 2^119
+    else:
+        up = 128.0
+    st = (e4m3_f32(((sv >> (16 * u)) & 0xFF).to(tl.uint8), False) * up).to(DT)
+    sb = (e4m3_f32(((sv >> (16 * u + 8)) & 0xFF).to(tl.uint8), False) * up).to(DT)
+    if WIDE:
+        x0, x1 = _ld_pair(px0 + 16 * u)
+        x2, x3 = _ld_pair(px0 + 16 * u + 2)
+    else:
+        x0, x1, x2, x3 = _mma_acts(px0 + 16 * u, True, 1)
     x4, x5, x6, x7 = x0, x1, x2, x3
     if NT == 2:
-        x4, x5, x6, x7 = _mma_acts(px1 + 16 * u, True, 1)
-    return _mma_issue(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6, x7,
-                      la, lb, ha, hb, DT, NT)
+        if WIDE:
+            x4, x5 = _ld_pair(px1 + 16 * u)
+            x6, x7 = _ld_pair(px1 + 16 * u + 2)
+        else:
+            x4, x5, x6, x7 = _mma_acts(px1 + 16 * u, True, 1)
+    return _tiled_issue(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, st, sb, x0, x1, x2, x3, x4, x5, x6,
+                        x7, DT, NT)
 
 
 @triton.jit
@@ -123,7 +242,7 @@ def _tiled_keep(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, b0, b1, b2, b3, 
 @triton.jit(do_not_specialize=["one"])
 def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, per, s_xt, s_yt, one,
                       R: tl.constexpr, KS: tl.constexpr, NT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      LOADS: tl.constexpr, EVEN: tl.constexpr):
+                      LOADS: tl.constexpr, EVEN: tl.constexpr, WIDE: tl.constexpr):
     """y [T <= 8 NT, N] = x @ W^T, W in the tiled layout, on mma.sync m16n8k16 fed from registers (the decode and
     the fragment order of linear._linear_mma_kernel). A program has R KS warps: warp KS r + k takes row block
     R pid + r and the k-th of KS ranges of `per` iterations (KI = K/256 in all, EVEN: KS divides it; an iteration is
@@ -139,7 +258,8 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
     blk = tl.minimum(pid * R + e // (32 * KS), N // 16 - 1).to(tl.int64)  # blocks past the end: read, not stored
     i_lo = ((e // 32) % KS) * per
     tok = lane // 4
-    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, la, lb, ha, hb = _mma_start(e, DT)
+    acc0 = tl.zeros(e.shape, tl.float32)
+    acc1, acc2, acc3, acc4, acc5, acc6, acc7 = acc0, acc0, acc0, acc0, acc0, acc0, acc0
     if EVEN:  # KS divides K/256: every warp runs `per` whole iterations
         n_w = per
         i_at = i_lo
@@ -159,7 +279,7 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
             for u in tl.static_range(4):
                 wt, wb = _ld_pair(pw + 64 * u)
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
-                    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, sv, u, px0, px1, la, lb, ha, hb, DT, NT)
+                    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, sv, u, px0, px1, DT, NT, WIDE)
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_keep(
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, b0, b1, b2, b3, b4, b5, b6, b7, it < n_w, EVEN, NT)
             pw += 256 * adv
@@ -176,13 +296,13 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
                 nsv, n0t, n0b, n1t, n1b, n2t, n2b, n3t, n3b = _ld_iter(pw, ps)
             b0, b1, b2, b3, b4, b5, b6, b7 = acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
-                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, sv, 0, px0, px1, la, lb, ha, hb, DT, NT)
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, sv, 0, px0, px1, DT, NT, WIDE)
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
-                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w1t, w1b, sv, 1, px0, px1, la, lb, ha, hb, DT, NT)
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w1t, w1b, sv, 1, px0, px1, DT, NT, WIDE)
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
-                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w2t, w2b, sv, 2, px0, px1, la, lb, ha, hb, DT, NT)
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w2t, w2b, sv, 2, px0, px1, DT, NT, WIDE)
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
-                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w3t, w3b, sv, 3, px0, px1, la, lb, ha, hb, DT, NT)
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w3t, w3b, sv, 3, px0, px1, DT, NT, WIDE)
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_keep(
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, b0, b1, b2, b3, b4, b5, b6, b7, it < n_w, EVEN, NT)
             if LOADS == 2:
@@ -226,21 +346,24 @@ def _pow2(n: float, up: bool) -> int:
 
 
 def tiled_config(T: int, N: int, K: int, device, cfg=None):
-    """(KS, R, per, loads). Up to 8 tokens: the next iteration's weights in flight (loads 2), KS = 16384 / blocks of
-    16 rows (rounded down, <= 8); 9-16 tokens: each step's words just before its decode (loads 0; the grouped loads
-    lost 4-8 points there), KS ~32 warps an SM (rounded down, <= 8), a power of 2 dividing K/256 where one does
-    (no idle iterations). Both from A/B runs of KS / 2, KS, 2 KS on the H100 (notes, linear round 13)."""
+    """(KS, R, per, loads). KS ~ 32 warps an SM over the blocks of 16 rows (the nearest power of 2, >= 2, <= 16 and
+    at least 2 iterations a warp; <= 8 and dividing K/256 where one does above 8 tokens); loads 1 for one token and
+    for KS <= 4 up to 8 tokens, else 0. From a sweep of KS 2-16 x loads 0-2 at the issue's 7 shapes, T 1-16, on
+    the H100 (notes, linear round 15): within 2 % of each point's best but at 3 of 35 (7-11 %)."""
     c = TiledConfig.of(cfg)
     KI, blocks = K // TILE_K, N // TILE_N
     ks = c.KS
     if not ks:
-        ks = min(8, _pow2(16384 / blocks, False)) if T <= 8 else min(8, _pow2(32 * num_sms(device) / blocks, False))
+        want = 32 * num_sms(device) / blocks
+        ks = _pow2(want, False)
+        ks = ks * 2 if want >= 1.5 * ks else ks  # nearest power of 2 (on a log scale, about)
+        ks = max(1, min(max(ks, 2), 16 if T <= 8 else 8, _pow2(max(KI // 2, 1), False)))
         if T > 8:
             while KI % ks:
                 ks //= 2
     if ks < 1 or ks & (ks - 1) or ks > 16:
         raise ValueError(f"KS (={ks}) must be a power of 2 <= 16")
-    loads = c.loads if c.loads >= 0 else 2 if T <= 8 else 0
+    loads = c.loads if c.loads >= 0 else 1 if T == 1 or (T <= 8 and ks <= 4) else 0
     if loads not in (0, 1, 2):
         raise ValueError(f"loads (={loads}) must be 0, 1 or 2")
     return ks, c.R or max(1, 4 // ks), cdiv(KI, ks), loads
@@ -253,18 +376,23 @@ def tiled_usable(x: torch.Tensor) -> bool:
     return 0 < x.shape[0] <= MMA_MAX_T and x.stride(1) == 1 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0
 
 
-def _tiled_options(T: int, N: int, K: int, device, has_bias: bool, cfg=None):
+def _wide_acts(x: torch.Tensor) -> bool:
+    """16-byte activation loads: rows 16-byte aligned (0.75-0.92x the time at 16 tokens, ~1x at one)."""
+    return x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0
+
+
+def _tiled_options(T: int, N: int, K: int, device, has_bias: bool, wide: bool, cfg=None):
     """(grid, per, the kernel's constexprs and launch options) of one call shape (tiled_launch and TiledPlan)."""
     ks, r, per, loads = tiled_config(T, N, K, device, cfg)
     return (cdiv(N // 16, r),), per, dict(R=r, KS=ks, NT=1 if T <= 8 else 2, HAS_BIAS=has_bias, LOADS=loads,
-                                          EVEN=(K // TILE_K) % ks == 0, num_warps=r * ks)
+                                          EVEN=(K // TILE_K) % ks == 0, WIDE=wide, num_warps=r * ks)
 
 
 def tiled_launch(x, packed, scales, gs, bias, y, cfg=None):
     """x [T, K] (tiled_usable), packed / scales in the tiled layout, gs fp32 [1], bias fp32 [N] or None -> y."""
     T, K = x.shape
     N = packed.shape[0]
-    grid, per, opts = _tiled_options(T, N, K, x.device, bias is not None, cfg)
+    grid, per, opts = _tiled_options(T, N, K, x.device, bias is not None, _wide_acts(x), cfg)
     launch(_tiled_mma_kernel, grid, x.view(torch.int64), _u8(packed).view(torch.int64),
            _u8(scales).view(torch.int64), gs, bias if bias is not None else gs, y, T, N, K // TILE_K, per,
            x.stride(0) // 4, y.stride(0), 1, **opts)
@@ -277,7 +405,7 @@ class TiledPlan:
 
     def __init__(self, x, N, has_bias):
         T, K = x.shape
-        grid, per, opts = _tiled_options(T, N, K, x.device, has_bias)
+        grid, per, opts = _tiled_options(T, N, K, x.device, has_bias, _wide_acts(x))  # in the plan key
         self.T, self.N, self.dtype = T, N, x.dtype
         self.ints = (T, N, K // TILE_K, per, x.stride(0) // 4, N, 1)
         self.main = Launch(_tiled_mma_kernel, grid, **opts)
@@ -288,3 +416,60 @@ class TiledPlan:
             x, packed, scales = x.view(torch.int64), _u8(packed).view(torch.int64), _u8(scales).view(torch.int64)
         self.main(x, packed, scales, gs, bias if bias is not None else gs, y, *self.ints)
         return y
+
+
+@triton.jit
+def _pair_codes(word, p: tl.constexpr):
+    """Codes 2p and 2p + 1 of int64 words in the tiled layout, by the mma kernel's decode (pair -> bf16 fields)."""
+    u = word.to(tl.uint64, bitcast=True)
+    if p < 6:
+        sh: tl.constexpr = (p // 3) * 32 + (p % 3) * 3
+        if sh:
+            u = (u >> sh) | (u << (64 - sh))
+        f = (u & _C_PAIR_MASK).to(tl.int32)
+    else:
+        f = ((((u >> (32 * (p - 6))) & _C_REST_MASK) * _C_REST_MUL) & _C_PAIR_MASK).to(tl.int32)
+    return ((f >> 6) & 7) | ((f >> 12) & 8), ((f >> 22) & 7) | ((f >> 28) & 8)
+
+
+@triton.jit
+def _dequant_tiled_kernel(w_ptr, s_ptr, gs_ptr, out_ptr, N, KW, s_on, BN: tl.constexpr, BKW: tl.constexpr,
+                          FIX_NAN: tl.constexpr):
+    """out [N, 16 KW] = e2m1 * scale * gs from the tiled layout, a word (16 codes) at a time; the values computed as
+    linear._dequant_kernel computes them (bitwise equal)."""
+    r = tl.program_id(0) * BN + tl.arange(0, BN)[:, None]
+    kw = tl.program_id(1) * BKW + tl.arange(0, BKW)[None, :]
+    ok = (r < N) & (kw < KW)
+    r64 = r.to(tl.int64)
+    lane = 4 * (r64 % 8) + kw % 4
+    h = (r64 % 16) // 8
+    word = tl.load(w_ptr + ((r64 // 16) * (KW // 4) + kw // 4) * 64 + lane * 2 + h, mask=ok, other=0)
+    sc = tl.load(s_ptr + (((r64 // 16) * (KW // 16) + kw // 16) * 32 + lane) * 8 + 2 * ((kw // 4) % 4) + h,
+                 mask=ok, other=0)
+    sc = e4m3_f32(sc, FIX_NAN) * (16384.0 * tl.load(gs_ptr))
+    c0, c1 = _pair_codes(word, 0)
+    c2, c3 = _pair_codes(word, 1)
+    c4, c5 = _pair_codes(word, 2)
+    c6, c7 = _pair_codes(word, 3)
+    c8, c9 = _pair_codes(word, 4)
+    c10, c11 = _pair_codes(word, 5)
+    c12, c13 = _pair_codes(word, 6)
+    c14, c15 = _pair_codes(word, 7)
+    # joins pair code k with k + 8, then + 4, + 2, + 1: the last axes read [k // 8, k // 4 % 2, k // 2 % 2, k % 2]
+    a0, a1, a2, a3 = tl.join(c0, c8), tl.join(c1, c9), tl.join(c2, c10), tl.join(c3, c11)
+    a4, a5, a6, a7 = tl.join(c4, c12), tl.join(c5, c13), tl.join(c6, c14), tl.join(c7, c15)
+    b0, b1, b2, b3 = tl.join(a0, a4), tl.join(a1, a5), tl.join(a2, a6), tl.join(a3, a7)
+    c = tl.join(tl.join(b0, b2), tl.join(b1, b3))
+    v = e2m1_f16(c).to(tl.float32) * sc[:, :, None, None, None, None]
+    v = tl.reshape(v, [BN, 16 * BKW])
+    cols = tl.program_id(1) * (16 * BKW) + tl.arange(0, 16 * BKW)[None, :]
+    tl.store(out_ptr + r64 * s_on + cols, v.to(out_ptr.dtype.element_ty), mask=(r < N) & (cols < 16 * KW))
+
+
+def dequant_tiled_launch(w8, s8, gs, out):
+    """w8 / s8 in the tiled layout (uint8, contiguous) -> out [N, K] (linear.dequant_launch's values)."""
+    N, KH = w8.shape
+    BN, BKW = 16, 16
+    launch(_dequant_tiled_kernel, (cdiv(N, BN), cdiv(KH // 8, BKW)), w8.contiguous().view(torch.int64),
+           s8.contiguous(), gs, out, N, KH // 8, out.stride(0), BN=BN, BKW=BKW, FIX_NAN=interpreting(), num_warps=4)
+    return out
