@@ -187,6 +187,29 @@ def test_gpu_tiled_kernel(dtype, T, N, K, cfg):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 6, 16])
+def test_gpu_tiled_kernel_8_byte_aligned_x(T):
+    # rows 8- but not 16-byte aligned take the 8-byte activation loads; the module's plan is keyed on the alignment
+    dev = torch.device("cuda")
+    N, K = 96, 1024
+    w, s = _weights(N, K, dev)
+    xs = torch.randn(T, K + 68, device=dev).to(torch.bfloat16)[:, 4:K + 4]
+    assert xs.data_ptr() % 16 == 8
+    gs = torch.full((1,), 0.37, device=dev)
+    ref = nvfp4_linear_ref(xs, w, s, gs, None)
+    y = torch.full((T, N), float("nan"), dtype=torch.bfloat16, device=dev)
+    tiled_launch(xs, tile_packed(w), tile_scales(s), gs, None, y)
+    assert rel_err(y, ref) <= LINEAR_TOL[torch.bfloat16]
+    q = NVFP4Linear(K, N, bias=False, device=dev)
+    q.set_weight(w, s)
+    q.global_scale.fill_(0.37)
+    base = torch.randn(T, K + 68, device=dev).to(torch.bfloat16)
+    for off in (0, 4, 0):  # 16-byte aligned, 8-byte aligned, then the first plan again
+        x = base[:, off:K + off]
+        assert rel_err(q(x), nvfp4_linear_ref(x, w, s, gs, None)) <= LINEAR_TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
 def test_gpu_tiled_nan_scale_and_input():
     dev = torch.device("cuda")
     w, s = _weights(32, 512, dev)
