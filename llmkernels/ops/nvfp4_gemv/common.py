@@ -85,6 +85,18 @@ def _asm_w16(bf16: bool):
     return s + "}"
 
 
+def asm_mma_tokens(ty: str, nt: int, act: int) -> str:
+    """The mma.m16n8k16 of A fragment {a0..a3} for each of nt token groups: group q's accumulators $4q..$4q+3, its
+    activation word operand $(act + 4q) as {b0, b1}."""
+    s = ""
+    for q in range(nt):
+        d = ", ".join(f"${4 * q + i}" for i in range(4))
+        s += (f"mov.b64 {{b0, b1}}, ${act + 4 * q};\n"
+              f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{{d}}}, {{a0, a1, a2, a3}}, "
+              f"{{b0, b1}}, {{{d}}};\n")
+    return s
+
+
 def _asm_mma(bf16: bool, nt: int = 1):
     """One thread's share of 4 mma.m16n8k16 steps over nt groups of 8 tokens. Operands (A = 4 nt): accumulators
     $0..$A-1 (tied to $A..$2A-1), 4 per token group in the fragment order (row r: tokens 2t, 2t + 1; row r + 8: the
@@ -124,11 +136,7 @@ def _asm_mma(bf16: bool, nt: int = 1):
     for j in range(4):  # weight byte pair j of each row, activation word j
         word_t, word_b, half = (f"w{j // 2}", f"w{2 + j // 2}", j % 2)
         s += pair(word_t, half, "a0", "a2", "sc0") + pair(word_b, half, "a1", "a3", "sc1")
-        for q in range(nt):
-            d = ", ".join(f"${4 * q + i}" for i in range(4))
-            s += (f"mov.b64 {{b0, b1}}, ${2 * na + 4 + 4 * q + j};\n"
-                  f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{{d}}}, {{a0, a1, a2, a3}}, "
-                  f"{{b0, b1}}, {{{d}}};\n")
+        s += asm_mma_tokens(ty, nt, 2 * na + 4 + j)
     return s + "}"
 
 

@@ -23,7 +23,7 @@ import triton.language as tl
 from ..._config import KernelConfig
 from ..._launch import Launch, launch
 from ..._runtime import capability, cdiv, interpreting, num_sms
-from .common import e2m1_f16, e4m3_f32
+from .common import asm_mma_tokens, e2m1_f16, e4m3_f32
 from .linear import MMA_MAX_T, _mma_acts, _store_out
 
 TILE_N, TILE_K = 16, 256
@@ -132,11 +132,7 @@ def _asm_mma_tiled(bf16: bool, nt: int = 1) -> str:
 
     for j in range(4):
         s += pair(0, 2 * j, "a0") + pair(1, 2 * j, "a1") + pair(0, 2 * j + 1, "a2") + pair(1, 2 * j + 1, "a3")
-        for q in range(nt):
-            d = ", ".join(f"${4 * q + i}" for i in range(4))
-            s += (f"mov.b64 {{b0, b1}}, ${2 * na + 4 + 4 * q + j};\n"
-                  f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{{d}}}, {{a0, a1, a2, a3}}, "
-                  f"{{b0, b1}}, {{{d}}};\n")
+        s += asm_mma_tokens(ty, nt, 2 * na + 4 + j)
     return s + "}"
 
 
