@@ -109,6 +109,8 @@ def linear(T, N, K, dtype, kernel, bias=False):
             NL.linear_mma_launch(x, w, s, gs, b, y)
         elif kernel == "tiled":  # NVFP4Linear's kernel on its tiled layout
             NT.tiled_launch(x, w, s, gs, b, y)
+        elif kernel == "prefill":  # NVFP4Linear above 16 tokens
+            NT.prefill_launch(x, w, s, gs, b, y)
         elif kernel == "dequant":
             NL.dequant_launch(w, s, gs, e(N, K, dtype=dtype))
         elif kernel == "dequant tiled":
@@ -196,6 +198,8 @@ CONFIGS = {
     "linear dequant bf16": linear(32, 256, 512, bf16, "dequant"),
     "linear dequant tiled bf16": linear(32, 256, 512, bf16, "dequant tiled"),
     "linear tiled T1 4096x4096 bf16": linear(1, 4096, 4096, bf16, "tiled"),
+    "linear prefill T64 4096x4096 bf16": linear(64, 4096, 4096, bf16, "prefill"),
+    "linear prefill T512 28672x4096 fp16 bias": linear(512, 28672, 4096, torch.float16, "prefill", bias=True),
     "linear tiled T16 8192x28672 fp16 bias": linear(16, 8192, 28672, f16, "tiled", bias=True),
     "sparse_mla fwd h128 d576 sink": mla_fwd(128, 576, sink=True),
     "sparse_mla fwd h64 d576 tlen qs-tensor": mla_fwd(64, 576, tlen=True, qs_tensor=True),

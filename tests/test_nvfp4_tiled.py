@@ -246,9 +246,53 @@ def test_gpu_tiled_module_graph_and_compile():
     assert torch.equal(yg, y0)
     yc = torch.compile(q, fullgraph=True)(x)
     assert torch.equal(yc, y0)
-    # prefill (T > 16) takes the plain path on an untiled copy
-    xp = torch.randn(40, 1024, device=dev).bfloat16()
-    assert rel_err(q(xp), nvfp4_linear_ref(xp, packed, scales, q.global_scale, q.bias)) <= LINEAR_TOL[torch.bfloat16]
+    # 17-128 tokens take the prefill kernel, more the dequantize path; graphs and compile alike
+    for T in (40, 200):
+        xp = torch.randn(T, 1024, device=dev).bfloat16()
+        yp = q(xp)
+        assert rel_err(yp, nvfp4_linear_ref(xp, packed, scales, q.global_scale, q.bias)) <= LINEAR_TOL[torch.bfloat16]
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            yg = q(xp)
+        yg.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(yg, yp) and torch.equal(torch.compile(q, fullgraph=True)(xp), yp)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T,N,K,cfg", [(17, 48, 512, {}), (33, 1040, 4352, {}), (100, 272, 1024, {"split": 3}),
+                                       (128, 160, 2048, {"BT": 64}), (64, 96, 768, {"split": 1}),
+                                       (20, 4096, 14336, {}), (129, 32, 256, {"BKW": 8, "num_warps": 4})])
+def test_gpu_prefill_kernel(dtype, T, N, K, cfg):
+    # full-range codes and scales, NaN-poisoned output, strided x, bias, rows and tokens past the tiles, K splits
+    from llmkernels.ops.nvfp4_gemv.tiled import prefill_launch
+    dev = torch.device("cuda")
+    w, s = _weights(N, K, dev)
+    xs = torch.randn(T, K + 32, device=dev).to(dtype)[:, :K]
+    gs = torch.full((1,), 0.37, device=dev)
+    bias = torch.randn(N, device=dev)
+    y = torch.full((T, N), float("nan"), dtype=dtype, device=dev)
+    prefill_launch(xs, tile_packed(w), tile_scales(s), gs, bias, y, cfg)
+    assert rel_err(y, nvfp4_linear_ref(xs, w, s, gs, bias)) <= LINEAR_TOL[dtype]
+
+
+@pytest.mark.gpu
+def test_gpu_prefill_nan_scale_and_input():
+    from llmkernels.ops.nvfp4_gemv.tiled import prefill_launch
+    dev = torch.device("cuda")
+    w, s = _weights(32, 512, dev)
+    s = s.view(torch.uint8).clone()
+    s[3, 5] = 0x7F  # e4m3 NaN: row 3 is NaN for every token
+    x = torch.randn(40, 512, device=dev).bfloat16()
+    x[2, 100] = float("nan")  # token 2 is NaN for every row
+    y = torch.empty(40, 32, dtype=torch.bfloat16, device=dev)
+    prefill_launch(x, tile_packed(w), tile_scales(s), torch.ones(1, device=dev), None, y, {"split": 2})
+    assert torch.isnan(y[:, 3]).all() and torch.isnan(y[2]).all()
+    ok = torch.ones_like(y, dtype=torch.bool)
+    ok[:, 3], ok[2] = False, False
+    assert not torch.isnan(y[ok]).any()
 
 
 def test_dequant_reads_the_tiled_layout(device):

@@ -100,6 +100,28 @@ def untile_scales(scales: torch.Tensor) -> torch.Tensor:
     return s.permute(0, 5, 2, 1, 4, 3).contiguous().view(N, KS).view(scales.dtype)
 
 
+def _asm_pair(lo: str, hi: str, p: int, dst: str, bf16: bool, sc: str) -> str:
+    """PTX: pair p of the word in registers lo, hi (code_bits) -> dst, two values e2m1 x scale x 2^-7 (bf16 or fp16)
+    for sc = scale x 2^119 (bf16) or x 2^7 (fp16) in both halves; clobbers t (fp16)."""
+    if p in (0, 3):
+        out = f"and.b32 {dst}, {lo if p == 0 else hi}, {PAIR_MASK:#x};\n"
+    elif p < 6:
+        a, b = (lo, hi) if p < 3 else (hi, lo)
+        out = f"shf.r.wrap.b32 {dst}, {a}, {b}, {_SHIFT[p] % 32};\nand.b32 {dst}, {dst}, {PAIR_MASK:#x};\n"
+    else:
+        out = (f"and.b32 {dst}, {lo if p == 6 else hi}, {REST_MASK:#x};\nmul.lo.u32 {dst}, {dst}, {REST_MUL};\n"
+               f"and.b32 {dst}, {dst}, {PAIR_MASK:#x};\n")
+    if not bf16:  # magnitude bits 6-8 -> 9-11, sign stays: (x << 3 | x) & 0x8E008E00
+        out += f"shl.b32 t, {dst}, 3;\nlop3.b32 {dst}, t, {dst}, 0x8E008E00, 0xA8;\n"
+    return out + f"mul.rn.{'bf16' if bf16 else 'f16'}x2 {dst}, {dst}, {sc};\n"
+
+
+def _asm_word(bf16: bool) -> str:
+    """A whole word ($8, int64) and its scale ($9, 16-bit, as _asm_pair wants it) -> its 8 pairs ($0..$7)."""
+    return ("{\n.reg .b32 lo, hi, sc, t;\nmov.b64 {lo, hi}, $8;\nmov.b32 sc, {$9, $9};\n"
+            + "".join(_asm_pair("lo", "hi", p, f"${p}", bf16, "sc") for p in range(8)) + "}")
+
+
 def _asm_mma_tiled(bf16: bool, nt: int = 1) -> str:
     """One thread's 4 mma.m16n8k16 of a step over nt groups of 8 tokens, weights in the tiled layout. Operands
     (A = 4 nt): accumulators $0..$A-1 (tied to $A..$2A-1); the words of rows r ($2A) and r + 8 ($2A+1); their
@@ -116,22 +138,9 @@ def _asm_mma_tiled(bf16: bool, nt: int = 1) -> str:
          f"mov.b64 {{lo0, hi0}}, ${wt};\nmov.b64 {{lo1, hi1}}, ${wb};\n"
          f"mov.b32 sc0, {{${st}, ${st}}};\nmov.b32 sc1, {{${sb}, ${sb}}};\n")
 
-    def pair(r: int, p: int, dst: str) -> str:
-        lo, hi = f"lo{r}", f"hi{r}"
-        if p in (0, 3):
-            out = f"and.b32 {dst}, {lo if p == 0 else hi}, {PAIR_MASK:#x};\n"
-        elif p < 6:
-            a, b = (lo, hi) if p < 3 else (hi, lo)
-            out = f"shf.r.wrap.b32 {dst}, {a}, {b}, {_SHIFT[p] % 32};\nand.b32 {dst}, {dst}, {PAIR_MASK:#x};\n"
-        else:
-            out = (f"and.b32 {dst}, {lo if p == 6 else hi}, {REST_MASK:#x};\nmul.lo.u32 {dst}, {dst}, {REST_MUL};\n"
-                   f"and.b32 {dst}, {dst}, {PAIR_MASK:#x};\n")
-        if not bf16:  # magnitude bits 6-8 -> 9-11, sign stays: (x << 3 | x) & 0x8E008E00
-            out += f"shl.b32 t, {dst}, 3;\nlop3.b32 {dst}, t, {dst}, 0x8E008E00, 0xA8;\n"
-        return out + f"mul.rn.{ty}x2 {dst}, {dst}, sc{r};\n"
-
     for j in range(4):
-        s += pair(0, 2 * j, "a0") + pair(1, 2 * j, "a1") + pair(0, 2 * j + 1, "a2") + pair(1, 2 * j + 1, "a3")
+        s += "".join(_asm_pair(f"lo{r}", f"hi{r}", p, dst, bf16, f"sc{r}")
+                     for r, p, dst in ((0, 2 * j, "a0"), (1, 2 * j, "a1"), (0, 2 * j + 1, "a2"), (1, 2 * j + 1, "a3")))
         s += asm_mma_tokens(ty, nt, 2 * na + 4 + j)
     return s + "}"
 
@@ -140,6 +149,8 @@ ASM_TILED_BF16 = tl.constexpr(_asm_mma_tiled(True))
 ASM_TILED_F16 = tl.constexpr(_asm_mma_tiled(False))
 ASM_TILED2_BF16 = tl.constexpr(_asm_mma_tiled(True, 2))
 ASM_TILED2_F16 = tl.constexpr(_asm_mma_tiled(False, 2))
+ASM_WORD_BF16 = tl.constexpr(_asm_word(True))
+ASM_WORD_F16 = tl.constexpr(_asm_word(False))
 
 
 @triton.jit
@@ -469,3 +480,119 @@ def dequant_tiled_launch(w8, s8, gs, out):
     launch(_dequant_tiled_kernel, (cdiv(N, BN), cdiv(KH // 8, BKW)), w8.contiguous().view(torch.int64),
            s8.contiguous(), gs, out, N, KH // 8, out.stride(0), BN=BN, BKW=BKW, FIX_NAN=interpreting(), num_warps=4)
     return out
+
+
+@triton.jit
+def _word_values(w_ptr, s_ptr, r, kw, N, KW, BN: tl.constexpr, BKW: tl.constexpr, DT: tl.constexpr):
+    """Rows r [BN, 1] x words kw [1, BKW] of the tiled layout -> [BN, 16 BKW] in DT: e2m1 x scale x 2^-7 (exact),
+    by the mma kernel's pair decode (_asm_word); rows past N read as 0."""
+    ok = (r < N) & (kw < KW)
+    r64 = r.to(tl.int64)
+    lane = 4 * (r64 % 8) + kw % 4
+    h = (r64 % 16) // 8
+    word = tl.load(w_ptr + ((r64 // 16) * (KW // 4) + kw // 4) * 64 + lane * 2 + h, mask=ok, other=0)
+    sc = tl.load(s_ptr + (((r64 // 16) * (KW // 16) + kw // 16) * 32 + lane) * 8 + 2 * ((kw // 4) % 4) + h,
+                 mask=ok, other=0)
+    if DT == tl.bfloat16:
+        sc = (e4m3_f32(sc, False) * 6.646139978924579e35).to(DT)  # 2^119
+    else:
+        sc = (e4m3_f32(sc, False) * 128.0).to(DT)
+    p0, p1, p2, p3, p4, p5, p6, p7 = tl.inline_asm_elementwise(
+        ASM_WORD_BF16 if DT == tl.bfloat16 else ASM_WORD_F16, "=r,=r,=r,=r,=r,=r,=r,=r,l,h", [word, sc],
+        dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+    c0, c1 = _halves(p0, DT)
+    c2, c3 = _halves(p1, DT)
+    c4, c5 = _halves(p2, DT)
+    c6, c7 = _halves(p3, DT)
+    c8, c9 = _halves(p4, DT)
+    c10, c11 = _halves(p5, DT)
+    c12, c13 = _halves(p6, DT)
+    c14, c15 = _halves(p7, DT)
+    # joins value k with k + 8, then + 4, + 2, + 1: the last axes read [k // 8, k // 4 % 2, k // 2 % 2, k % 2]
+    a0, a1, a2, a3 = tl.join(c0, c8), tl.join(c1, c9), tl.join(c2, c10), tl.join(c3, c11)
+    a4, a5, a6, a7 = tl.join(c4, c12), tl.join(c5, c13), tl.join(c6, c14), tl.join(c7, c15)
+    b0, b1, b2, b3 = tl.join(a0, a4), tl.join(a1, a5), tl.join(a2, a6), tl.join(a3, a7)
+    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [BN, 16 * BKW])
+
+
+@triton.jit
+def _halves(p, DT: tl.constexpr):
+    return (p & 0xFFFF).to(tl.int16).to(DT, bitcast=True), (p >> 16).to(tl.int16).to(DT, bitcast=True)
+
+
+@triton.jit
+def _prefill_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, T, N, KW, per, s_xt, s_yt,
+                    BT: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, PARTIAL: tl.constexpr,
+                    HAS_BIAS: tl.constexpr):
+    """y [T, N] = x @ W^T above the mma kernel's 16 tokens: a [BT, BN] tile a program over `per` steps of BKW words
+    (split s of the K range), each weight tile decoded in registers from the tiled layout and fed to tl.dot, fp32
+    accumulation; PARTIAL: the split's sum to part [S, T, N] (linear._reduce_linear finishes), else times gs (+ the
+    fp32 bias), one rounding."""
+    DT: tl.constexpr = y_ptr.dtype.element_ty
+    r = tl.program_id(0) * BN + tl.arange(0, BN)[:, None]
+    t = tl.program_id(1) * BT + tl.arange(0, BT)[None, :]
+    split = tl.program_id(2)
+    kk = tl.arange(0, 16 * BKW)[:, None]
+    acc = tl.zeros([BN, BT], tl.float32)  # y^T: the decoded tile is the dot's left operand, straight from registers
+    k_lo = split * per * BKW
+    k_hi = tl.minimum(k_lo + per * BKW, KW)
+    for k0 in range(k_lo, k_hi, BKW):
+        w = _word_values(w_ptr, s_ptr, r, k0 + tl.arange(0, BKW)[None, :], N, KW, BN, BKW, DT)
+        xt = tl.load(x_ptr + t.to(tl.int64) * s_xt + 16 * k0 + kk, mask=t < T, other=0.0)  # [16 BKW, BT]
+        acc = tl.dot(w, xt, acc)
+    acc = acc * 128.0  # the decode's 2^-7 (exact)
+    rows = r
+    ok = (t < T) & (rows < N)
+    if PARTIAL:
+        tl.store(part_ptr + (split * T + t.to(tl.int64)) * N + rows, acc, mask=ok)
+    else:
+        acc = acc * tl.load(gs_ptr)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+        tl.store(y_ptr + t.to(tl.int64) * s_yt + rows, acc.to(DT), mask=ok)
+
+
+@dataclass(frozen=True)
+class PrefillConfig(KernelConfig):
+    """The prefill kernel: BT tokens x BN rows a program (BT 0: 64 up to 64 tokens, else 128), BKW weight words
+    (16 K each) a step, splits of K (0: none where the tiles fill the SMs, else enough for 2 programs an SM), warps,
+    pipeline stages. Defaults from a sweep on the H100 (notes, linear round 17)."""
+    BT: int = 0
+    BN: int = 128
+    BKW: int = 4
+    split: int = 0
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+PREFILL_MAX_T = 128  # above: dequantize + cuBLAS is faster (1.2-2.4x the kernel's time at 256-4096 tokens)
+
+
+def prefill_usable(x: torch.Tensor) -> bool:
+    """sm_90+ (mul.rn.bf16x2, the pair decode), 17-128 tokens, unit last stride."""
+    if interpreting() or x.device.type != "cuda" or capability(x.device)[0] < 9:
+        return False
+    return MMA_MAX_T < x.shape[0] <= PREFILL_MAX_T and x.stride(1) == 1
+
+
+def prefill_launch(x, packed, scales, gs, bias, y, cfg=None):
+    """x [T, K] (unit last stride; sm_90), packed / scales in the tiled layout, gs fp32 [1], bias fp32 [N] or None
+    -> y [T, N]."""
+    from .linear import _reduce_linear
+    c = PrefillConfig.of(cfg)
+    T, K = x.shape
+    N = packed.shape[0]
+    bt = c.BT or (64 if T <= 64 else 128)
+    steps = K // 16 // c.BKW
+    tiles = cdiv(N, c.BN) * cdiv(T, bt)
+    sms = num_sms(x.device)
+    split = c.split or (1 if tiles >= sms else max(1, min(cdiv(2 * sms, tiles), steps // 4)))
+    per = cdiv(steps, split)
+    split = cdiv(steps, per)
+    part = torch.empty(split, T, N, dtype=torch.float32, device=x.device) if split > 1 else y
+    launch(_prefill_kernel, (cdiv(N, c.BN), cdiv(T, bt), split), x, _u8(packed).view(torch.int64), _u8(scales), gs,
+           bias if bias is not None else gs, y, part, T, N, K // 16, per, x.stride(0), y.stride(0), BT=bt, BN=c.BN,
+           BKW=c.BKW, PARTIAL=split > 1, HAS_BIAS=bias is not None, num_warps=c.num_warps, num_stages=c.num_stages)
+    if split > 1:
+        _reduce_linear(part, y, gs, bias)
+    return y
