@@ -24,7 +24,7 @@ from ..._config import KernelConfig
 from ..._launch import Launch, launch
 from ..._runtime import capability, cdiv, interpreting, num_sms
 from .common import asm_mma_tokens, e2m1_f16, e4m3_f32
-from .linear import MMA_MAX_T, _mma_acts, _store_out
+from .linear import MMA_MAX_T, _mma_acts, _reduce_linear, _store_out
 
 TILE_N, TILE_K = 16, 256
 
@@ -440,12 +440,19 @@ def _pair_codes(word, p: tl.constexpr):
 
 
 @triton.jit
-def _dequant_tiled_kernel(w_ptr, s_ptr, gs_ptr, out_ptr, N, KW, s_on, BN: tl.constexpr, BKW: tl.constexpr,
-                          FIX_NAN: tl.constexpr):
-    """out [N, 16 KW] = e2m1 * scale * gs from the tiled layout, a word (16 codes) at a time; the values computed as
-    linear._dequant_kernel computes them (bitwise equal)."""
-    r = tl.program_id(0) * BN + tl.arange(0, BN)[:, None]
-    kw = tl.program_id(1) * BKW + tl.arange(0, BKW)[None, :]
+def _join16(c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15):
+    """16 tensors -> one with 4 more axes of 2, value k at [k // 8, k // 4 % 2, k // 2 % 2, k % 2] (joins k with
+    k + 8, then + 4, + 2, + 1), so a reshape puts the 16 side by side in order."""
+    a0, a1, a2, a3 = tl.join(c0, c8), tl.join(c1, c9), tl.join(c2, c10), tl.join(c3, c11)
+    a4, a5, a6, a7 = tl.join(c4, c12), tl.join(c5, c13), tl.join(c6, c14), tl.join(c7, c15)
+    b0, b1, b2, b3 = tl.join(a0, a4), tl.join(a1, a5), tl.join(a2, a6), tl.join(a3, a7)
+    return tl.join(tl.join(b0, b2), tl.join(b1, b3))
+
+
+@triton.jit
+def _tiled_words(w_ptr, s_ptr, r, kw, N, KW):
+    """Words kw [1, BKW] (16 codes each) of rows r [BN, 1] in the tiled layout (int64) and their scale bytes; 0 past
+    N."""
     ok = (r < N) & (kw < KW)
     r64 = r.to(tl.int64)
     lane = 4 * (r64 % 8) + kw % 4
@@ -453,6 +460,17 @@ def _dequant_tiled_kernel(w_ptr, s_ptr, gs_ptr, out_ptr, N, KW, s_on, BN: tl.con
     word = tl.load(w_ptr + ((r64 // 16) * (KW // 4) + kw // 4) * 64 + lane * 2 + h, mask=ok, other=0)
     sc = tl.load(s_ptr + (((r64 // 16) * (KW // 16) + kw // 16) * 32 + lane) * 8 + 2 * ((kw // 4) % 4) + h,
                  mask=ok, other=0)
+    return word, sc
+
+
+@triton.jit
+def _dequant_tiled_kernel(w_ptr, s_ptr, gs_ptr, out_ptr, N, KW, s_on, BN: tl.constexpr, BKW: tl.constexpr,
+                          FIX_NAN: tl.constexpr):
+    """out [N, 16 KW] = e2m1 * scale * gs from the tiled layout, a word (16 codes) at a time; the values computed as
+    linear._dequant_kernel computes them (bitwise equal)."""
+    r = tl.program_id(0) * BN + tl.arange(0, BN)[:, None]
+    kw = tl.program_id(1) * BKW + tl.arange(0, BKW)[None, :]
+    word, sc = _tiled_words(w_ptr, s_ptr, r, kw, N, KW)
     sc = e4m3_f32(sc, FIX_NAN) * (16384.0 * tl.load(gs_ptr))
     c0, c1 = _pair_codes(word, 0)
     c2, c3 = _pair_codes(word, 1)
@@ -462,15 +480,11 @@ def _dequant_tiled_kernel(w_ptr, s_ptr, gs_ptr, out_ptr, N, KW, s_on, BN: tl.con
     c10, c11 = _pair_codes(word, 5)
     c12, c13 = _pair_codes(word, 6)
     c14, c15 = _pair_codes(word, 7)
-    # joins pair code k with k + 8, then + 4, + 2, + 1: the last axes read [k // 8, k // 4 % 2, k // 2 % 2, k % 2]
-    a0, a1, a2, a3 = tl.join(c0, c8), tl.join(c1, c9), tl.join(c2, c10), tl.join(c3, c11)
-    a4, a5, a6, a7 = tl.join(c4, c12), tl.join(c5, c13), tl.join(c6, c14), tl.join(c7, c15)
-    b0, b1, b2, b3 = tl.join(a0, a4), tl.join(a1, a5), tl.join(a2, a6), tl.join(a3, a7)
-    c = tl.join(tl.join(b0, b2), tl.join(b1, b3))
+    c = _join16(c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15)
     v = e2m1_f16(c).to(tl.float32) * sc[:, :, None, None, None, None]
     v = tl.reshape(v, [BN, 16 * BKW])
     cols = tl.program_id(1) * (16 * BKW) + tl.arange(0, 16 * BKW)[None, :]
-    tl.store(out_ptr + r64 * s_on + cols, v.to(out_ptr.dtype.element_ty), mask=(r < N) & (cols < 16 * KW))
+    tl.store(out_ptr + r.to(tl.int64) * s_on + cols, v.to(out_ptr.dtype.element_ty), mask=(r < N) & (cols < 16 * KW))
 
 
 def dequant_tiled_launch(w8, s8, gs, out):
@@ -486,13 +500,7 @@ def dequant_tiled_launch(w8, s8, gs, out):
 def _word_values(w_ptr, s_ptr, r, kw, N, KW, BN: tl.constexpr, BKW: tl.constexpr, DT: tl.constexpr):
     """Rows r [BN, 1] x words kw [1, BKW] of the tiled layout -> [BN, 16 BKW] in DT: e2m1 x scale x 2^-7 (exact),
     by the mma kernel's pair decode (_asm_word); rows past N read as 0."""
-    ok = (r < N) & (kw < KW)
-    r64 = r.to(tl.int64)
-    lane = 4 * (r64 % 8) + kw % 4
-    h = (r64 % 16) // 8
-    word = tl.load(w_ptr + ((r64 // 16) * (KW // 4) + kw // 4) * 64 + lane * 2 + h, mask=ok, other=0)
-    sc = tl.load(s_ptr + (((r64 // 16) * (KW // 16) + kw // 16) * 32 + lane) * 8 + 2 * ((kw // 4) % 4) + h,
-                 mask=ok, other=0)
+    word, sc = _tiled_words(w_ptr, s_ptr, r, kw, N, KW)
     if DT == tl.bfloat16:
         sc = (e4m3_f32(sc, False) * 6.646139978924579e35).to(DT)  # 2^119
     else:
@@ -508,11 +516,7 @@ def _word_values(w_ptr, s_ptr, r, kw, N, KW, BN: tl.constexpr, BKW: tl.constexpr
     c10, c11 = _halves(p5, DT)
     c12, c13 = _halves(p6, DT)
     c14, c15 = _halves(p7, DT)
-    # joins value k with k + 8, then + 4, + 2, + 1: the last axes read [k // 8, k // 4 % 2, k // 2 % 2, k % 2]
-    a0, a1, a2, a3 = tl.join(c0, c8), tl.join(c1, c9), tl.join(c2, c10), tl.join(c3, c11)
-    a4, a5, a6, a7 = tl.join(c4, c12), tl.join(c5, c13), tl.join(c6, c14), tl.join(c7, c15)
-    b0, b1, b2, b3 = tl.join(a0, a4), tl.join(a1, a5), tl.join(a2, a6), tl.join(a3, a7)
-    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [BN, 16 * BKW])
+    return tl.reshape(_join16(c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15), [BN, 16 * BKW])
 
 
 @triton.jit
@@ -578,7 +582,6 @@ def prefill_usable(x: torch.Tensor) -> bool:
 def prefill_launch(x, packed, scales, gs, bias, y, cfg=None):
     """x [T, K] (unit last stride; sm_90), packed / scales in the tiled layout, gs fp32 [1], bias fp32 [N] or None
     -> y [T, N]."""
-    from .linear import _reduce_linear
     c = PrefillConfig.of(cfg)
     T, K = x.shape
     N = packed.shape[0]
