@@ -221,6 +221,46 @@ def test_architectures(tmp_path, device, arch, fmt, extra):
     _close(_logits(loaded, ids), before, tol=2 * ROUND)
 
 
+@pytest.mark.parametrize("arch, extra", [
+    ("LlamaForCausalLM", {}), ("Qwen2ForCausalLM", {}),  # Qwen2: q/k/v biases
+    ("Qwen3ForCausalLM", dict(head_dim=64)), ("MistralForCausalLM", dict(sliding_window=None)),
+])
+def test_fused_projections(tmp_path, device, monkeypatch, arch, extra):
+    """quantize_ / load_nvfp4 group each layer's q / k / v and gate / up (tiled sizes: in_features % 256): same
+    logits (the CPU's stacked call is each part's own product: equal; the GPU's stacked kernel sums in another
+    order: within _close), same checkpoint."""
+    from llmkernels.hf.fuse import fuse_projections, unfuse_projections
+    from llmkernels.ops.nvfp4_gemv.fused import NVFP4Group
+    if not CUDA:  # the stacked path on the CPU too
+        monkeypatch.setattr(NVFP4Group, "_usable", staticmethod(lambda x: True))
+    cfg_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
+    cfg = cfg_cls(**dict(TINY, architectures=[arch], hidden_size=256, intermediate_size=512, **extra))
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=DTYPE, attn_implementation="sdpa")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if not n.endswith("norm.weight"):
+                p.normal_(0, 0.05)
+    model = quantize_(model.to(device).eval())
+    layer = model.model.layers[0]
+    assert layer.self_attn.k_proj.group is layer.self_attn.q_proj.group is not None
+    assert layer.mlp.up_proj.group is layer.mlp.gate_proj.group is not None and layer.mlp.down_proj.group is None
+    ids = torch.randint(0, TINY["vocab_size"], (1, 6))
+    fused = _logits(model, ids)
+    unfuse_projections(model)
+    assert layer.self_attn.q_proj.group is None
+    alone = _logits(model, ids)
+    if CUDA:
+        _close(fused, alone)
+    else:
+        assert torch.equal(fused, alone)
+    assert fuse_projections(model) == 2 * TINY["num_hidden_layers"]
+    save_nvfp4(model, tmp_path)
+    loaded = load_nvfp4(tmp_path, device=device, dtype=DTYPE)
+    assert loaded.model.layers[1].mlp.gate_proj.group is not None
+    assert load_nvfp4(tmp_path, device=device, dtype=DTYPE, fuse=False).model.layers[1].mlp.gate_proj.group is None
+    assert torch.equal(_logits(loaded, ids), fused)
+
+
 def test_saved_compressed_tensors_reads_in_compressed_tensors(tmp_path):
     pytest.importorskip("compressed_tensors")
     model = quantize_(_tiny_model("cpu"))

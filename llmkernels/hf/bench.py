@@ -22,6 +22,7 @@ import triton
 
 from ..ops.nvfp4_gemv.op import NVFP4Linear
 from .decode import StaticDecoder
+from .fuse import fuse_projections
 from .load import buffers_to, check_materialized, params_on_meta, replace_linears, set_tensor
 from .save import quantize_
 
@@ -62,6 +63,7 @@ def build(name: str, device, dtype, direct_nvfp4: bool):
             set_tensor(model, f"{n}.scales", torch.randint(0x30, 0x39, (N, K // 16), dtype=torch.uint8,
                                                            device=device).view(torch.float8_e4m3fn))
             set_tensor(model, f"{n}.global_scale", gs.clone())
+        fuse_projections(model)
     for n, p in list(model.named_parameters()):
         t = torch.empty(p.shape, dtype=dtype, device=device)
         set_tensor(model, n, t.fill_(1.0) if n.endswith("norm.weight") else t.normal_(0.0, STD))

@@ -11,6 +11,7 @@ from ..ops.nvfp4_gemv.op import NVFP4Linear
 from ..ops.nvfp4_gemv.tiled import tile_packed, tile_scales
 from .checkpoint import Checkpoint, plan
 from .formats import read_quant_spec
+from .fuse import fuse_projections
 
 
 @contextlib.contextmanager
@@ -69,7 +70,7 @@ def tie_output_embedding(model: torch.nn.Module) -> None:
 
 
 def load_nvfp4(path: Union[str, os.PathLike], device: Union[str, torch.device] = "cuda",
-               dtype: torch.dtype = torch.bfloat16, attn_implementation: str = "sdpa"):
+               dtype: torch.dtype = torch.bfloat16, attn_implementation: str = "sdpa", fuse: bool = True):
     """A transformers causal LM from the NVFP4 checkpoint directory `path` (ModelOpt or compressed-tensors
     nvfp4-pack-quantized), its quantized nn.Linear layers replaced by llmkernels.NVFP4Linear.
 
@@ -78,6 +79,8 @@ def load_nvfp4(path: Union[str, os.PathLike], device: Union[str, torch.device] =
     ever made. All tensor headers (names, dtypes, shapes) and all scales are checked before any weight is loaded;
     problems raise ValueError / TypeError naming the tensor. Activation-quantization tensors (input_scale,
     input_global_scale) and KV-cache scales are ignored: inference is weight-only, activations stay in `dtype`.
+    fuse: group the q / k / v and gate / up layers of known decoder layers (one kernel call each at decode; see
+    fuse.fuse_projections).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
@@ -120,6 +123,8 @@ def load_nvfp4(path: Union[str, os.PathLike], device: Union[str, torch.device] =
     if p.tie_output:
         tie_output_embedding(model)
     check_materialized(model)
+    if fuse:
+        fuse_projections(model)
     if os.path.exists(os.path.join(path, "generation_config.json")):
         model.generation_config = GenerationConfig.from_pretrained(path)
     return model.eval()

@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..ops.nvfp4_gemv.op import NVFP4Linear
+from .fuse import fuse_projections
 from .formats import FORMATS, compressed_tensors_config, modelopt_config
 
 
@@ -15,11 +16,12 @@ def _skipped(name: str, skip: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in skip)
 
 
-def quantize_(model: torch.nn.Module, skip: Iterable[str] = ("lm_head",)) -> torch.nn.Module:
+def quantize_(model: torch.nn.Module, skip: Iterable[str] = ("lm_head",), fuse: bool = True) -> torch.nn.Module:
     """Replace, in place, every nn.Linear of model whose name matches no pattern of `skip` (fnmatch: "lm_head",
     "*.mlp.gate", ...) by an NVFP4Linear holding its weight quantized with llmkernels.nvfp4_quantize (per-tensor
     global scale amax / (6 * 448), e4m3 scale per 16 values, round to nearest). Quantization runs on the weight's
-    device. A layer whose in_features is not a multiple of 16 raises ValueError (add it to `skip`). Returns model."""
+    device. A layer whose in_features is not a multiple of 16 raises ValueError (add it to `skip`). fuse: group
+    the q / k / v and gate / up layers of known decoder layers (fuse.fuse_projections). Returns model."""
     if isinstance(skip, str):
         skip = (skip,)
     skip = tuple(skip)
@@ -32,6 +34,8 @@ def quantize_(model: torch.nn.Module, skip: Iterable[str] = ("lm_head",)) -> tor
         parent_name, _, leaf = name.rpartition(".")
         with torch.no_grad():
             setattr(model.get_submodule(parent_name), leaf, NVFP4Linear.from_linear(mod))
+    if fuse:
+        fuse_projections(model)
     return model
 
 

@@ -304,11 +304,32 @@ class _TiledHit:
 
     def __init__(self, x, x2, N, has_bias):
         self.flat = x.dim() == 2 and x.stride(-1) == 1  # x is its own [T, K] (else reshaped, as on the first call)
-        self.plan = TiledPlan(x2, N, has_bias) if x.stride(-1) == 1 and tiled_usable(x2) else None
+        self.plan = TiledPlan(x2, (N,), has_bias) if x.stride(-1) == 1 and tiled_usable(x2) else None
         self.token = new_token()
 
 
 _CHECKED_TILED = PlanCache()
+
+
+def check_tiled_call(m: "NVFP4Linear", x: torch.Tensor) -> torch.Tensor:
+    """Every check of a tiled NVFP4Linear's call (x and the module's buffers); x as [T, in_features]."""
+    p, s, gs, b = m.packed, m.scales, m.global_scale, m.bias
+    check_tensor("x", x, dtypes=_X_DTYPES)
+    if x.dim() < 1 or x.shape[-1] != m.in_features:
+        raise ValueError(f"x must be [..., in_features={m.in_features}], got {tuple(x.shape)}")
+    N, K = m.out_features, m.in_features  # the buffers may have been replaced: the kernel trusts their shapes
+    check_shape("packed", p, (N, K // 2), "[out_features, in_features/2]")
+    check_shape("scales", s, (N, K // BLOCK), "[out_features, in_features/16]")
+    check_shape("global_scale", gs, (1,), "[1]")
+    if b is not None:
+        check_shape("bias", b, (N,), "[out_features]")
+    if not (p.is_contiguous() and s.is_contiguous() and (b is None or b.is_contiguous())):
+        raise ValueError("packed, scales and bias must be contiguous (the tiled kernel addresses them as blocks)")
+    check_same_device(x=x, packed=p, scales=s, global_scale=gs, bias=b)
+    x2 = x.reshape(-1, m.in_features)
+    if x2.shape[0] <= MAX_FUSED_T:
+        check_interpreter_dtype(x=x)
+    return x2
 
 
 def _tiled_forward(m: "NVFP4Linear", x: torch.Tensor) -> torch.Tensor:
@@ -326,21 +347,7 @@ def _tiled_forward(m: "NVFP4Linear", x: torch.Tensor) -> torch.Tensor:
                 return hit.plan(x.reshape(-1, m.in_features), p, s, gs, b).reshape(*x.shape[:-1], m.out_features)
             y = run_planned(hit.token, _linear_tiled, x.reshape(-1, m.in_features), p, s, gs, b)
             return y.reshape(*x.shape[:-1], m.out_features)
-    check_tensor("x", x, dtypes=_X_DTYPES)
-    if x.dim() < 1 or x.shape[-1] != m.in_features:
-        raise ValueError(f"x must be [..., in_features={m.in_features}], got {tuple(x.shape)}")
-    N, K = m.out_features, m.in_features  # the buffers may have been replaced: the kernel trusts their shapes
-    check_shape("packed", p, (N, K // 2), "[out_features, in_features/2]")
-    check_shape("scales", s, (N, K // BLOCK), "[out_features, in_features/16]")
-    check_shape("global_scale", gs, (1,), "[1]")
-    if b is not None:
-        check_shape("bias", b, (N,), "[out_features]")
-    if not (p.is_contiguous() and s.is_contiguous() and (b is None or b.is_contiguous())):
-        raise ValueError("packed, scales and bias must be contiguous (the tiled kernel addresses them as blocks)")
-    check_same_device(x=x, packed=p, scales=s, global_scale=gs, bias=b)
-    x2 = x.reshape(-1, m.in_features)
-    if x2.shape[0] <= MAX_FUSED_T:
-        check_interpreter_dtype(x=x)
+    x2 = check_tiled_call(m, x)
     if key is not None and direct_ok(x, p, s, gs, b):
         hit = _CHECKED_TILED.put(key, _TiledHit(x, x2, m.out_features, b is not None))
         if hit.plan is not None:
@@ -406,7 +413,15 @@ class NVFP4Linear(torch.nn.Module):
             m.bias = linear.bias.detach().float().clone()
         return m
 
+    group = None  # an NVFP4Group (fused.py) computing this layer together with others of the same input
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group is not None:
+            return self.group.forward(self, x)
+        return self.forward_alone(x)
+
+    def forward_alone(self, x: torch.Tensor) -> torch.Tensor:
+        """This layer's product by itself (its group, if any, aside)."""
         if self.tiled:
             return _tiled_forward(self, x)
         return nvfp4_linear(x, self.packed, self.scales, self.global_scale, self.bias)

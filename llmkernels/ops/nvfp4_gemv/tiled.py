@@ -246,17 +246,29 @@ def _tiled_keep(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, b0, b1, b2, b3, 
     return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
 
 
+@triton.jit
+def _pick(blk, nb1, nb2, a, b, c, PARTS: tl.constexpr):
+    """Per element: a, b or c (one per part; pointers or ints) as blk lies below nb1, below nb2, or above."""
+    v = tl.where(blk >= nb1, b, a)
+    if PARTS == 3:
+        v = tl.where(blk >= nb2, c, v)
+    return v
+
+
 @triton.jit(do_not_specialize=["one"])
 def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, per, s_xt, s_yt, one,
+                      w1_ptr, s1_ptr, gs1_ptr, b1_ptr, w2_ptr, s2_ptr, gs2_ptr, b2_ptr, nb1, nb2,
                       R: tl.constexpr, KS: tl.constexpr, NT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      LOADS: tl.constexpr, EVEN: tl.constexpr, WIDE: tl.constexpr):
+                      LOADS: tl.constexpr, EVEN: tl.constexpr, WIDE: tl.constexpr, PARTS: tl.constexpr):
     """y [T <= 8 NT, N] = x @ W^T, W in the tiled layout, on mma.sync m16n8k16 fed from registers (the decode and
     the fragment order of linear._linear_mma_kernel). A program has R KS warps: warp KS r + k takes row block
     R pid + r and the k-th of KS ranges of `per` iterations (KI = K/256 in all, EVEN: KS divides it; an iteration is
     4 steps of 4 words a row). Each step a lane loads 16 contiguous bytes (its two rows' words), each iteration 8
     bytes of scales; the KS partial sums are added in shared memory at the end. x_ptr int64 [T, K/4], w_ptr int64,
     s_ptr int64 (tiled packed / scales); element e of the [32 R KS] tensors lives in lane e % 32 of warp e // 32
-    (see the plain kernel: the runtime `one` keeps addresses from looking contiguous)."""
+    (see the plain kernel: the runtime `one` keeps addresses from looking contiguous). PARTS 2-3: y's rows are the
+    outputs of 2-3 weights of one K stacked (a fused qkv or gate / up), row blocks [0, nb1), [nb1, nb2), [nb2, ..)
+    read from w / w1 / w2 with their scales, global scale and bias."""
     DT: tl.constexpr = y_ptr.dtype.element_ty
     W: tl.constexpr = R * KS
     pid = tl.program_id(0)
@@ -273,8 +285,13 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
     else:  # the last warps' ranges are short or empty: their pointers stay in range, extra iterations discarded
         n_w = tl.minimum(tl.maximum(KI - i_lo, 0), per)
         i_at = tl.minimum(i_lo, KI - 1)
-    pw = w_ptr + ((blk * KI + i_at) * 128 + lane) * 2  # 4 steps x 32 lanes x 2 words an iteration
-    ps = s_ptr + (blk * KI + i_at) * 32 + lane
+    if PARTS == 1:
+        pw = w_ptr + ((blk * KI + i_at) * 128 + lane) * 2  # 4 steps x 32 lanes x 2 words an iteration
+        ps = s_ptr + (blk * KI + i_at) * 32 + lane
+    else:
+        lb = blk - _pick(blk, nb1, nb2, 0, nb1, nb2, PARTS)  # the block within its part
+        pw = _pick(blk, nb1, nb2, w_ptr, w1_ptr, w2_ptr, PARTS) + ((lb * KI + i_at) * 128 + lane) * 2
+        ps = _pick(blk, nb1, nb2, s_ptr, s1_ptr, s2_ptr, PARTS) + (lb * KI + i_at) * 32 + lane
     k0 = 16 * i_at + lane % 4  # the lane's first word: 16 an iteration, 4 a step
     px0 = x_ptr + tl.minimum(tok, T - 1) * s_xt + 4 * k0
     px1 = x_ptr + tl.minimum(tok + 8, T - 1) * s_xt + 4 * k0
@@ -323,6 +340,10 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
     g = tl.arange(0, 32)
     row = pid * (16 * R) + tl.arange(0, R)[:, None] * 16 + (g // 4)[None, :]
     t0 = (2 * (g % 4))[None, :]
+    if PARTS > 1:  # rows r and r + 8 lie in one part: its global scale, its bias shifted to the part's first row
+        rb = row // 16
+        gs_ptr = _pick(rb, nb1, nb2, gs_ptr, gs1_ptr, gs2_ptr, PARTS)
+        bias_ptr = _pick(rb, nb1, nb2, bias_ptr, b1_ptr - 16 * nb1, b2_ptr - 16 * nb2, PARTS)
     _store_sum(acc0, row, t0, T, N, gs_ptr, bias_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS)
     _store_sum(acc1, row, t0 + 1, T, N, gs_ptr, bias_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS)
     _store_sum(acc2, row + 8, t0, T, N, gs_ptr, bias_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS)
@@ -388,40 +409,62 @@ def _wide_acts(x: torch.Tensor) -> bool:
     return x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0
 
 
-def _tiled_options(T: int, N: int, K: int, device, has_bias: bool, wide: bool, cfg=None):
+def _tiled_options(T: int, N: int, K: int, device, has_bias: bool, wide: bool, cfg=None, parts: int = 1):
     """(grid, per, the kernel's constexprs and launch options) of one call shape (tiled_launch and TiledPlan)."""
     ks, r, per, loads = tiled_config(T, N, K, device, cfg)
     return (cdiv(N // 16, r),), per, dict(R=r, KS=ks, NT=1 if T <= 8 else 2, HAS_BIAS=has_bias, LOADS=loads,
-                                          EVEN=(K // TILE_K) % ks == 0, WIDE=wide, num_warps=r * ks)
+                                          EVEN=(K // TILE_K) % ks == 0, WIDE=wide, PARTS=parts, num_warps=r * ks)
 
 
-def tiled_launch(x, packed, scales, gs, bias, y, cfg=None):
-    """x [T, K] (tiled_usable), packed / scales in the tiled layout, gs fp32 [1], bias fp32 [N] or None -> y."""
+def _part_args(weights, bias_none):
+    """The kernel's arguments after `one`: parts 2 and 3 (packed, scales, gs, bias; part 1's where absent) and the
+    row blocks where they start. weights: [(packed, scales, gs, bias)] of 1-3 parts (int64 / uint8 / fp32 views)."""
+    w = list(weights) + [weights[0]] * (3 - len(weights))
+    nb1 = weights[0][0].shape[0] // 16
+    nb2 = nb1 + (w[1][0].shape[0] // 16 if len(weights) > 1 else 0)
+    out = []
+    for p, sc, gs, b in w[1:]:
+        out += [p, sc, gs, bias_none if b is None else b]
+    return out + [nb1, nb2]
+
+
+def tiled_launch(x, packed, scales, gs, bias, y, cfg=None, parts=()):
+    """x [T, K] (tiled_usable), packed / scales in the tiled layout, gs fp32 [1], bias fp32 [N] or None -> y.
+    parts: 1-2 more (packed, scales, gs, bias) of the same K whose outputs y's further columns hold (a fused layer;
+    bias present in all or none)."""
     T, K = x.shape
-    N = packed.shape[0]
-    grid, per, opts = _tiled_options(T, N, K, x.device, bias is not None, _wide_acts(x), cfg)
-    launch(_tiled_mma_kernel, grid, x.view(torch.int64), _u8(packed).view(torch.int64),
-           _u8(scales).view(torch.int64), gs, bias if bias is not None else gs, y, T, N, K // TILE_K, per,
-           x.stride(0) // 4, y.stride(0), 1, **opts)
+    ws = [(_u8(p).view(torch.int64), _u8(sc).view(torch.int64), g, b)
+          for p, sc, g, b in [(packed, scales, gs, bias), *parts]]
+    N = sum(w[0].shape[0] for w in ws)
+    grid, per, opts = _tiled_options(T, N, K, x.device, bias is not None, _wide_acts(x), cfg, len(ws))
+    launch(_tiled_mma_kernel, grid, x.view(torch.int64), ws[0][0], ws[0][1], gs, bias if bias is not None else gs, y,
+           T, N, K // TILE_K, per, x.stride(0) // 4, y.stride(0), 1, *_part_args(ws, gs), **opts)
     return y
 
 
 class TiledPlan:
-    """The kernel launch of one call shape (x's shape, strides, dtype; N, K; bias or not), worked out once."""
-    __slots__ = ("T", "N", "dtype", "ints", "main")
+    """The kernel launch of one call shape (x's shape, strides, dtype; the parts' N, K; bias or not), worked out
+    once."""
+    __slots__ = ("T", "N", "dtype", "ints", "main", "nb")
 
-    def __init__(self, x, N, has_bias):
+    def __init__(self, x, Ns, has_bias):
         T, K = x.shape
-        grid, per, opts = _tiled_options(T, N, K, x.device, has_bias, _wide_acts(x))  # in the plan key
+        N = sum(Ns)
+        grid, per, opts = _tiled_options(T, N, K, x.device, has_bias, _wide_acts(x), None, len(Ns))  # in the key
         self.T, self.N, self.dtype = T, N, x.dtype
         self.ints = (T, N, K // TILE_K, per, x.stride(0) // 4, N, 1)
+        self.nb = (Ns[0] // 16, (Ns[0] + (Ns[1] if len(Ns) > 1 else 0)) // 16)
         self.main = Launch(_tiled_mma_kernel, grid, **opts)
 
-    def __call__(self, x, packed, scales, gs, bias):
+    def __call__(self, x, packed, scales, gs, bias, *parts):
+        """parts: the further parts' packed, scales, gs, bias, flat (as many as the plan was made for)."""
         y = torch.empty(self.T, self.N, dtype=self.dtype, device=x.device)
+        b = bias if bias is not None else gs
+        more = [t if t is not None else b for t in parts] + [packed, scales, gs, b] * (2 - len(parts) // 4)
         if not self.main.direct():  # the kept launcher reads addresses only; Triton's path types the pointers
             x, packed, scales = x.view(torch.int64), _u8(packed).view(torch.int64), _u8(scales).view(torch.int64)
-        self.main(x, packed, scales, gs, bias if bias is not None else gs, y, *self.ints)
+            more = [_u8(t).view(torch.int64) if i % 4 < 2 else t for i, t in enumerate(more)]
+        self.main(x, packed, scales, gs, b, y, *self.ints, *more, *self.nb)
         return y
 
 

@@ -1,0 +1,181 @@
+"""Grouped NVFP4Linear layers (ops/nvfp4_gemv/fused.py): one tiled-kernel call for q / k / v or gate / up. The CPU
+tests drive the grouping through the op's portable path (the stacked call on the CPU is each part's own product);
+the GPU tests check the stacked kernel against the fp32 reference."""
+import pytest
+import torch
+
+from llmkernels import NVFP4Linear
+from llmkernels.checking import rel_err
+from llmkernels.ops.nvfp4_gemv import fused
+from llmkernels.ops.nvfp4_gemv.fused import NVFP4Group, group_linears, ungroup_linears
+from llmkernels.ops.nvfp4_gemv.reference import nvfp4_linear_ref
+from llmkernels.ops.nvfp4_gemv.spec import LINEAR_TOL, random_scales
+
+
+def _layer(N, K, dev, bias, gs):
+    m = NVFP4Linear(K, N, bias=bias, device=dev)
+    m.set_weight(torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device=dev),
+                 random_scales((N, K // 16), dev, 0x08, 0x60))
+    m.global_scale.fill_(gs)
+    if bias:
+        m.bias.normal_()
+    return m
+
+
+def _parts(Ns, K, dev, bias=False):
+    return [_layer(N, K, dev, bias, 0.25 + 0.5 * i) for i, N in enumerate(Ns)]  # a global scale per part
+
+
+def _ref(m, x):
+    packed, scales = m.plain_weight()
+    return nvfp4_linear_ref(x, packed, scales, m.global_scale, m.bias)
+
+
+@pytest.fixture
+def stacked_on_cpu(monkeypatch):
+    """Let groups take their stacked path on the CPU too (there each part's product, concatenated)."""
+    monkeypatch.setattr(NVFP4Group, "_usable", staticmethod(lambda x: isinstance(x, torch.Tensor) and x.dim() > 0))
+    calls = []
+    orig = fused._parts
+    monkeypatch.setattr(fused, "_parts", lambda *a: calls.append(1) or orig(*a))
+    return calls
+
+
+def test_group_checks_parts():
+    a, b = _parts((16, 32), 256, "cpu")
+    with pytest.raises(TypeError, match="NVFP4Linear"):
+        group_linears(a, torch.nn.Linear(256, 16))
+    with pytest.raises(TypeError, match="2 or 3"):
+        group_linears(a)
+    with pytest.raises(ValueError, match="in_features"):
+        group_linears(a, _layer(16, 512, "cpu", False, 1.0))
+    with pytest.raises(ValueError, match="bias"):
+        group_linears(a, _layer(16, 256, "cpu", True, 1.0))
+    with pytest.raises(ValueError, match="tiled"):
+        group_linears(a, _layer(24, 256, "cpu", False, 1.0))  # 24 rows: not tileable
+    group_linears(a, b)
+    with pytest.raises(ValueError, match="ungrouped"):
+        group_linears(b, _layer(16, 256, "cpu", False, 1.0))
+    ungroup_linears(a, b)
+    assert a.group is None and b.group is None
+
+
+def test_group_falls_back_where_the_kernel_cannot_run():
+    # the CPU (interpreter): each part runs alone, values unchanged
+    parts = _parts((16, 32, 48), 256, "cpu", bias=True)
+    x = torch.randn(3, 256).half()
+    alone = [m(x) for m in parts]
+    group_linears(*parts)
+    for m, y in zip(parts, alone):
+        assert torch.equal(m(x), y)
+
+
+def test_group_stacked_call_eager(stacked_on_cpu):
+    parts = _parts((16, 32, 48), 256, "cpu", bias=True)
+    x = torch.randn(2, 1, 256).half()
+    alone = [m(x) for m in parts]
+    group_linears(*parts)
+    ys = [m(x) for m in parts]
+    assert len(stacked_on_cpu) == 1  # one stacked call for the three
+    assert all(torch.equal(y, a) for y, a in zip(ys, alone)) and ys[0].shape == (2, 1, 16)
+    assert ys[1].untyped_storage().data_ptr() == ys[0].untyped_storage().data_ptr()
+    # a different input object, or the same one changed in place, is computed afresh
+    parts[0](x)
+    x.mul_(2)
+    assert torch.equal(parts[1](x), parts[1].forward_alone(x)) and len(stacked_on_cpu) == 3
+    parts[2](x.clone())
+    assert len(stacked_on_cpu) == 4
+    # bad input gets the module's own errors
+    with pytest.raises(ValueError, match="in_features"):
+        parts[0](torch.randn(2, 128).half())
+    with pytest.raises(TypeError):
+        parts[0](torch.randn(2, 256).int())
+
+
+def test_group_under_compile(stacked_on_cpu):
+    parts = _parts((16, 32), 256, "cpu")
+    group_linears(*parts)
+
+    def f(x):
+        return parts[0](x).float().sum(-1) + parts[1](x).float().sum(-1)
+
+    x = torch.randn(3, 256).half()
+    want = f(x)
+    stacked_on_cpu.clear()
+    got = torch.compile(f, fullgraph=True)(x)
+    assert torch.equal(got, want)
+    stacked_on_cpu.clear()
+    torch.compile(f, fullgraph=True)(x)
+    assert len(stacked_on_cpu) == 1
+    assert parts[0].group.stash is None
+
+
+def test_group_state_dict_unchanged():
+    parts = _parts((16, 32), 256, "cpu")
+    before = [m.state_dict() for m in parts]
+    group_linears(*parts)
+    for m, sd in zip(parts, before):
+        after = m.state_dict()
+        assert after.keys() == sd.keys() and all(torch.equal(after[k], sd[k]) for k in sd)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T,Ns,K,bias", [(1, (4096, 1024, 1024), 4096, False), (3, (48, 16), 512, True),
+                                         (8, (14336, 14336), 4096, False), (9, (96, 32, 32), 1024, True),
+                                         (16, (1040, 256), 4352, False), (5, (16, 16, 16), 256, True)])
+def test_gpu_stacked_kernel(dtype, T, Ns, K, bias):
+    dev = torch.device("cuda")
+    parts = _parts(Ns, K, dev, bias)
+    xs = torch.randn(T, K + 64, device=dev).to(dtype)[:, :K]  # strided rows
+    refs = [_ref(m, xs) for m in parts]
+    group_linears(*parts)
+    ys = [m(xs) for m in parts]
+    for y, r in zip(ys, refs):
+        assert rel_err(y, r) <= LINEAR_TOL[dtype]
+    assert ys[-1].untyped_storage().data_ptr() == ys[0].untyped_storage().data_ptr()  # one call
+
+
+@pytest.mark.gpu
+def test_gpu_stacked_nan_stays_in_its_part():
+    dev = torch.device("cuda")
+    parts = _parts((32, 16, 16), 512, dev)
+    s = parts[1].plain_weight()[1].view(torch.uint8).clone()
+    s[3, 5] = 0x7F  # e4m3 NaN: part 1's row 3
+    parts[1].set_weight(parts[1].plain_weight()[0], s.view(torch.float8_e4m3fn))
+    parts[2].global_scale.fill_(float("nan"))
+    group_linears(*parts)
+    x = torch.randn(4, 512, device=dev).bfloat16()
+    x2 = x.clone()
+    x2[2, 100] = float("nan")
+    y0, y1, y2 = (m(x) for m in parts)
+    assert not torch.isnan(y0).any() and torch.isnan(y1[:, 3]).all() and torch.isnan(y2).all()
+    assert torch.isnan(y1).sum() == 4
+    assert torch.isnan(parts[0](x2)[2]).all()
+
+
+@pytest.mark.gpu
+def test_gpu_stacked_graph_and_compile():
+    dev = torch.device("cuda")
+    parts = _parts((512, 128, 128), 1024, dev, bias=True)
+    group_linears(*parts)
+    x = torch.randn(1, 1, 1024, device=dev).bfloat16()
+
+    def f(x):
+        return torch.cat([m(x) for m in parts], -1)
+
+    y0 = f(x)
+    assert rel_err(y0, torch.cat([_ref(m, x.view(1, 1024)) for m in parts], -1).view(1, 1, -1)) \
+        <= LINEAR_TOL[torch.bfloat16]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        yg = f(x)
+    yg.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(yg, y0)
+    assert torch.equal(torch.compile(f, fullgraph=True)(x), y0)
+    # 17+ tokens: each part alone (prefill kernel), values as before grouping
+    xp = torch.randn(40, 1024, device=dev).bfloat16()
+    ungrouped = [m.forward_alone(xp) for m in parts]
+    assert all(torch.equal(m(xp), y) for m, y in zip(parts, ungrouped))
