@@ -38,3 +38,15 @@ def generator(device, seed=None) -> torch.Generator:
     g = torch.Generator(device=device)
     g.manual_seed(seed if seed is not None else int(torch.randint(2 ** 31, (1,))))
     return g
+
+
+def graph_replay(fn) -> torch.Tensor:
+    """fn() (returning one tensor) captured in a CUDA graph, its output poisoned with NaN, then replayed: what the
+    replay wrote (compare with an eager call)."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    return out

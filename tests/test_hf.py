@@ -25,12 +25,18 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 
 def _tiny_model(device, **over):
     """A random Llama built as load_nvfp4 builds one (from_config in DTYPE: the rotary buffer stays fp32)."""
-    cfg = transformers.LlamaConfig(**dict(TINY, **over))
+    return _arch_model(device, "LlamaForCausalLM", **over)
+
+
+def _arch_model(device, arch, std=0.1, **over):
+    """A random tiny model of a transformers architecture ("Qwen2ForCausalLM", ...): TINY's sizes, weights ~N(0, std)
+    (norms 1)."""
+    cfg = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**dict(TINY, architectures=[arch], **over))
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=DTYPE, attn_implementation="sdpa")
     with torch.no_grad():
         for n, p in model.named_parameters():
             if not n.endswith("norm.weight"):
-                p.normal_(0, 0.1)
+                p.normal_(0, std)
     return model.to(device).eval()
 
 
@@ -202,14 +208,7 @@ def test_roundtrip(tmp_path, device, fmt):
     ("MistralForCausalLM", "modelopt", dict(sliding_window=None)),
 ])
 def test_architectures(tmp_path, device, arch, fmt, extra):
-    cfg_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
-    cfg = cfg_cls(**dict(TINY, architectures=[arch], **extra))
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=DTYPE, attn_implementation="sdpa")
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if not n.endswith("norm.weight"):
-                p.normal_(0, 0.1)
-    model = quantize_(model.to(device).eval())
+    model = quantize_(_arch_model(device, arch, **extra))
     ids = torch.randint(0, TINY["vocab_size"], (1, 6))
     before = _logits(model, ids)
     save_nvfp4(model, tmp_path, format=fmt)
@@ -233,14 +232,7 @@ def test_fused_projections(tmp_path, device, monkeypatch, arch, extra):
     from llmkernels.ops.nvfp4_gemv.fused import NVFP4Group
     if not CUDA:  # the stacked path on the CPU too
         monkeypatch.setattr(NVFP4Group, "_usable", staticmethod(lambda x: True))
-    cfg_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
-    cfg = cfg_cls(**dict(TINY, architectures=[arch], hidden_size=256, intermediate_size=512, **extra))
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=DTYPE, attn_implementation="sdpa")
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if not n.endswith("norm.weight"):
-                p.normal_(0, 0.05)
-    model = quantize_(model.to(device).eval())
+    model = quantize_(_arch_model(device, arch, std=0.05, hidden_size=256, intermediate_size=512, **extra))
     layer = model.model.layers[0]
     assert layer.self_attn.k_proj.group is layer.self_attn.q_proj.group is not None
     assert layer.mlp.up_proj.group is layer.mlp.gate_proj.group is not None and layer.mlp.down_proj.group is None

@@ -87,7 +87,8 @@ class NVFP4Group:
             if plan and direct_ok(x, *flat):
                 return plan(x.reshape(-1, x.shape[-1]), *flat).reshape(*x.shape[:-1], self.cols[-1])
         else:
-            check_tiled_call(self.parts[0], x)
+            for m in self.parts:
+                check_tiled_call(m, x)
         p, s, g, b = zip(*bufs)
         y = _parts_op(x.reshape(-1, x.shape[-1]), list(p), list(s), list(g), list(b))
         return y.reshape(*x.shape[:-1], self.cols[-1])
