@@ -261,7 +261,7 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
                       w1_ptr, s1_ptr, gs1_ptr, b1_ptr, w2_ptr, s2_ptr, gs2_ptr, b2_ptr, nb1, nb2,
                       R: tl.constexpr, KS: tl.constexpr, NT: tl.constexpr, HAS_BIAS: tl.constexpr,
                       LOADS: tl.constexpr, EVEN: tl.constexpr, WIDE: tl.constexpr, PARTS: tl.constexpr,
-                      USE_GDC: tl.constexpr):
+                      USE_GDC: tl.constexpr, TRIGGER: tl.constexpr):
     """y [T <= 8 NT, N] = x @ W^T, W in the tiled layout, on mma.sync m16n8k16 fed from registers (the decode and
     the fragment order of linear._linear_mma_kernel). A program has R KS warps: warp KS r + k takes row block
     R pid + r and the k-th of KS ranges of `per` iterations (KI = K/256 in all, EVEN: KS divides it; an iteration is
@@ -297,7 +297,7 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
     k0 = 16 * i_at + lane % 4  # the lane's first word: 16 an iteration, 4 a step
     px0 = x_ptr + tl.minimum(tok, T - 1) * s_xt + 4 * k0
     px1 = x_ptr + tl.minimum(tok + 8, T - 1) * s_xt + 4 * k0
-    pdl_enter(USE_GDC)  # nothing read before the previous kernel is done; the next may launch (it waits in turn)
+    pdl_enter(USE_GDC, TRIGGER == 1)  # nothing read before the previous kernel is done; the next may launch
     if LOADS == 0:  # each step loads its words just before its decode
         for it in range(0, per):
             adv = (it + 1 < n_w).to(tl.int64)  # short ranges: the pointers stop at their last iteration
@@ -340,6 +340,8 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
                 sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b = _ld_iter(pw, ps)
             px0 += 64 * adv
             px1 += 64 * adv
+    if USE_GDC and TRIGGER == 2:
+        tl.extra.cuda.gdc_launch_dependents()
     g = tl.arange(0, 32)
     row = pid * (16 * R) + tl.arange(0, R)[:, None] * 16 + (g // 4)[None, :]
     t0 = (2 * (g % 4))[None, :]
@@ -417,15 +419,21 @@ def _tiled_options(T: int, N: int, K: int, device, has_bias: bool, wide: bool, c
     ks, r, per, loads = tiled_config(T, N, K, device, cfg)
     return (cdiv(N // 16, r),), per, dict(R=r, KS=ks, NT=1 if T <= 8 else 2, HAS_BIAS=has_bias, LOADS=loads,
                                           EVEN=(K // TILE_K) % ks == 0, WIDE=wide, PARTS=parts, num_warps=r * ks,
-                                          **_pdl(device))
+                                          **_pdl(device, N, K))
 
 
-def _pdl(device) -> dict:
+EARLY_RELEASE_BYTES = 48 << 20  # weights below: release the next kernel at entry, else after the main loop
+
+
+def _pdl(device, N: int, K: int) -> dict:
     """Programmatic dependent launch where the GPU has it: launched while the previous kernel finishes, waiting at
-    entry (an 8B-shaped decode step under torch.compile with inductor's PDL: 2.95 -> 2.77 ms; without it, where
-    nothing before releases it early: 2.95 -> 3.00; notes/nvfp4_gemv.md, linear round 18)."""
+    entry; the next kernel released at entry (small weights: its launch and ramp hide under this one's) or after the
+    main loop (large: its waiting programs would hold SM slots through a long stream). H100, notes linear round 18:
+    an 8B-shaped compiled decode step 2.95 -> 2.59-2.77 ms with inductor's PDL; back-to-back calls 4096 x 4096 at
+    one token 43 -> 48 % of the floor released at entry, 28672 x 4096 87 -> 83 % at entry, 88 % after the loop."""
     on = pdl_enabled(device)
-    return dict(USE_GDC=on, **({"launch_pdl": True} if on else {}))
+    return dict(USE_GDC=on, TRIGGER=1 if N * K // 2 < EARLY_RELEASE_BYTES else 2,
+                **({"launch_pdl": True} if on else {}))
 
 
 def _part_args(weights, bias_none):
