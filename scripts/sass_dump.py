@@ -109,6 +109,9 @@ def linear(T, N, K, dtype, kernel, bias=False):
             NL.linear_mma_launch(x, w, s, gs, b, y)
         elif kernel == "tiled":  # NVFP4Linear's kernel on its tiled layout
             NT.tiled_launch(x, w, s, gs, b, y)
+        elif kernel.startswith("parts"):  # grouped layers (q / k / v: 3 parts, gate / up: 2) of N rows each
+            n = int(kernel[-1])
+            NT.tiled_launch(x, w, s, gs, b, e(T, n * N, dtype=dtype), parts=[(w, s, gs, b)] * (n - 1))
         elif kernel == "prefill":  # NVFP4Linear above 16 tokens
             NT.prefill_launch(x, w, s, gs, b, y)
         elif kernel == "dequant":
@@ -201,6 +204,8 @@ CONFIGS = {
     "linear prefill T64 4096x4096 bf16": linear(64, 4096, 4096, bf16, "prefill"),
     "linear prefill T512 28672x4096 fp16 bias": linear(512, 28672, 4096, torch.float16, "prefill", bias=True),
     "linear tiled T16 8192x28672 fp16 bias": linear(16, 8192, 28672, f16, "tiled", bias=True),
+    "linear tiled parts3 T1 2048x4096 bf16": linear(1, 2048, 4096, bf16, "parts3"),
+    "linear tiled parts2 T16 14336x4096 fp16 bias": linear(16, 14336, 4096, f16, "parts2", bias=True),
     "sparse_mla fwd h128 d576 sink": mla_fwd(128, 576, sink=True),
     "sparse_mla fwd h64 d576 tlen qs-tensor": mla_fwd(64, 576, tlen=True, qs_tensor=True),
     "sparse_mla fwd h128 d512": mla_fwd(128, 512),

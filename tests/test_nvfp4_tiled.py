@@ -305,3 +305,12 @@ def test_module_prefill_reference(device):
     q.bias.normal_()
     x = torch.randn(20, 512, device=device).half()
     assert rel_err(q(x), nvfp4_linear_ref(x, w, s, q.global_scale, q.bias)) <= LINEAR_TOL[torch.float16]
+
+
+def test_pdl_release_rule():
+    # no PDL off Hopper; on it the next kernel is released at entry below EARLY_RELEASE_BYTES of weights, else late
+    from llmkernels.ops.nvfp4_gemv import tiled
+    assert tiled._pdl(torch.device("cpu"), 4096, 4096)["USE_GDC"] is False
+    assert tiled._pdl(torch.device("cpu"), 4096, 4096)["TRIGGER"] == 1
+    assert tiled._pdl(torch.device("cpu"), 28672, 4096)["TRIGGER"] == 2
+    assert 10240 * 8192 // 2 < tiled.EARLY_RELEASE_BYTES <= 28672 * 4096 // 2
