@@ -210,15 +210,18 @@ def test_gpu_tiled_kernel_8_byte_aligned_x(T):
 
 
 @pytest.mark.gpu
-def test_gpu_tiled_nan_scale_and_input():
+@pytest.mark.parametrize("T, kernel, cfg", [(4, "tiled", None), (40, "prefill", {"split": 2})])
+def test_gpu_nan_scale_and_input(T, kernel, cfg):
+    from llmkernels.ops.nvfp4_gemv.tiled import prefill_launch
     dev = torch.device("cuda")
     w, s = _weights(32, 512, dev)
     s = s.view(torch.uint8).clone()
     s[3, 5] = 0x7F  # e4m3 NaN: row 3 is NaN for every token
-    x = torch.randn(4, 512, device=dev).bfloat16()
+    x = torch.randn(T, 512, device=dev).bfloat16()
     x[2, 100] = float("nan")  # token 2 is NaN for every row
-    y = torch.empty(4, 32, dtype=torch.bfloat16, device=dev)
-    tiled_launch(x, tile_packed(w), tile_scales(s), torch.ones(1, device=dev), None, y)
+    y = torch.empty(T, 32, dtype=torch.bfloat16, device=dev)
+    (tiled_launch if kernel == "tiled" else prefill_launch)(x, tile_packed(w), tile_scales(s),
+                                                            torch.ones(1, device=dev), None, y, cfg)
     assert torch.isnan(y[:, 3]).all() and torch.isnan(y[2]).all()
     ok = torch.ones_like(y, dtype=torch.bool)
     ok[:, 3], ok[2] = False, False
@@ -264,23 +267,6 @@ def test_gpu_prefill_kernel(dtype, T, N, K, cfg):
     y = torch.full((T, N), float("nan"), dtype=dtype, device=dev)
     prefill_launch(xs, tile_packed(w), tile_scales(s), gs, bias, y, cfg)
     assert rel_err(y, nvfp4_linear_ref(xs, w, s, gs, bias)) <= LINEAR_TOL[dtype]
-
-
-@pytest.mark.gpu
-def test_gpu_prefill_nan_scale_and_input():
-    from llmkernels.ops.nvfp4_gemv.tiled import prefill_launch
-    dev = torch.device("cuda")
-    w, s = _weights(32, 512, dev)
-    s = s.view(torch.uint8).clone()
-    s[3, 5] = 0x7F  # e4m3 NaN: row 3 is NaN for every token
-    x = torch.randn(40, 512, device=dev).bfloat16()
-    x[2, 100] = float("nan")  # token 2 is NaN for every row
-    y = torch.empty(40, 32, dtype=torch.bfloat16, device=dev)
-    prefill_launch(x, tile_packed(w), tile_scales(s), torch.ones(1, device=dev), None, y, {"split": 2})
-    assert torch.isnan(y[:, 3]).all() and torch.isnan(y[2]).all()
-    ok = torch.ones_like(y, dtype=torch.bool)
-    ok[:, 3], ok[2] = False, False
-    assert not torch.isnan(y[ok]).any()
 
 
 def test_dequant_reads_the_tiled_layout(device):

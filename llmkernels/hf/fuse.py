@@ -6,17 +6,8 @@ from ..ops.nvfp4_gemv.op import NVFP4Linear
 
 # modules whose forward calls these projections on one tensor, in this order, changing nothing in place between
 # (transformers' Llama, Mistral, Qwen2 and Qwen3 attention and MLP)
-_GROUPED = {"Attention": ("q_proj", "k_proj", "v_proj"), "MLP": ("gate_proj", "up_proj")}
-_FAMILIES = ("Llama", "Mistral", "Qwen2", "Qwen3")
-
-
-def _names(module: torch.nn.Module):
-    cls = type(module).__name__
-    for fam in _FAMILIES:
-        for kind, names in _GROUPED.items():
-            if cls == fam + kind:
-                return names
-    return None
+_GROUPED = {fam + kind: names for fam in ("Llama", "Mistral", "Qwen2", "Qwen3")
+            for kind, names in (("Attention", ("q_proj", "k_proj", "v_proj")), ("MLP", ("gate_proj", "up_proj")))}
 
 
 def fuse_projections(model: torch.nn.Module) -> int:
@@ -25,7 +16,7 @@ def fuse_projections(model: torch.nn.Module) -> int:
     do not change. Returns the number of groups made."""
     n = 0
     for mod in model.modules():
-        names = _names(mod)
+        names = _GROUPED.get(type(mod).__name__)
         parts = [getattr(mod, a, None) for a in names] if names else []
         if parts and all(isinstance(m, NVFP4Linear) and m.tiled and m.group is None for m in parts) and \
                 len({(m.in_features, m.bias is None, m.packed.device) for m in parts}) == 1:

@@ -436,16 +436,15 @@ def _pdl(device, N: int, K: int) -> dict:
                 **({"launch_pdl": True} if on else {}))
 
 
-def _part_args(weights, bias_none):
-    """The kernel's arguments after `one`: parts 2 and 3 (packed, scales, gs, bias; part 1's where absent) and the
-    row blocks where they start. weights: [(packed, scales, gs, bias)] of 1-3 parts (int64 / uint8 / fp32 views)."""
-    w = list(weights) + [weights[0]] * (3 - len(weights))
-    nb1 = weights[0][0].shape[0] // 16
-    nb2 = nb1 + (w[1][0].shape[0] // 16 if len(weights) > 1 else 0)
-    out = []
-    for p, sc, gs, b in w[1:]:
-        out += [p, sc, gs, bias_none if b is None else b]
-    return out + [nb1, nb2]
+def _more_parts(first, rest) -> list:
+    """The kernel's parts 2 and 3, (packed, scales, gs, bias) each, flat: rest (0, 4 or 8 tensors), then part 1's
+    for each absent part; an absent bias is part 1's stand-in (first[3])."""
+    return [t if t is not None else first[3] for t in rest] + list(first) * (2 - len(rest) // 4)
+
+
+def _starts(Ns) -> tuple:
+    """The row blocks where parts 2 and 3 start (unused with one part)."""
+    return Ns[0] // 16, (Ns[0] + (Ns[1] if len(Ns) > 1 else 0)) // 16
 
 
 def tiled_launch(x, packed, scales, gs, bias, y, cfg=None, parts=()):
@@ -455,11 +454,15 @@ def tiled_launch(x, packed, scales, gs, bias, y, cfg=None, parts=()):
     T, K = x.shape
     ws = [(_u8(p).view(torch.int64), _u8(sc).view(torch.int64), g, b)
           for p, sc, g, b in [(packed, scales, gs, bias), *parts]]
-    N = sum(w[0].shape[0] for w in ws)
+    Ns = [w[0].shape[0] for w in ws]
+    N = sum(Ns)
     grid, per, opts = _tiled_options(T, N, K, x.device, bias is not None, _wide_acts(x), cfg, len(ws))
-    launch(_tiled_mma_kernel, grid, x.view(torch.int64), ws[0][0], ws[0][1], gs, bias if bias is not None else gs, y,
-           T, N, K // TILE_K, per, x.stride(0) // 4, y.stride(0), 1, *_part_args(ws, gs), **opts)
+    first = (*ws[0][:3], bias if bias is not None else gs)
+    launch(_tiled_mma_kernel, grid, x.view(torch.int64), *first[:2], gs, first[3], y, T, N, K // TILE_K, per,
+           x.stride(0) // 4, y.stride(0), 1, *_more_parts(first, [t for w in ws[1:] for t in w]), *_starts(Ns),
+           **opts)
     return y
+
 
 
 class TiledPlan:
@@ -473,14 +476,14 @@ class TiledPlan:
         grid, per, opts = _tiled_options(T, N, K, x.device, has_bias, _wide_acts(x), None, len(Ns))  # in the key
         self.T, self.N, self.dtype = T, N, x.dtype
         self.ints = (T, N, K // TILE_K, per, x.stride(0) // 4, N, 1)
-        self.nb = (Ns[0] // 16, (Ns[0] + (Ns[1] if len(Ns) > 1 else 0)) // 16)
+        self.nb = _starts(Ns)
         self.main = Launch(_tiled_mma_kernel, grid, **opts)
 
     def __call__(self, x, packed, scales, gs, bias, *parts):
         """parts: the further parts' packed, scales, gs, bias, flat (as many as the plan was made for)."""
         y = torch.empty(self.T, self.N, dtype=self.dtype, device=x.device)
         b = bias if bias is not None else gs
-        more = [t if t is not None else b for t in parts] + [packed, scales, gs, b] * (2 - len(parts) // 4)
+        more = _more_parts((packed, scales, gs, b), parts)
         if not self.main.direct():  # the kept launcher reads addresses only; Triton's path types the pointers
             x, packed, scales = x.view(torch.int64), _u8(packed).view(torch.int64), _u8(scales).view(torch.int64)
             more = [_u8(t).view(torch.int64) if i % 4 < 2 else t for i, t in enumerate(more)]
