@@ -250,6 +250,10 @@ def test_fused_projections(tmp_path, device, monkeypatch, arch, extra):
     loaded = load_nvfp4(tmp_path, device=device, dtype=DTYPE)
     assert loaded.model.layers[1].mlp.gate_proj.group is not None
     assert load_nvfp4(tmp_path, device=device, dtype=DTYPE, fuse=False).model.layers[1].mlp.gate_proj.group is None
+    with pytest.raises(TypeError, match="fuse must be a bool"):
+        load_nvfp4(tmp_path, device=device, dtype=DTYPE, fuse=1)
+    with pytest.raises(TypeError, match="fuse must be a bool"):
+        quantize_(model, fuse="yes")
     assert torch.equal(_logits(loaded, ids), fused)
 
 

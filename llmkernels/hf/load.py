@@ -7,6 +7,7 @@ from typing import Dict, Tuple, Union
 import torch
 from safetensors import safe_open
 
+from .._validate import check_bool
 from ..ops.nvfp4_gemv.op import NVFP4Linear
 from ..ops.nvfp4_gemv.tiled import tile_packed, tile_scales
 from .checkpoint import Checkpoint, plan
@@ -87,6 +88,7 @@ def load_nvfp4(path: Union[str, os.PathLike], device: Union[str, torch.device] =
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"path must be a checkpoint directory (config.json + safetensors), got {path!r}")
+    check_bool("fuse", fuse)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     device = torch.device(device)

@@ -7,6 +7,7 @@ from typing import Dict, Iterable, List, Union
 import torch
 from safetensors.torch import save_file
 
+from .._validate import check_bool
 from ..ops.nvfp4_gemv.op import NVFP4Linear
 from .fuse import fuse_projections
 from .formats import FORMATS, compressed_tensors_config, modelopt_config
@@ -22,6 +23,7 @@ def quantize_(model: torch.nn.Module, skip: Iterable[str] = ("lm_head",), fuse: 
     global scale amax / (6 * 448), e4m3 scale per 16 values, round to nearest). Quantization runs on the weight's
     device. A layer whose in_features is not a multiple of 16 raises ValueError (add it to `skip`). fuse: group
     the q / k / v and gate / up layers of known decoder layers (fuse.fuse_projections). Returns model."""
+    check_bool("fuse", fuse)
     if isinstance(skip, str):
         skip = (skip,)
     skip = tuple(skip)
