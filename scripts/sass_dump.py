@@ -112,6 +112,8 @@ def linear(T, N, K, dtype, kernel, bias=False):
         elif kernel.startswith("parts"):  # grouped layers (q / k / v: 3 parts, gate / up: 2) of N rows each
             n = int(kernel[-1])
             NT.tiled_launch(x, w, s, gs, b, e(T, n * N, dtype=dtype), parts=[(w, s, gs, b)] * (n - 1))
+        elif kernel == "glu":  # gate / up of N rows each, silu(gate) * up in the epilogue
+            NT.tiled_launch(x, w, s, gs, b, y, parts=[(w, s, gs, b)], glu=True)
         elif kernel == "prefill":  # NVFP4Linear above 16 tokens
             NT.prefill_launch(x, w, s, gs, b, y)
         elif kernel == "dequant":
@@ -206,6 +208,8 @@ CONFIGS = {
     "linear tiled T16 8192x28672 fp16 bias": linear(16, 8192, 28672, f16, "tiled", bias=True),
     "linear tiled parts3 T1 2048x4096 bf16": linear(1, 2048, 4096, bf16, "parts3"),
     "linear tiled parts2 T16 14336x4096 fp16 bias": linear(16, 14336, 4096, f16, "parts2", bias=True),
+    "linear tiled glu T1 14336x4096 bf16": linear(1, 14336, 4096, bf16, "glu"),
+    "linear tiled glu T16 1024x4096 fp16 bias": linear(16, 1024, 4096, f16, "glu", bias=True),
     "sparse_mla fwd h128 d576 sink": mla_fwd(128, 576, sink=True),
     "sparse_mla fwd h64 d576 tlen qs-tensor": mla_fwd(64, 576, tlen=True, qs_tensor=True),
     "sparse_mla fwd h128 d512": mla_fwd(128, 512),

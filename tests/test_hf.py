@@ -236,10 +236,12 @@ def test_fused_projections(tmp_path, device, monkeypatch, arch, extra):
     layer = model.model.layers[0]
     assert layer.self_attn.k_proj.group is layer.self_attn.q_proj.group is not None
     assert layer.mlp.up_proj.group is layer.mlp.gate_proj.group is not None and layer.mlp.down_proj.group is None
+    assert "forward" in vars(layer.mlp)  # gate, up and the SiLU in one call
     ids = torch.randint(0, TINY["vocab_size"], (1, 6))
     fused = _logits(model, ids)
     unfuse_projections(model)
     assert layer.self_attn.q_proj.group is None
+    assert "forward" not in vars(layer.mlp)
     alone = _logits(model, ids)
     if CUDA:
         _close(fused, alone)

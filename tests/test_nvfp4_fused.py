@@ -119,6 +119,64 @@ def test_group_state_dict_unchanged():
         assert after.keys() == sd.keys() and all(torch.equal(after[k], sd[k]) for k in sd)
 
 
+def _silu_mul_ref(gate, up, x):
+    return torch.nn.functional.silu(_ref(gate, x)) * _ref(up, x)
+
+
+def test_silu_mul(stacked_on_cpu):
+    gate, up = _parts((32, 32), 256, "cpu", bias=True)
+    x = torch.randn(2, 1, 256).half()
+    want = torch.nn.functional.silu(gate(x)) * up(x)
+    g = group_linears(gate, up)
+    stacked_on_cpu.clear()
+    assert torch.equal(g.silu_mul(x), want) and len(stacked_on_cpu) == 1
+    assert torch.equal(torch.compile(g.silu_mul, fullgraph=True)(x), want)
+    ungroup_linears(gate, up)
+    for parts in (_parts((32, 16), 256, "cpu"), _parts((16, 16, 16), 256, "cpu")):
+        with pytest.raises(ValueError, match="2 parts with the same out_features"):
+            group_linears(*parts).silu_mul(x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T,N,K,bias", [(1, 14336, 4096, False), (3, 48, 512, True), (8, 1040, 4352, False),
+                                        (9, 96, 1024, True), (16, 14336, 4096, False), (5, 16, 256, True)])
+def test_gpu_silu_mul_kernel(dtype, T, N, K, bias):
+    """The GLU epilogue against silu(gate) * up of the fp32 references: one rounding of a product of two values each
+    within the linear's accumulation error, so the linear's tolerance (odd block counts: 1040 rows = 65 blocks)."""
+    dev = torch.device("cuda")
+    gate, up = _parts((N, N), K, dev, bias)
+    xs = torch.randn(T, K + 64, device=dev).to(dtype)[:, :K]  # strided rows
+    ref = _silu_mul_ref(gate, up, xs)
+    y = group_linears(gate, up).silu_mul(xs)
+    assert y.shape == (T, N) and y.dtype == dtype
+    assert rel_err(y, ref) <= LINEAR_TOL[dtype]
+
+
+@pytest.mark.gpu
+def test_gpu_silu_mul_nan_graph_compile():
+    dev = torch.device("cuda")
+    gate, up = _parts((64, 64), 512, dev, bias=True)
+    s = up.plain_weight()[1].view(torch.uint8).clone()
+    s[3, 5] = 0x7F  # e4m3 NaN: up's row 3
+    up.set_weight(up.plain_weight()[0], s.view(torch.float8_e4m3fn))
+    g = group_linears(gate, up)
+    x = torch.randn(4, 512, device=dev).bfloat16()
+    y = g.silu_mul(x)
+    assert torch.isnan(y[:, 3]).all() and torch.isnan(y).sum() == 4
+    x[2, 100] = float("nan")
+    assert torch.isnan(g.silu_mul(x)[2]).all()
+    x = torch.randn(1, 1, 512, device=dev).bfloat16()
+    gate.global_scale.fill_(2.0)
+    up.set_weight(gate.plain_weight()[0], gate.plain_weight()[1])
+    y0 = g.silu_mul(x)
+    assert rel_err(y0, _silu_mul_ref(gate, up, x.view(1, 512)).view(1, 1, -1)) <= LINEAR_TOL[torch.bfloat16]
+    assert torch.equal(graph_replay(lambda: g.silu_mul(x)), y0)
+    assert torch.equal(torch.compile(g.silu_mul, fullgraph=True)(x), y0)
+    xp = torch.randn(40, 512, device=dev).bfloat16()  # 17+ tokens: each part alone, torch's silu
+    assert torch.equal(g.silu_mul(xp), torch.nn.functional.silu(gate.forward_alone(xp)) * up.forward_alone(xp))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("T,Ns,K,bias", [(1, (4096, 1024, 1024), 4096, False), (3, (48, 16), 512, True),

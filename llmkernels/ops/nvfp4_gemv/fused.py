@@ -9,10 +9,14 @@ The first part called computes every part's output and keeps it; a later part ca
 (unchanged since: its version counter, eager) takes its columns; the last part drops it. Under torch.compile the
 version counter is not traceable: the same tensor object is taken to hold the same values, which the attention and
 MLP forwards the grouping is meant for guarantee (they modify nothing in place between the projections).
+
+A gate / up group's silu_mul(x) is silu(gate(x)) * up(x) in one call: the kernel interleaves the two parts' row
+blocks and applies the activation in its epilogue (what hf.fuse_projections has a SwiGLU MLP's forward call).
 """
 from typing import List, Optional
 
 import torch
+import torch.nn.functional as F
 
 from ..._launch import PlanCache, current_device, direct_ok, tkey, tracing
 from ..._runtime import capability
@@ -22,22 +26,29 @@ from .tiled import MMA_MAX_T, TiledPlan, tiled_launch, tiled_usable
 
 @torch.library.custom_op("llmkernels::nvfp4_linear_tiled_parts", mutates_args=())
 def _parts_op(x: torch.Tensor, packed: List[torch.Tensor], scales: List[torch.Tensor],
-              global_scale: List[torch.Tensor], bias: List[Optional[torch.Tensor]]) -> torch.Tensor:
-    return _parts(x, packed, scales, global_scale, bias)
+              global_scale: List[torch.Tensor], bias: List[Optional[torch.Tensor]], glu: bool = False) -> torch.Tensor:
+    return _parts(x, packed, scales, global_scale, bias, glu)
 
 
-def _parts(x, packed, scales, global_scale, bias):
-    """x [T, K] -> [T, sum of the parts' N]: one tiled-kernel call where it runs, else each part's own path."""
+def _width(packed, glu: bool) -> int:
+    n = sum(p.shape[0] for p in packed)
+    return n // 2 if glu else n
+
+
+def _parts(x, packed, scales, global_scale, bias, glu=False):
+    """x [T, K] -> [T, sum of the parts' N] (glu: [T, N] = silu(part 0) * part 1): one tiled-kernel call where it
+    runs, else each part's own path."""
     if tiled_usable(x):
-        y = torch.empty(x.shape[0], sum(p.shape[0] for p in packed), dtype=x.dtype, device=x.device)
+        y = torch.empty(x.shape[0], _width(packed, glu), dtype=x.dtype, device=x.device)
         return tiled_launch(x, packed[0], scales[0], global_scale[0], bias[0], y,
-                            parts=list(zip(packed[1:], scales[1:], global_scale[1:], bias[1:])))
-    return torch.cat([_linear_tiled(x, *w) for w in zip(packed, scales, global_scale, bias)], dim=1)
+                            parts=list(zip(packed[1:], scales[1:], global_scale[1:], bias[1:])), glu=glu)
+    ys = [_linear_tiled(x, *w) for w in zip(packed, scales, global_scale, bias)]
+    return F.silu(ys[0]) * ys[1] if glu else torch.cat(ys, dim=1)
 
 
 @_parts_op.register_fake
-def _(x, packed, scales, global_scale, bias):
-    return x.new_empty((x.shape[0], sum(p.shape[0] for p in packed)))
+def _(x, packed, scales, global_scale, bias, glu=False):
+    return x.new_empty((x.shape[0], _width(packed, glu)))
 
 
 class NVFP4Group:
@@ -71,27 +82,39 @@ class NVFP4Group:
             return False
         return capability(x.device)[0] >= 9 and 0 < x.numel() // x.shape[-1] <= MMA_MAX_T
 
-    def _stacked(self, x):
-        """[..., sum N] for x [..., K]: a kept plan where this call's key was checked before."""
+    def _stacked(self, x, glu=False):
+        """[..., sum N] for x [..., K] (glu: [..., N], silu(part 0) * part 1): a kept plan where this call's key was
+        checked before."""
         bufs = self._buffers()
         flat = [t for w in bufs for t in w]
+        width = self.cols[-1] // 2 if glu else self.cols[-1]
         if not tracing():
-            key = (tkey(x), *(tkey(t) for t in flat), current_device())
+            key = (tkey(x), *(tkey(t) for t in flat), current_device(), glu)
             plan = self.plans.get(key)
             if plan is None:
                 x2 = None
                 for m in self.parts:
                     x2 = check_tiled_call(m, x)
-                plan = self.plans.put(key, TiledPlan(x2, [m.out_features for m in self.parts], flat[3] is not None)
-                                      if x.stride(-1) == 1 and tiled_usable(x2) else False)
+                plan = self.plans.put(key, TiledPlan(x2, [m.out_features for m in self.parts], flat[3] is not None,
+                                                     glu) if x.stride(-1) == 1 and tiled_usable(x2) else False)
             if plan and direct_ok(x, *flat):
-                return plan(x.reshape(-1, x.shape[-1]), *flat).reshape(*x.shape[:-1], self.cols[-1])
+                return plan(x.reshape(-1, x.shape[-1]), *flat).reshape(*x.shape[:-1], width)
         else:
             for m in self.parts:
                 check_tiled_call(m, x)
         p, s, g, b = zip(*bufs)
-        y = _parts_op(x.reshape(-1, x.shape[-1]), list(p), list(s), list(g), list(b))
-        return y.reshape(*x.shape[:-1], self.cols[-1])
+        y = _parts_op(x.reshape(-1, x.shape[-1]), list(p), list(s), list(g), list(b), glu)
+        return y.reshape(*x.shape[:-1], width)
+
+    def silu_mul(self, x):
+        """silu(parts[0](x)) * parts[1](x), a gated MLP's (SwiGLU) input to its down projection: where the group's
+        call runs, one kernel call with the activation in its epilogue (no [.., 2 N] output, no kernel of its own);
+        else each part alone and torch's silu. Two parts of one out_features."""
+        if len(self.parts) != 2 or self.parts[0].out_features != self.parts[1].out_features:
+            raise ValueError("silu_mul needs a group of 2 parts with the same out_features")
+        if not self._usable(x):
+            return F.silu(self.parts[0].forward_alone(x)) * self.parts[1].forward_alone(x)
+        return self._stacked(x, glu=True)
 
     def forward(self, part, x):
         if not self._usable(x):

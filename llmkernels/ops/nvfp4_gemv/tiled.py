@@ -195,16 +195,29 @@ def _ld_iter(pw, ps):
 
 
 @triton.jit
-def _store_sum(acc, row, t, T, N, gs_ptr, bias_ptr, y_ptr, s_yt, one, R: tl.constexpr, KS: tl.constexpr,
-               HAS_BIAS: tl.constexpr):
+def _store_sum(acc, row, t, T, N, gs_ptr, bias_ptr, gs1_ptr, b1_ptr, y_ptr, s_yt, one, R: tl.constexpr,
+               KS: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr):
     """The sum of one accumulator over the KS warps that split K ([32 R KS] -> [R, 32], in shared memory), stored by
-    the plain kernel's _store_out (scale, bias, masks)."""
+    the plain kernel's _store_out (scale, bias, masks). GLU: the R blocks alternate between the parts (gs / bias,
+    gs1 / b1): silu(part 0) * part 1 in fp32, rounded once, at rows `row` [R / 2, 32] < N / 2 of y."""
     if KS == 1:
         v = tl.reshape(acc, [R, 32])
     else:
         v = tl.sum(tl.reshape(acc, [R, KS, 32]), axis=1)
-    v = v * 128.0  # the decode's 2^-7 (exact)
-    _store_out(v, row, t, 0, T, N, gs_ptr, bias_ptr, y_ptr, y_ptr, s_yt, one, False, HAS_BIAS)
+    if GLU:
+        a, b = tl.split(tl.permute(tl.reshape(v, [R // 2, 2, 32]), (0, 2, 1)))
+        off = row * one
+        ok = row < N // 2
+        a = a * (128.0 * tl.load(gs_ptr))  # the decode's 2^-7 (exact) and the global scale
+        b = b * (128.0 * tl.load(gs1_ptr))
+        if HAS_BIAS:
+            a += tl.load(bias_ptr + off, mask=ok, other=0.0).to(tl.float32)
+            b += tl.load(b1_ptr + off, mask=ok, other=0.0).to(tl.float32)
+        h = a / (1.0 + tl.exp(-a)) * b
+        tl.store(y_ptr + t * s_yt + off, h.to(y_ptr.dtype.element_ty), mask=ok & (t < T))
+    else:
+        v = v * 128.0  # the decode's 2^-7 (exact)
+        _store_out(v, row, t, 0, T, N, gs_ptr, bias_ptr, y_ptr, y_ptr, s_yt, one, False, HAS_BIAS)
 
 
 @triton.jit
@@ -261,7 +274,7 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
                       w1_ptr, s1_ptr, gs1_ptr, b1_ptr, w2_ptr, s2_ptr, gs2_ptr, b2_ptr, nb1, nb2,
                       R: tl.constexpr, KS: tl.constexpr, NT: tl.constexpr, HAS_BIAS: tl.constexpr,
                       LOADS: tl.constexpr, EVEN: tl.constexpr, WIDE: tl.constexpr, PARTS: tl.constexpr,
-                      USE_GDC: tl.constexpr, TRIGGER: tl.constexpr):
+                      GLU: tl.constexpr, USE_GDC: tl.constexpr, TRIGGER: tl.constexpr):
     """y [T <= 8 NT, N] = x @ W^T, W in the tiled layout, on mma.sync m16n8k16 fed from registers (the decode and
     the fragment order of linear._linear_mma_kernel). A program has R KS warps: warp KS r + k takes row block
     R pid + r and the k-th of KS ranges of `per` iterations (KI = K/256 in all, EVEN: KS divides it; an iteration is
@@ -270,7 +283,9 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
     s_ptr int64 (tiled packed / scales); element e of the [32 R KS] tensors lives in lane e % 32 of warp e // 32
     (see the plain kernel: the runtime `one` keeps addresses from looking contiguous). PARTS 2-3: y's rows are the
     outputs of 2-3 weights of one K stacked (a fused qkv or gate / up), row blocks [0, nb1), [nb1, nb2), [nb2, ..)
-    read from w / w1 / w2 with their scales, global scale and bias."""
+    read from w / w1 / w2 with their scales, global scale and bias. GLU (PARTS 2 of one N, R even): blocks alternate
+    between the parts (block 2 j + p: part p's block j), so a program holds both parts' rows j and y [T, N / 2] gets
+    silu(part 0) * part 1, the MLP's activation in the epilogue instead of a kernel of its own."""
     DT: tl.constexpr = y_ptr.dtype.element_ty
     W: tl.constexpr = R * KS
     pid = tl.program_id(0)
@@ -287,7 +302,11 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
     else:  # the last warps' ranges are short or empty: their pointers stay in range, extra iterations discarded
         n_w = tl.minimum(tl.maximum(KI - i_lo, 0), per)
         i_at = tl.minimum(i_lo, KI - 1)
-    if PARTS == 1:
+    if GLU:  # part blk % 2, its block blk // 2
+        up = blk % 2 == 1
+        pw = tl.where(up, w1_ptr, w_ptr) + (((blk // 2) * KI + i_at) * 128 + lane) * 2
+        ps = tl.where(up, s1_ptr, s_ptr) + ((blk // 2) * KI + i_at) * 32 + lane
+    elif PARTS == 1:
         pw = w_ptr + ((blk * KI + i_at) * 128 + lane) * 2  # 4 steps x 32 lanes x 2 words an iteration
         ps = s_ptr + (blk * KI + i_at) * 32 + lane
     else:
@@ -343,21 +362,29 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
     if USE_GDC and TRIGGER == 2:
         tl.extra.cuda.gdc_launch_dependents()
     g = tl.arange(0, 32)
-    row = pid * (16 * R) + tl.arange(0, R)[:, None] * 16 + (g // 4)[None, :]
     t0 = (2 * (g % 4))[None, :]
-    if PARTS > 1:  # rows r and r + 8 lie in one part: its global scale, its bias shifted to the part's first row
-        rb = row // 16
-        gs_ptr = _pick(rb, nb1, nb2, gs_ptr, gs1_ptr, gs2_ptr, PARTS)
-        bias_ptr = _pick(rb, nb1, nb2, bias_ptr, b1_ptr - 16 * nb1, b2_ptr - 16 * nb2, PARTS)
-    _store_sum(acc0, row, t0, T, N, gs_ptr, bias_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS)
-    _store_sum(acc1, row, t0 + 1, T, N, gs_ptr, bias_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS)
-    _store_sum(acc2, row + 8, t0, T, N, gs_ptr, bias_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS)
-    _store_sum(acc3, row + 8, t0 + 1, T, N, gs_ptr, bias_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS)
+    if GLU:  # rows of y, of one part
+        row = pid * (8 * R) + tl.arange(0, R // 2)[:, None] * 16 + (g // 4)[None, :]
+    else:
+        row = pid * (16 * R) + tl.arange(0, R)[:, None] * 16 + (g // 4)[None, :]
+        if PARTS > 1:  # rows r and r + 8 lie in one part: its global scale, its bias shifted to the part's first row
+            rb = row // 16
+            gs_ptr = _pick(rb, nb1, nb2, gs_ptr, gs1_ptr, gs2_ptr, PARTS)
+            bias_ptr = _pick(rb, nb1, nb2, bias_ptr, b1_ptr - 16 * nb1, b2_ptr - 16 * nb2, PARTS)
+    _store_sum(acc0, row, t0, T, N, gs_ptr, bias_ptr, gs1_ptr, b1_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS, GLU)
+    _store_sum(acc1, row, t0 + 1, T, N, gs_ptr, bias_ptr, gs1_ptr, b1_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS, GLU)
+    _store_sum(acc2, row + 8, t0, T, N, gs_ptr, bias_ptr, gs1_ptr, b1_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS, GLU)
+    _store_sum(acc3, row + 8, t0 + 1, T, N, gs_ptr, bias_ptr, gs1_ptr, b1_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS,
+               GLU)
     if NT == 2:
-        _store_sum(acc4, row, t0 + 8, T, N, gs_ptr, bias_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS)
-        _store_sum(acc5, row, t0 + 9, T, N, gs_ptr, bias_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS)
-        _store_sum(acc6, row + 8, t0 + 8, T, N, gs_ptr, bias_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS)
-        _store_sum(acc7, row + 8, t0 + 9, T, N, gs_ptr, bias_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS)
+        _store_sum(acc4, row, t0 + 8, T, N, gs_ptr, bias_ptr, gs1_ptr, b1_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS,
+                   GLU)
+        _store_sum(acc5, row, t0 + 9, T, N, gs_ptr, bias_ptr, gs1_ptr, b1_ptr, y_ptr, s_yt, one, R, KS, HAS_BIAS,
+                   GLU)
+        _store_sum(acc6, row + 8, t0 + 8, T, N, gs_ptr, bias_ptr, gs1_ptr, b1_ptr, y_ptr, s_yt, one, R, KS,
+                   HAS_BIAS, GLU)
+        _store_sum(acc7, row + 8, t0 + 9, T, N, gs_ptr, bias_ptr, gs1_ptr, b1_ptr, y_ptr, s_yt, one, R, KS,
+                   HAS_BIAS, GLU)
 
 
 @dataclass(frozen=True)
@@ -414,12 +441,18 @@ def _wide_acts(x: torch.Tensor) -> bool:
     return x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0
 
 
-def _tiled_options(T: int, N: int, K: int, device, has_bias: bool, wide: bool, cfg=None, parts: int = 1):
-    """(grid, per, the kernel's constexprs and launch options) of one call shape (tiled_launch and TiledPlan)."""
+def _tiled_options(T: int, N: int, K: int, device, has_bias: bool, wide: bool, cfg=None, parts: int = 1,
+                   glu: bool = False):
+    """(grid, per, the kernel's constexprs and launch options) of one call shape (tiled_launch and TiledPlan); glu:
+    two parts of N / 2 rows each, a program takes an even number of blocks."""
     ks, r, per, loads = tiled_config(T, N, K, device, cfg)
+    if glu:
+        if r % 2 and TiledConfig.of(cfg).R:
+            raise ValueError(f"R (={r}) must be even for the GLU epilogue")
+        r = max(r, 2)
     return (cdiv(N // 16, r),), per, dict(R=r, KS=ks, NT=1 if T <= 8 else 2, HAS_BIAS=has_bias, LOADS=loads,
-                                          EVEN=(K // TILE_K) % ks == 0, WIDE=wide, PARTS=parts, num_warps=r * ks,
-                                          **_pdl(device, N, K))
+                                          EVEN=(K // TILE_K) % ks == 0, WIDE=wide, PARTS=parts, GLU=glu,
+                                          num_warps=r * ks, **_pdl(device, N, K))
 
 
 EARLY_RELEASE_BYTES = 48 << 20  # weights below: release the next kernel at entry, else after the main loop
@@ -447,16 +480,16 @@ def _starts(Ns) -> tuple:
     return Ns[0] // 16, (Ns[0] + (Ns[1] if len(Ns) > 1 else 0)) // 16
 
 
-def tiled_launch(x, packed, scales, gs, bias, y, cfg=None, parts=()):
+def tiled_launch(x, packed, scales, gs, bias, y, cfg=None, parts=(), glu=False):
     """x [T, K] (tiled_usable), packed / scales in the tiled layout, gs fp32 [1], bias fp32 [N] or None -> y.
     parts: 1-2 more (packed, scales, gs, bias) of the same K whose outputs y's further columns hold (a fused layer;
-    bias present in all or none)."""
+    bias present in all or none). glu (one more part of the same N): y [T, N] = silu(first) * the other."""
     T, K = x.shape
     ws = [(_u8(p).view(torch.int64), _u8(sc).view(torch.int64), g, b)
           for p, sc, g, b in [(packed, scales, gs, bias), *parts]]
     Ns = [w[0].shape[0] for w in ws]
     N = sum(Ns)
-    grid, per, opts = _tiled_options(T, N, K, x.device, bias is not None, _wide_acts(x), cfg, len(ws))
+    grid, per, opts = _tiled_options(T, N, K, x.device, bias is not None, _wide_acts(x), cfg, len(ws), glu)
     first = (*ws[0][:3], bias if bias is not None else gs)
     launch(_tiled_mma_kernel, grid, x.view(torch.int64), *first[:2], gs, first[3], y, T, N, K // TILE_K, per,
            x.stride(0) // 4, y.stride(0), 1, *_more_parts(first, [t for w in ws[1:] for t in w]), *_starts(Ns),
@@ -466,16 +499,16 @@ def tiled_launch(x, packed, scales, gs, bias, y, cfg=None, parts=()):
 
 
 class TiledPlan:
-    """The kernel launch of one call shape (x's shape, strides, dtype; the parts' N, K; bias or not), worked out
-    once."""
+    """The kernel launch of one call shape (x's shape, strides, dtype; the parts' N, K; bias or not; glu), worked
+    out once."""
     __slots__ = ("T", "N", "dtype", "ints", "main", "nb")
 
-    def __init__(self, x, Ns, has_bias):
+    def __init__(self, x, Ns, has_bias, glu=False):
         T, K = x.shape
         N = sum(Ns)
-        grid, per, opts = _tiled_options(T, N, K, x.device, has_bias, _wide_acts(x), None, len(Ns))  # in the key
-        self.T, self.N, self.dtype = T, N, x.dtype
-        self.ints = (T, N, K // TILE_K, per, x.stride(0) // 4, N, 1)
+        grid, per, opts = _tiled_options(T, N, K, x.device, has_bias, _wide_acts(x), None, len(Ns), glu)  # in key
+        self.T, self.N, self.dtype = T, N // 2 if glu else N, x.dtype
+        self.ints = (T, N, K // TILE_K, per, x.stride(0) // 4, self.N, 1)  # y's row stride: its width
         self.nb = _starts(Ns)
         self.main = Launch(_tiled_mma_kernel, grid, **opts)
 
