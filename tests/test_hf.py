@@ -433,6 +433,18 @@ def test_static_decoder_matches_full_forward(device):
         assert bool(((picked == top2[:, 0]) | (top2[:, 0] - picked <= tie)).all()), i
 
 
+@pytest.mark.parametrize("V", [5, 1024, 3000])
+def test_greedy_is_argmax(V):
+    """StaticDecoder's two-step argmax: the first index of the maximum, as torch.argmax (ties, NaN, all -inf)."""
+    from llmkernels.hf.decode import greedy
+    x = torch.randn(5, V).round()  # ties
+    x[1, V // 2] = x[1, V // 3] = float("nan")
+    x[2] = float("-inf")
+    x[3, -1] = 100.0  # in the padded last chunk
+    for f in (greedy, torch.compile(greedy, fullgraph=True)):
+        assert torch.equal(f(x), x.argmax(-1))
+
+
 def _check_picks(model, out, T, steps):
     """Each decoded token is the argmax of a full forward of the sequence so far, up to a near-tie (the rounding
     of the two attention paths, as _close's tolerance)."""

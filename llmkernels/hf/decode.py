@@ -30,6 +30,19 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     return out.transpose(1, 2).contiguous(), None
 
 
+def greedy(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """logits [B, V] -> argmax [B] (the first index of the maximum), as two reductions: the maximum of each chunk,
+    then the first chunk holding the largest. Compiled, a one-row argmax over a 128K vocabulary is a single
+    latency-bound program (~28 us a step on the H100)."""
+    B, V = logits.shape
+    n = -(-V // chunk)
+    if n * chunk != V:
+        logits = torch.nn.functional.pad(logits, (0, n * chunk - V), value=float("-inf"))
+    v, i = logits.view(B, n, chunk).max(-1)
+    j = v.argmax(-1, keepdim=True)
+    return (i.gather(-1, j) + j * chunk).squeeze(-1)
+
+
 def _register() -> None:
     from transformers import AttentionInterface
     AttentionInterface.register(ATTN_NAME, _attention)
@@ -75,7 +88,7 @@ class StaticDecoder:
     def _run(self, ids, position_ids):
         out = self.model(input_ids=ids, position_ids=position_ids, use_cache=True, logits_to_keep=1,
                          llmk_kv_len=self.kv_len, **{self._cache_kw: self.cache})
-        return out.logits[:, -1].argmax(-1)
+        return greedy(out.logits[:, -1])
 
     def _forward(self, ids, position_ids, decode: bool = False):
         cfg = self.model.config
