@@ -356,7 +356,7 @@ def test_gpu_cuda_graph():
     # the captured split kernel merges its own parts with arrival counters of its own (capture_counters): two
     # graphs of one call shape replayed in turn, and an eager call between, stay correct; the counters end at 0
     from llmkernels.ops.combine.kernel import _ARENA
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())
     x = make_inputs(4, 8, 32, 5000, 128, torch.float16, dev, kept=0.5)
     lens = torch.tensor([5000, 3, 2500, 0], dtype=torch.int32, device="cuda")
     masked_decode(x["q"], x["k"], x["v"], x["drop"], kv_len=lens)  # compile before capture

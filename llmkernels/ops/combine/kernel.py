@@ -7,7 +7,7 @@ import triton.language as tl
 
 from ..._constants import LOG2E_C
 from ..._launch import Launch, launch
-from ..._runtime import capability, interpreting, next_pow2
+from ..._runtime import capability, interpreting, next_pow2, num_sms
 
 @triton.jit
 def pdl_enter(USE_GDC: tl.constexpr, TRIGGER: tl.constexpr = True):
@@ -250,14 +250,16 @@ class SplitParts:
         self.blocks = combine_blocks(S, D)
         # the split kernel's part strides (row of o_part, split of o_part, row of lse_part); with one split, out's
         self.strides = (D, D, 1) if S == 1 else (S * D, D, S)
+        self.sms = num_sms(device) if device.type == "cuda" else 0
         if self.groups and device.type == "cuda" and device.index not in _ARENA and not capturing(device):
             _ARENA[device.index] = [torch.zeros(ARENA_COUNTERS, dtype=torch.int32, device=device), 0]
 
     def launches(self, kernel, grid: tuple, consts: dict) -> tuple:
         """(split, fused): the split kernel's launch, and its merging variant (None where it never merges). A kernel
-        with no merge after it does not release its dependents at entry (see pdl_enter)."""
+        with no merge after it releases its dependents at entry only where its grid leaves SMs free (pdl_enter: else
+        the next call's programs take slots only to wait)."""
         split = Launch(kernel, grid, **consts, TRIGGER=not self.direct_write)
-        fused = Launch(kernel, grid, **consts, FUSED=True, TRIGGER=False,
+        fused = Launch(kernel, grid, **consts, FUSED=True, TRIGGER=grid[0] * grid[1] < self.sms,
                        **dict(zip(("MB_S", "MB_D", "MB_ONE"), self.blocks))) if self.groups else None
         return split, fused
 
