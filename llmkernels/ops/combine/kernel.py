@@ -7,7 +7,7 @@ import triton.language as tl
 
 from ..._constants import LOG2E_C
 from ..._launch import Launch, launch
-from ..._runtime import capability, interpreting, next_pow2, num_sms
+from ..._runtime import capability, interpreting, next_pow2
 
 @triton.jit
 def pdl_enter(USE_GDC: tl.constexpr, TRIGGER: tl.constexpr = True):
@@ -219,29 +219,12 @@ def empty_cache() -> None:
     _SCRATCH.clear()
 
 
-_ARENA = {}  # device index -> [zeroed int32 counters, the first unused]: see capture_counters
-ARENA_COUNTERS = 1 << 16
-
-
-def capture_counters(device: torch.device, n: int):
-    """n zeroed arrival counters owned by one captured call for the life of the process (its graph's replays find
-    them 0 again: merge_if_last re-arms them), so no two graphs or streams share them; None where the arena was not
-    made before the capture (SplitParts makes it outside capture) or is used up: that call merges by a launch."""
-    e = _ARENA.get(device.index)
-    if e is None or e[1] + n > e[0].numel():
-        return None
-    e[1] += n
-    return e[0][e[1] - n:e[1]]
-
-
 class SplitParts:
     """Where a split kernel's R rows x S parts of width D go and how they are merged. S == 1: nowhere, the split
-    kernel writes out and lse itself (direct_write). With fuse, the split kernel merges them itself (merge_if_last,
-    one arrival counter per group of rows): eager calls with the parts and counters of split_scratch (per stream),
-    CUDA-graph captures with a fresh parts buffer and counters of their own (capture_counters; a graph may be
-    replayed beside other work on another stream). Otherwise a CombinePlan launch merges them."""
-
-    SCRATCH = "scratch"  # pick's answer for an eager merging call: the stream's counters
+    kernel writes out and lse itself (direct_write). Eager calls with fuse: the split kernel merges them itself
+    (merge_if_last, one arrival counter per group of rows), parts in split_scratch. Otherwise (fuse False, or
+    CUDA-graph capture, whose graph may be replayed beside other work on another stream) a CombinePlan launch merges
+    them: parts in split_scratch when eager, a fresh buffer under capture."""
 
     def __init__(self, R: int, S: int, D: int, groups: int, fuse: bool, device: torch.device):
         self.direct_write, self.groups = S == 1, groups if fuse and S > 1 else 0
@@ -250,49 +233,48 @@ class SplitParts:
         self.blocks = combine_blocks(S, D)
         # the split kernel's part strides (row of o_part, split of o_part, row of lse_part); with one split, out's
         self.strides = (D, D, 1) if S == 1 else (S * D, D, S)
-        self.sms = num_sms(device) if device.type == "cuda" else 0
-        if self.groups and device.type == "cuda" and device.index not in _ARENA and not capturing(device):
-            _ARENA[device.index] = [torch.zeros(ARENA_COUNTERS, dtype=torch.int32, device=device), 0]
+
+    def fused(self, device: torch.device) -> bool:
+        """This call's split kernel merges its parts (see the class)."""
+        return self.groups > 0 and not capturing(device)
 
     def launches(self, kernel, grid: tuple, consts: dict) -> tuple:
         """(split, fused): the split kernel's launch, and its merging variant (None where it never merges). A kernel
-        with no merge after it releases its dependents at entry only where its grid leaves SMs free (pdl_enter: else
-        the next call's programs take slots only to wait)."""
+        with no merge after it does not release its dependents at entry (see pdl_enter)."""
         split = Launch(kernel, grid, **consts, TRIGGER=not self.direct_write)
-        fused = Launch(kernel, grid, **consts, FUSED=True, TRIGGER=grid[0] * grid[1] < self.sms,
+        fused = Launch(kernel, grid, **consts, FUSED=True, TRIGGER=False,
                        **dict(zip(("MB_S", "MB_D", "MB_ONE"), self.blocks))) if self.groups else None
         return split, fused
 
     def pick(self, split: Launch, fused: Launch, device: torch.device) -> tuple:
-        """(the launch for this call, its counters): `fused`, the split kernel's merging variant, with SCRATCH
-        (eager) or the captured call's own counters, else `split` and None (a merge launch follows)."""
-        if not self.groups:
-            return split, None
-        cnt = capture_counters(device, self.groups) if capturing(device) else self.SCRATCH
-        return (fused, cnt) if cnt is not None else (split, None)
+        """(the launch for this call, whether it merges): `fused`, the split kernel's merging variant, or `split`."""
+        f = self.fused(device)
+        return (fused if f else split), f
 
-    def launch(self, go: Launch, cnt, args: tuple, ints: tuple, out, lse, dummy) -> None:
-        """go(*args, o_part, lse_part, counters, out, lse, *ints) as pick's counters say, and the merge launch where
-        go does not merge; `dummy` stands for the pointers a mode does not use."""
+    def launch(self, go: Launch, fused: bool, args: tuple, ints: tuple, out, lse, dummy) -> None:
+        """go(*args, o_part, lse_part, counters, out, lse, *ints) as the mode needs (pick: go and fused), and the
+        merge launch where go does not merge; `dummy` stands for the pointers a mode does not use."""
         if self.direct_write:  # one split: its part is the result
             go(*args, out, lse, dummy, dummy, dummy, *ints)
             return
-        fused = cnt is not None
-        n = self.numel + self.lse_numel
-        if capturing(out.device):  # the graph's own parts (its pool), replayed only by it
-            parts = torch.empty(n, dtype=torch.float32, device=out.device)
-            o_part, lse_part = parts[:self.numel], parts[self.numel:]
-        else:
-            parts, scnt, pa, ca = split_scratch(out.device, n, self.groups if fused else 0)
-            if go.direct() and (fused or self.merge.launch.direct()):  # kept kernels read addresses only
-                o_part, lse_part, cnt = pa, pa + 4 * self.numel, ca if fused else None
-            else:
-                o_part, lse_part, cnt = parts[:self.numel], parts[self.numel:n], scnt if fused else None
+        o_part, lse_part, cnt = self.get(out.device, fused, go.direct() and (fused or self.merge.launch.direct()))
         if fused:
             go(*args, o_part, lse_part, cnt, out, lse, *ints)
         else:
             go(*args, o_part, lse_part, dummy, dummy, dummy, *ints)
             self.merge(o_part, lse_part, out, lse)
+
+    def get(self, device: torch.device, fused: bool, addresses: bool) -> tuple:
+        """(o_part, lse_part, counters (fused only, else None)): addresses for kept kernels (which read only those),
+        else typed views."""
+        n = self.numel + self.lse_numel
+        if not fused and capturing(device):
+            parts = torch.empty(n, dtype=torch.float32, device=device)
+            return parts[:self.numel], parts[self.numel:], None
+        parts, cnt, pa, ca = split_scratch(device, n, self.groups if fused else 0)
+        if addresses:
+            return pa, pa + 4 * self.numel, ca if fused else None
+        return parts[:self.numel], parts[self.numel:n], cnt if fused else None
 
 
 def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse_out) -> None:
