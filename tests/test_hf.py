@@ -422,8 +422,16 @@ def test_static_decoder_matches_full_forward(device):
     # dense linears keep this fast on the CPU interpreter (NVFP4 layers in the decoder: the two tests below)
     model = _tiny_model(device, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
     ids = torch.randint(0, TINY["vocab_size"], (2, 7), device=device)
-    out = StaticDecoder(model, batch=2, max_len=16, graph=False).generate(ids, 3)
+    dec = StaticDecoder(model, batch=2, max_len=16, graph=False)
+    out = dec.generate(ids, 3)
     assert model.config._attn_implementation == "sdpa"
+    # the layers' cache lengths share one tensor with pos (one add a step), and stay what transformers' would be
+    layers = dec.cache.layers
+    assert all("update" in vars(la) for la in layers) and dec._counts is not None
+    assert [int(la.cumulative_length) for la in layers] == [dec.length] * len(layers) == [int(dec.pos)] * len(layers)
+    assert int(dec.cache.get_seq_length()) == dec.length == 9
+    dec.prefill(ids[:, :5])  # a new prompt resets them
+    assert [int(la.cumulative_length) for la in layers] == [5] * len(layers) and int(dec.pos) == 5
     for i in range(3):
         logits = _logits(model, out[:, :7 + i])[:, -1]
         top2 = logits.topk(2).values
