@@ -59,7 +59,8 @@ class StaticDecoder:
     (contexts up to the window). compile: True (inductor) or a torch.compile backend name: the decode step's forward
     is compiled on the first step, fusing the norms, rotary, residual adds and the MLP's activation (a Llama-3.1-8B
     shape, NVFP4, batch 1: 5.35 -> 3.65 ms a graph step on the H100; inductor's programmatic dependent launch on
-    where the GPU has it); the prefill stays eager.
+    where the GPU has it, and its combo kernels for NVFP4 models); the prefill stays eager. The next token is the
+    argmax of the last logits (greedy).
     """
 
     def __init__(self, model, batch: int, max_len: int, graph: bool = True, compile=False):
