@@ -488,6 +488,8 @@ def tiled_launch(x, packed, scales, gs, bias, y, cfg=None, parts=(), glu=False):
     ws = [(_u8(p).view(torch.int64), _u8(sc).view(torch.int64), g, b)
           for p, sc, g, b in [(packed, scales, gs, bias), *parts]]
     Ns = [w[0].shape[0] for w in ws]
+    if glu and (len(Ns) != 2 or Ns[0] != Ns[1]):
+        raise ValueError(f"glu needs one more part of the same out_features, got parts of {Ns} rows")
     N = sum(Ns)
     grid, per, opts = _tiled_options(T, N, K, x.device, bias is not None, _wide_acts(x), cfg, len(ws), glu)
     first = (*ws[0][:3], bias if bias is not None else gs)
