@@ -175,15 +175,21 @@ def test_module_plan_not_reused_across_shapes(device):
 def test_gpu_tiled_kernel(dtype, T, N, K, cfg):
     # full-range codes and scales, NaN-poisoned output, strided x, bias; a wrong layout or fragment order would
     # mix rows, tokens or K ranges and miss the reference by far more than the tolerance
+    _check_tiled_launch(lambda xs, w, s, gs, b, y: tiled_launch(xs, w, s.view(torch.uint8), gs, b, y, cfg=cfg),
+                        dtype, T, N, K, 64)
+
+
+def _check_tiled_launch(go, dtype, T, N, K, pad):
+    """go(x, packed, scales, gs, bias, y) on the tiled layout against the fp32 reference: full-range codes and
+    scales, x rows strided by K + pad, a bias, y poisoned with NaN."""
     dev = torch.device("cuda")
     w, s = _weights(N, K, dev)
-    xs = torch.randn(T, K + 64, device=dev).to(dtype)[:, :K]
+    xs = torch.randn(T, K + pad, device=dev).to(dtype)[:, :K]
     gs = torch.full((1,), 0.37, device=dev)
     bias = torch.randn(N, device=dev)
-    ref = nvfp4_linear_ref(xs, w, s, gs, bias)
     y = torch.full((T, N), float("nan"), dtype=dtype, device=dev)
-    tiled_launch(xs, tile_packed(w), tile_scales(s).view(torch.uint8), gs, bias, y, cfg=cfg)
-    assert rel_err(y, ref) <= LINEAR_TOL[dtype]
+    go(xs, tile_packed(w), tile_scales(s), gs, bias, y)
+    assert rel_err(y, nvfp4_linear_ref(xs, w, s, gs, bias)) <= LINEAR_TOL[dtype]
 
 
 @pytest.mark.gpu
@@ -259,14 +265,7 @@ def test_gpu_tiled_module_graph_and_compile():
 def test_gpu_prefill_kernel(dtype, T, N, K, cfg):
     # full-range codes and scales, NaN-poisoned output, strided x, bias, rows and tokens past the tiles, K splits
     from llmkernels.ops.nvfp4_gemv.tiled import prefill_launch
-    dev = torch.device("cuda")
-    w, s = _weights(N, K, dev)
-    xs = torch.randn(T, K + 32, device=dev).to(dtype)[:, :K]
-    gs = torch.full((1,), 0.37, device=dev)
-    bias = torch.randn(N, device=dev)
-    y = torch.full((T, N), float("nan"), dtype=dtype, device=dev)
-    prefill_launch(xs, tile_packed(w), tile_scales(s), gs, bias, y, cfg)
-    assert rel_err(y, nvfp4_linear_ref(xs, w, s, gs, bias)) <= LINEAR_TOL[dtype]
+    _check_tiled_launch(lambda *a: prefill_launch(*a, cfg), dtype, T, N, K, 32)
 
 
 def test_dequant_reads_the_tiled_layout(device):
