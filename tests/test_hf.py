@@ -451,6 +451,9 @@ def test_greedy_is_argmax(V):
     x[3, -1] = 100.0  # in the padded last chunk
     for f in (greedy, torch.compile(greedy, fullgraph=True)):
         assert torch.equal(f(x), x.argmax(-1))
+    for bad, kw in ((x[0], {}), (x[:, :0], {}), (x, {"chunk": 0}), (x, {"chunk": 2.0})):
+        with pytest.raises(ValueError, match="logits must|chunk must"):
+            greedy(bad, **kw)
 
 
 def _check_picks(model, out, T, steps):
