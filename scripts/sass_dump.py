@@ -27,6 +27,7 @@ from llmkernels.ops.masked_decode import kernel as MD  # noqa: E402
 from llmkernels.ops.nvfp4_gemv import gemv as NG  # noqa: E402
 from llmkernels.ops.nvfp4_gemv import linear as NL  # noqa: E402
 from llmkernels.ops.nvfp4_gemv import tiled as NT  # noqa: E402
+from llmkernels.ops.nvfp4_gemv import prefill_wgmma as NW  # noqa: E402
 from llmkernels.ops.sparse_mla import attn_dist as SD  # noqa: E402
 from llmkernels.ops.sparse_mla import wgmma_common as W  # noqa: E402
 from llmkernels.ops.sparse_mla import bwd as SB  # noqa: E402
@@ -116,6 +117,8 @@ def linear(T, N, K, dtype, kernel, bias=False):
             NT.tiled_launch(x, w, s, gs, b, y, parts=[(w, s, gs, b)], glu=True)
         elif kernel == "prefill":  # NVFP4Linear above 16 tokens
             NT.prefill_launch(x, w, s, gs, b, y)
+        elif kernel.startswith("wgmma"):  # the Gluon prefill kernel (above 128 tokens); "wgmma BT": its token tile
+            NW.wgmma_prefill_launch(x, w, s, gs, b, y, cfg={"BT": int(kernel[6:])} if kernel[6:] else None)
         elif kernel == "dequant":
             NL.dequant_launch(w, s, gs, e(N, K, dtype=dtype))
         elif kernel == "dequant tiled":
@@ -205,6 +208,9 @@ CONFIGS = {
     "linear tiled T1 4096x4096 bf16": linear(1, 4096, 4096, bf16, "tiled"),
     "linear prefill T64 4096x4096 bf16": linear(64, 4096, 4096, bf16, "prefill"),
     "linear prefill T512 28672x4096 fp16 bias": linear(512, 28672, 4096, torch.float16, "prefill", bias=True),
+    "linear prefill wgmma T512 28672x4096 bf16": linear(512, 28672, 4096, bf16, "wgmma"),
+    "linear prefill wgmma T200 4096x4096 bf16 BT64": linear(200, 4096, 4096, bf16, "wgmma 64"),
+    "linear prefill wgmma T300 4096x14336 fp16 bias split": linear(300, 4096, 14336, f16, "wgmma 128", bias=True),
     "linear tiled T16 8192x28672 fp16 bias": linear(16, 8192, 28672, f16, "tiled", bias=True),
     "linear tiled parts3 T1 2048x4096 bf16": linear(1, 2048, 4096, bf16, "parts3"),
     "linear tiled parts2 T16 14336x4096 fp16 bias": linear(16, 14336, 4096, f16, "parts2", bias=True),

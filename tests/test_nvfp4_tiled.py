@@ -216,8 +216,51 @@ def test_gpu_tiled_kernel_8_byte_aligned_x(T):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T, kernel, cfg", [(4, "tiled", None), (40, "prefill", {"split": 2})])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T,N,K,cfg,pad", [(17, 48, 512, {}, 32), (200, 1040, 768, {}, 64), (77, 4096, 4096, {"BT": 64}, 8),
+                                           (300, 4096, 14336, {"BT": 128}, 32), (512, 2048, 4096, {"split": 3}, 0),
+                                           (129, 160, 2048, {"BT": 256}, 32), (1000, 7168, 4096, {}, 0),
+                                           (65, 16, 256, {}, 33)])
+def test_gpu_wgmma_prefill_kernel(dtype, T, N, K, cfg, pad):
+    # the sm_90 Gluon kernel: rows past N and tokens past the tiles, every token tile, K splits, bias, strided x
+    # (pad 33: an odd row stride, copied before the 4-byte permutation)
+    from llmkernels.ops.nvfp4_gemv.prefill_wgmma import wgmma_prefill_launch
+    _check_tiled_launch(lambda *a: wgmma_prefill_launch(*a, cfg), dtype, T, N, K, pad)
+
+
+def test_permute_x_is_the_fragment_order(device):
+    # x' column 16 kk + 8 ph + 2 c + e of a step holds x column 16 c + 4 kk + 2 ph + e: the codes 2 p + e of word c
+    # (pair p = 2 kk + ph) that the wgmma kernel's lane c puts in slot (ph) of k16 chunk kk
+    from llmkernels.ops.nvfp4_gemv.prefill_wgmma import permute_x
+    x = torch.arange(128, dtype=torch.float16, device=device).repeat(3, 1)
+    xp = permute_x(x[:, :128])
+    for kk in range(4):
+        for ph in range(2):
+            for c in range(4):
+                for e in range(2):
+                    for j in range(2):
+                        assert xp[1, 64 * j + 16 * kk + 8 * ph + 2 * c + e] == 64 * j + 16 * c + 4 * kk + 2 * ph + e
+
+
+def test_wgmma_prefill_plan():
+    from llmkernels.ops.nvfp4_gemv import prefill_wgmma as pw
+    dev = torch.device("cpu")
+    sms = pw.num_sms(dev)
+    assert pw.wgmma_prefill_plan(64, 28672, 4096, dev)[0] == 64
+    assert pw.wgmma_prefill_plan(4096, 28672, 4096, dev) == (256, 1, 16)
+    bt, split, per = pw.wgmma_prefill_plan(512, 4096, 14336, dev)
+    assert bt in (128, 256) and split * per >= 14336 // 256 and (split - 1) * per < 14336 // 256
+    if 32 * 4 < sms:  # 32 row tiles x 4 token tiles under-fill the SMs: K is split
+        assert split > 1
+    with pytest.raises(ValueError, match="BT"):
+        pw.wgmma_prefill_plan(512, 4096, 4096, dev, {"BT": 32})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T, kernel, cfg", [(4, "tiled", None), (40, "prefill", {"split": 2}), (40, "wgmma", None),
+                                            (300, "wgmma", {"split": 2})])
 def test_gpu_nan_scale_and_input(T, kernel, cfg):
+    from llmkernels.ops.nvfp4_gemv.prefill_wgmma import wgmma_prefill_launch
     from llmkernels.ops.nvfp4_gemv.tiled import prefill_launch
     dev = torch.device("cuda")
     w, s = _weights(32, 512, dev)
@@ -226,8 +269,8 @@ def test_gpu_nan_scale_and_input(T, kernel, cfg):
     x = torch.randn(T, 512, device=dev).bfloat16()
     x[2, 100] = float("nan")  # token 2 is NaN for every row
     y = torch.empty(T, 32, dtype=torch.bfloat16, device=dev)
-    (tiled_launch if kernel == "tiled" else prefill_launch)(x, tile_packed(w), tile_scales(s),
-                                                            torch.ones(1, device=dev), None, y, cfg)
+    go = {"tiled": tiled_launch, "prefill": prefill_launch, "wgmma": wgmma_prefill_launch}[kernel]
+    go(x, tile_packed(w), tile_scales(s), torch.ones(1, device=dev), None, y, cfg)
     assert torch.isnan(y[:, 3]).all() and torch.isnan(y[2]).all()
     ok = torch.ones_like(y, dtype=torch.bool)
     ok[:, 3], ok[2] = False, False
@@ -249,7 +292,7 @@ def test_gpu_tiled_module_graph_and_compile():
     assert torch.equal(graph_replay(lambda: q(x)), y0)
     yc = torch.compile(q, fullgraph=True)(x)
     assert torch.equal(yc, y0)
-    # 17-128 tokens take the prefill kernel, more the dequantize path; graphs and compile alike
+    # 17+ tokens take the wgmma kernel on sm_90 (the prefill kernel / dequantize path elsewhere); graphs, compile
     for T in (40, 200):
         xp = torch.randn(T, 1024, device=dev).bfloat16()
         yp = q(xp)

@@ -9,6 +9,7 @@ from ..._validate import (check_bool, check_int, check_interpreter_dtype, check_
 from .format import BLOCK, SCALE_DTYPES, as_bytes, check_k, nvfp4_quantize, u8
 from .gemv import gemv_kept_call, gemv_kept_plan, gemv_launch
 from .linear import MAX_FUSED_T, MmaPlan, dequant_launch, linear_launch
+from .prefill_wgmma import wgmma_prefill_launch, wgmma_prefill_usable
 from .tiled import (TiledPlan, prefill_launch, prefill_usable, tile_packed, tile_scales, tileable, tiled_launch,
                     tiled_usable, untile_packed, untile_scales)
 
@@ -279,13 +280,17 @@ def _linear_tiled_op(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor
 
 def _linear_tiled(x, packed, scales, global_scale, bias):
     """nvfp4_linear's _linear on weights in the tiled layout (see tiled.py): on sm_90 the tiled kernel for 1-16
-    tokens and the prefill kernel for 17-128; the dequantize kernel reading the tiled layout for more tokens, else
-    (other GPUs, the interpreter) the plain path on an untiled copy."""
+    tokens and the Gluon wgmma kernel above (prefill_wgmma.py); on later GPUs the Triton prefill kernel for 17-128
+    and the dequantize kernel reading the tiled layout for more tokens, else (other GPUs, the interpreter) the plain
+    path on an untiled copy."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     if tiled_usable(x):
         y = torch.empty(x.shape[0], packed.shape[0], dtype=x.dtype, device=x.device)
         return tiled_launch(x, packed, scales, global_scale, bias, y)
+    if wgmma_prefill_usable(x):
+        y = torch.empty(x.shape[0], packed.shape[0], dtype=x.dtype, device=x.device)
+        return wgmma_prefill_launch(x, packed, scales, global_scale, bias, y)
     if prefill_usable(x):
         y = torch.empty(x.shape[0], packed.shape[0], dtype=x.dtype, device=x.device)
         return prefill_launch(x, packed, scales, global_scale, bias, y)

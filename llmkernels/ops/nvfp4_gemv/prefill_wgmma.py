@@ -1,0 +1,302 @@
+"""NVFP4 linear prefill on sm_90 (Gluon, warp-specialised): y^T = W x^T on wgmma with the decoded weights as the A
+operand straight from registers and the activations as B from a shared-memory ring.
+
+A program takes 128 rows (two consumer warpgroups of 64: 4 row blocks of the tiled layout, a warp each) x BT tokens
+over a range of K. Each step (64 K) a consumer lane loads the 16 bytes the decode kernel's lane loads (words c of its
+rows g and g + 8, tiled.py) and decodes them with the same pair recipe into exactly its wgmma A fragment (4 k16
+chunks x a0..a3), so no layout conversion or shared-memory pass touches the weights. The fragment's K order is the
+words' (lane c holds word c), not x's: x is permuted once per call (permute_x) so that B's row k' holds x's column
+of the same k. A 4-warp producer cp.asyncs x' tiles [BT, 64] into the ring.
+"""
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._config import KernelConfig
+from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
+                       warpgroup_mma_wait)
+from ..._launch import launch
+from ..._runtime import capability, cdiv, interpreting, num_sms
+from .linear import MMA_MAX_T, _reduce_linear
+from .tiled import TILE_K, _asm_pair, _u8
+
+
+def _asm_step(bf16: bool, u: int) -> str:
+    """PTX: a step's words of rows g ($16) and g + 8 ($17) and the iteration's scale word ($18: this step's scales in
+    bytes 2u, 2u + 1) -> the step's A fragments $0..$15 (k16 chunk kk: 4 kk + (a0, a1, a2, a3) = (row g pair 2kk,
+    row g + 8 pair 2kk, row g pair 2kk + 1, row g + 8 pair 2kk + 1)), E2M1 x scale x 2^-7 exact, as the tiled
+    kernel's decode. cvt.rn.f16x2.e4m3x2 takes both scales at once (exact; NaN stays NaN)."""
+    s = ("{\n.reg .b32 lo0, hi0, lo1, hi1, slo, shi, sf, sc0, sc1, t;\n.reg .b16 s16, h0, h1;\n.reg .f32 f0, f1;\n"
+         "mov.b64 {lo0, hi0}, $16;\nmov.b64 {lo1, hi1}, $17;\nmov.b64 {slo, shi}, $18;\n")
+    src = "slo" if u < 2 else "shi"
+    s += f"shr.u32 sf, {src}, 16;\n" if u % 2 else f"mov.b32 sf, {src};\n"
+    s += "cvt.u16.u32 s16, sf;\ncvt.rn.f16x2.e4m3x2 sf, s16;\n"
+    if bf16:  # scale x 2^119 in bf16 (exact: 448 x 2^119 < 2^128)
+        s += ("mov.b32 {h0, h1}, sf;\ncvt.f32.f16 f0, h0;\ncvt.f32.f16 f1, h1;\n"
+              "mul.f32 f0, f0, 0f7B000000;\nmul.f32 f1, f1, 0f7B000000;\n"
+              "cvt.rn.bf16x2.f32 sc0, f0, f0;\ncvt.rn.bf16x2.f32 sc1, f1, f1;\n")
+    else:  # scale x 2^7 in fp16 (exact: 448 x 2^7 < 65504)
+        s += ("mov.b32 t, 0x58005800;\nmul.rn.f16x2 sf, sf, t;\nmov.b32 {h0, h1}, sf;\n"
+              "mov.b32 sc0, {h0, h0};\nmov.b32 sc1, {h1, h1};\n")
+    for kk in range(4):
+        for slot, (r, p) in enumerate(((0, 2 * kk), (1, 2 * kk), (0, 2 * kk + 1), (1, 2 * kk + 1))):
+            s += _asm_pair(f"lo{r}", f"hi{r}", p, f"${4 * kk + slot}", bf16, f"sc{r}")
+    return s + "}"
+
+
+
+
+@triton.jit
+def _permute_x_kernel(x_ptr, out_ptr, T, K, s_x, BR: tl.constexpr, BK: tl.constexpr):
+    """out [T, K] (contiguous) = x with each 64 columns in the fragments' K order (permute_x), as 4-byte pairs."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)[:, None]
+    q = tl.program_id(1) * (BK // 2) + tl.arange(0, BK // 2)[None, :]  # pair of out: 32 j + 8 kk + 4 ph + c
+    src = (q // 32) * 32 + 8 * (q % 4) + 2 * ((q // 8) % 4) + (q // 4) % 2
+    ok = (r < T) & (q < K // 2)
+    v = tl.load(x_ptr + r.to(tl.int64) * (s_x // 2) + src, mask=ok)
+    tl.store(out_ptr + r.to(tl.int64) * (K // 2) + q, v, mask=ok)
+
+
+def permute_x(x: torch.Tensor) -> torch.Tensor:
+    """x [T, K] -> x' with x'[:, 64 j + 16 kk + 8 ph + 2 c + e] = x[:, 64 j + 16 c + 4 kk + 2 ph + e]: the K order of
+    the A fragments (lane c holds word c of a step, pair 2 kk + ph of it in k16 chunk kk). Rows 4-byte aligned."""
+    T, K = x.shape
+    out = torch.empty(T, K, dtype=x.dtype, device=x.device)
+    BR, BK = 16, 256
+    launch(_permute_x_kernel, (cdiv(T, BR), cdiv(K, BK)), x.view(torch.int32), out.view(torch.int32), T, K,
+           x.stride(0), BR=BR, BK=BK, num_warps=4)
+    return out
+
+
+if HAVE_GLUON:
+    _B0, _B1, _B2, _B3 = (gl.constexpr(_asm_step(True, u)) for u in range(4))
+    _H0, _H1, _H2, _H3 = (gl.constexpr(_asm_step(False, u)) for u in range(4))
+
+    @gluon.jit
+    def _run(asm: gl.constexpr, wt, wb, sv):
+        return gl.inline_asm_elementwise(asm, "=r," * 16 + "l,l,l", [wt, wb, sv], dtype=(gl.int32,) * 16,
+                                         is_pure=True, pack=1)
+
+    @gluon.jit
+    def _decode(wt, wb, sv, u: gl.constexpr, BF16: gl.constexpr):
+        """_asm_step(BF16, u) on one step's words."""
+        if BF16:
+            if u == 0:
+                o = _run(_B0, wt, wb, sv)
+            elif u == 1:
+                o = _run(_B1, wt, wb, sv)
+            elif u == 2:
+                o = _run(_B2, wt, wb, sv)
+            else:
+                o = _run(_B3, wt, wb, sv)
+        else:
+            if u == 0:
+                o = _run(_H0, wt, wb, sv)
+            elif u == 1:
+                o = _run(_H1, wt, wb, sv)
+            elif u == 2:
+                o = _run(_H2, wt, wb, sv)
+            else:
+                o = _run(_H3, wt, wb, sv)
+        return o
+
+    @gluon.jit
+    def _ld2(p):
+        """Two int64 words at p (16 bytes, read-only path)."""
+        return gl.inline_asm_elementwise("ld.global.nc.v2.b64 {$0, $1}, [$2];", "=l,=l,l",
+                                         [p.to(gl.int64, bitcast=True)], dtype=(gl.int64, gl.int64), is_pure=True,
+                                         pack=1)
+
+    @gluon.jit
+    def _ld1(p):
+        return gl.inline_asm_elementwise("ld.global.nc.b64 $0, [$1];", "=l,l", [p.to(gl.int64, bitcast=True)],
+                                         dtype=gl.int64, is_pure=True, pack=1)
+
+    @gluon.jit
+    def _j4(a, b, c, d):
+        """[..] x 4 -> [.., 2, 2], value i at [i // 2, i % 2]."""
+        return gl.join(gl.join(a, c), gl.join(b, d))
+
+    @gluon.jit
+    def _fragments(wt, wb, sv, u: gl.constexpr, DT: gl.constexpr, a_l: gl.constexpr):
+        """One step's words ([4 warps, 8 g, 4 c] each) -> the warpgroup's A operand [64 rows, 64 k'] in a_l, built
+        by joins whose register order is the fragment's (e, row + 8, k' + 8, chunk), so the conversion is free."""
+        o = _decode(wt, wb, sv, u, DT == gl.bfloat16)
+        # o[4 kk + slot]; slot = h + 2 ph. Joins: kk (2 bits), then ph, then h, then the bf16 halves (e)
+        k0 = _j4(o[0], o[4], o[8], o[12])
+        k1 = _j4(o[1], o[5], o[9], o[13])
+        k2 = _j4(o[2], o[6], o[10], o[14])
+        k3 = _j4(o[3], o[7], o[11], o[15])
+        h = gl.join(gl.join(k0, k2), gl.join(k1, k3))  # [w, g, c, kk1, kk0, ph, h]
+        lo = (h & 0xFFFF).to(gl.int16).to(DT, bitcast=True)
+        hi = (h >> 16).to(gl.int16).to(DT, bitcast=True)
+        v = gl.join(lo, hi)  # [w, g, c, kk1, kk0, ph, h, e]
+        v = gl.permute(v, (0, 6, 1, 3, 4, 5, 2, 7))  # [w, h, g, kk1, kk0, ph, c, e]
+        return gl.convert_layout(gl.reshape(v, [64, 64]), a_l, assert_trivial=True)
+
+    @gluon.jit
+    def _consumer(w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, x_s, full, empty, T, N, KI, per, s_yt,
+                  CID: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, PARTIAL: gl.constexpr,
+                  HAS_BIAS: gl.constexpr):
+        """One warpgroup: rows [64 CID, 64 CID + 64) of the program's 128, every step of its K range."""
+        DT: gl.constexpr = x_s.dtype
+        mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
+        l3: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 8, 4], [4, 1, 1], [2, 1, 0])
+        pid_t = gl.program_id(0)
+        pid_n = gl.program_id(1)
+        split = gl.program_id(2)
+        wi = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, l3)))[:, None, None]
+        gi = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, l3)))[None, :, None]
+        ci = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, l3)))[None, None, :]
+        blk = gl.minimum(pid_n * 8 + CID * 4 + wi, N // 16 - 1).to(gl.int64)  # blocks past N: read, not stored
+        lane = 4 * gi + ci
+        it0 = split * per
+        n_it = gl.minimum(per, KI - it0)
+        pw = w_ptr + ((blk * KI + it0) * 128 + lane) * 2  # an iteration: 4 steps x 32 lanes x 2 words
+        ps = s_ptr + (blk * KI + it0) * 32 + lane
+        sv = _ld1(ps)
+        w0t, w0b = _ld2(pw)
+        w1t, w1b = _ld2(pw + 64)
+        w2t, w2b = _ld2(pw + 128)
+        w3t, w3b = _ld2(pw + 192)
+        acc = gl.zeros([64, BT], gl.float32, mma_l)
+        for i in range(n_it):
+            adv = (i + 1 < n_it).to(gl.int64)  # the last iteration reloads its own words (valid addresses)
+            pw += 256 * adv
+            ps += 32 * adv
+            nsv = _ld1(ps)
+            n0t, n0b = _ld2(pw)
+            n1t, n1b = _ld2(pw + 64)
+            n2t, n2b = _ld2(pw + 128)
+            n3t, n3b = _ld2(pw + 192)
+            for u in gl.static_range(4):
+                if u == 0:
+                    a = _fragments(w0t, w0b, sv, 0, DT, a_l)
+                elif u == 1:
+                    a = _fragments(w1t, w1b, sv, 1, DT, a_l)
+                elif u == 2:
+                    a = _fragments(w2t, w2b, sv, 2, DT, a_l)
+                else:
+                    a = _fragments(w3t, w3b, sv, 3, DT, a_l)
+                step = 4 * i + u
+                s = step % STAGES
+                mbarrier.wait(full.index(s), (step // STAGES) & 1)
+                fence_async_shared()
+                acc = warpgroup_mma(a, x_s.index(s).permute((1, 0)), acc, is_async=True)
+                # wait(0): with one product in flight across the next decode, ptxas serialises every wgmma
+                # ("insufficient register resources"); the other consumer's product fills the gap instead
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
+                mbarrier.arrive(empty.index(s), count=1)  # ... so one arrival releases it for this consumer
+            sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b = nsv, n0t, n0b, n1t, n1b, n2t, n2b, n3t, n3b
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        st_l: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
+        rows = pid_n * 128 + CID * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, st_l))[:, None]
+        toks = pid_t * BT + gl.arange(0, BT, layout=gl.SliceLayout(0, st_l))[None, :]
+        ok = (rows < N) & (toks < T)
+        if PARTIAL:
+            v = gl.convert_layout(acc * 128.0, st_l)  # the decode's 2^-7 (exact)
+            gl.store(part_ptr + (split * T + toks.to(gl.int64)) * N + rows, v, mask=ok)
+        else:
+            v = acc * (128.0 * gl.load(gs_ptr))
+            if HAS_BIAS:
+                bl = pid_n * 128 + CID * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma_l))
+                v += gl.load(bias_ptr + bl, mask=bl < N, other=0.0).to(gl.float32)[:, None]
+            v = gl.convert_layout(v.to(DT), st_l)
+            gl.store(y_ptr + toks.to(gl.int64) * s_yt + rows, v, mask=ok)
+
+    @gluon.jit
+    def _producer(x_ptr, x_s, full, empty, T, KI, per, s_xt, BT: gl.constexpr, STAGES: gl.constexpr):
+        """4 warps: cp.async x' tiles [BT, 64] of this program's tokens and K range into the ring, in step order."""
+        g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        toks = gl.program_id(0) * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, g_l))
+        it0 = gl.program_id(2) * per
+        n_steps = 4 * gl.minimum(per, KI - it0)
+        base = (x_ptr + gl.minimum(toks, T - 1).to(gl.int64)[:, None] * s_xt + it0 * 256
+                + gl.arange(0, 64, layout=gl.SliceLayout(0, g_l))[None, :])
+        ok = (toks < T)[:, None]
+        for j in range(n_steps):
+            s = j % STAGES
+            mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1, pred=j >= STAGES)
+            async_copy.async_copy_global_to_shared(x_s.index(s), base + j * 64, mask=ok)
+            async_copy.mbarrier_arrive(full.index(s), increment_count=False)
+
+    @gluon.jit
+    def _prefill_wgmma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, T, N, KI, per, s_xt, s_yt,
+                              BT: gl.constexpr, STAGES: gl.constexpr, PARTIAL: gl.constexpr, HAS_BIAS: gl.constexpr,
+                              CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr,
+                              num_warps: gl.constexpr):
+        """Grid (token tiles, row tiles of 128, K splits): token tiles vary fastest, so the programs reading one
+        row tile's weights run together and share them in L2. PARTIAL: fp32 sums to part [S, T, N]."""
+        DT: gl.constexpr = x_ptr.dtype.element_ty
+        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        x_s = gl.allocate_shared_memory(DT, [STAGES, BT, 64], sl)
+        full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(full.index(i), count=128)
+            mbarrier.init(empty.index(i), count=2)
+
+        gl.warp_specialize([
+            (_consumer, (w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, x_s, full, empty, T, N, KI, per, s_yt,
+                         0, BT, STAGES, PARTIAL, HAS_BIAS)),
+            (_consumer, (w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, x_s, full, empty, T, N, KI, per, s_yt,
+                         1, BT, STAGES, PARTIAL, HAS_BIAS)),
+            (_producer, (x_ptr, x_s, full, empty, T, KI, per, s_xt, BT, STAGES)),
+        ], [4, 4], [CONS_REGS, PROD_REGS])
+
+
+@dataclass(frozen=True)
+class WgmmaPrefillConfig(KernelConfig):
+    """BT tokens a program (64, 128 or 256; 0: planned), STAGES ring slots of [BT, 64], K splits (0: planned), the
+    consumers' and producer's registers (setmaxnreg)."""
+    BT: int = 0
+    STAGES: int = 4
+    split: int = 0
+    CONS_REGS: int = 224
+    PROD_REGS: int = 56
+
+
+def wgmma_prefill_usable(x: torch.Tensor) -> bool:
+    """sm_90 with Gluon, 17+ tokens of fp16 / bf16 (the weights: the tiled layout, so N % 16 == K % 256 == 0)."""
+    if not HAVE_GLUON or interpreting() or x.device.type != "cuda" or capability(x.device) != (9, 0):
+        return False
+    return x.shape[0] > MMA_MAX_T and x.dtype in (torch.bfloat16, torch.float16)
+
+
+def wgmma_prefill_plan(T: int, N: int, K: int, device, cfg=None):
+    """(BT, split, iterations a split). BT 64 up to 64 tokens, 256 from 256 tokens where that still gives half the
+    SMs a tile, else 128; K split where the tiles do not fill the SMs. From the H100 sweep in notes/nvfp4_gemv.md
+    (linear round 20)."""
+    c = WgmmaPrefillConfig.of(cfg)
+    sms, rows, KI = num_sms(device), cdiv(N, 128), K // TILE_K
+    bt = c.BT or (64 if T <= 64 else 256 if T >= 256 and cdiv(T, 256) * rows >= sms // 2 else 128)
+    if bt not in (64, 128, 256):
+        raise ValueError(f"BT (={bt}) must be 64, 128 or 256")
+    tiles = cdiv(T, bt) * rows
+    split = c.split or (1 if tiles >= sms else max(1, min(sms // tiles, KI // 2)))
+    per = cdiv(KI, split)
+    return bt, cdiv(KI, per), per
+
+
+def wgmma_prefill_launch(x, packed, scales, gs, bias, y, cfg=None):
+    """x [T, K] (unit last stride), packed / scales in the tiled layout, gs fp32 [1], bias fp32 [N] or None -> y
+    [T, N] (contiguous)."""
+    c = WgmmaPrefillConfig.of(cfg)
+    T, K = x.shape
+    N = packed.shape[0]
+    bt, split, per = wgmma_prefill_plan(T, N, K, x.device, c)
+    if x.stride(0) % 2 or x.data_ptr() % 4:
+        x = x.contiguous()
+    xp = permute_x(x)
+    part = torch.empty(split, T, N, dtype=torch.float32, device=x.device) if split > 1 else y
+    launch(_prefill_wgmma_kernel, (cdiv(T, bt), cdiv(N, 128), split), xp, _u8(packed).view(torch.int64),
+           _u8(scales).view(torch.int64), gs, bias if bias is not None else gs, y, part, T, N, K // TILE_K, per,
+           xp.stride(0), y.stride(0), BT=bt, STAGES=c.STAGES, PARTIAL=split > 1, HAS_BIAS=bias is not None,
+           CONS_REGS=c.CONS_REGS, PROD_REGS=c.PROD_REGS, num_warps=4)
+    if split > 1:
+        _reduce_linear(part, y, gs, bias)
+    return y
