@@ -217,10 +217,10 @@ def test_gpu_tiled_kernel_8_byte_aligned_x(T):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("T,N,K,cfg,pad", [(17, 48, 512, {}, 32), (200, 1040, 768, {}, 64), (77, 4096, 4096, {"BT": 64}, 8),
-                                           (300, 4096, 14336, {"BT": 128}, 32), (512, 2048, 4096, {"split": 3}, 0),
-                                           (129, 160, 2048, {"BT": 256}, 32), (1000, 7168, 4096, {}, 0),
-                                           (65, 16, 256, {}, 33)])
+@pytest.mark.parametrize("T,N,K,cfg,pad", [(17, 48, 512, {}, 32), (200, 1040, 768, {}, 64),
+                                           (77, 4096, 4096, {"BT": 64}, 8), (300, 4096, 14336, {"BT": 128}, 32),
+                                           (512, 2048, 4096, {"split": 3}, 0), (129, 160, 2048, {"BT": 256}, 32),
+                                           (1000, 7168, 4096, {}, 0), (65, 16, 256, {}, 33)])
 def test_gpu_wgmma_prefill_kernel(dtype, T, N, K, cfg, pad):
     # the sm_90 Gluon kernel: rows past N and tokens past the tiles, every token tile, K splits, bias, strided x
     # (pad 33: an odd row stride, copied before the 4-byte permutation)
