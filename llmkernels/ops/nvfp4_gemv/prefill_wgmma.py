@@ -115,6 +115,15 @@ if HAVE_GLUON:
                                          dtype=gl.int64, is_pure=True, pack=1)
 
     @gluon.jit
+    def _l2_prefetch(pw, ps, ok):
+        """Lane 0 of each warp: the warp's 2 KB of words and 256 bytes of scales of an iteration into L2."""
+        return gl.inline_asm_elementwise(
+            "{\n.reg .pred p;\n.reg .u32 l;\nmov.u32 l, %laneid;\nsetp.eq.u32 p, l, 0;\nsetp.ne.and.s32 p, $3, 0, p;\n"
+            "@p cp.async.bulk.prefetch.L2.global [$1], 2048;\n@p cp.async.bulk.prefetch.L2.global [$2], 256;\n"
+            "mov.u32 $0, 0;\n}", "=r,l,l,r", [pw.to(gl.int64, bitcast=True), ps.to(gl.int64, bitcast=True), ok],
+            dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
     def _j4(a, b, c, d):
         """[..] x 4 -> [.., 2, 2], value i at [i // 2, i % 2]."""
         return gl.join(gl.join(a, c), gl.join(b, d))
@@ -139,7 +148,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _consumer(w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, x_s, full, empty, T, N, KI, per, s_yt,
                   CID: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, PARTIAL: gl.constexpr,
-                  HAS_BIAS: gl.constexpr):
+                  HAS_BIAS: gl.constexpr, L2PF: gl.constexpr):
         """One warpgroup: rows [64 CID, 64 CID + 64) of the program's 128, every step of its K range."""
         DT: gl.constexpr = x_s.dtype
         mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
@@ -167,6 +176,8 @@ if HAVE_GLUON:
             adv = (i + 1 < n_it).to(gl.int64)  # the last iteration reloads its own words (valid addresses)
             pw += 256 * adv
             ps += 32 * adv
+            if L2PF > 0:
+                _l2_prefetch(pw + (L2PF - 1) * 256, ps + (L2PF - 1) * 32, (i + L2PF < n_it).to(gl.int32))
             nsv = _ld1(ps)
             n0t, n0b = _ld2(pw)
             n1t, n1b = _ld2(pw + 64)
@@ -186,11 +197,17 @@ if HAVE_GLUON:
                 mbarrier.wait(full.index(s), (step // STAGES) & 1)
                 fence_async_shared()
                 acc = warpgroup_mma(a, x_s.index(s).permute((1, 0)), acc, is_async=True)
-                # wait(0): with one product in flight across the next decode, ptxas serialises every wgmma
-                # ("insufficient register resources"); the other consumer's product fills the gap instead
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                gl.thread_barrier()  # the whole warpgroup is done reading slot s ...
-                mbarrier.arrive(empty.index(s), count=1)  # ... so one arrival releases it for this consumer
+                if u < 3:  # the previous step's product is done (this one runs on while the next decodes)
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                    if u > 0:  # ... so its slot is free for this consumer: a barrier, then one arrival
+                        gl.thread_barrier()
+                        mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1)
+                else:  # every product of the iteration is done (one in flight across the loop's back edge made
+                    # ptxas serialise every wgmma: "insufficient register resources")
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                    gl.thread_barrier()
+                    mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1)
+                    mbarrier.arrive(empty.index(s), count=1)
             sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b = nsv, n0t, n0b, n1t, n1b, n2t, n2b, n3t, n3b
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         st_l: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
@@ -227,7 +244,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _prefill_wgmma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, T, N, KI, per, s_xt, s_yt,
                               BT: gl.constexpr, STAGES: gl.constexpr, PARTIAL: gl.constexpr, HAS_BIAS: gl.constexpr,
-                              CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr,
+                              L2PF: gl.constexpr, CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr,
                               num_warps: gl.constexpr):
         """Grid (token tiles, row tiles of 128, K splits): token tiles vary fastest, so the programs reading one
         row tile's weights run together and share them in L2. PARTIAL: fp32 sums to part [S, T, N]."""
@@ -242,9 +259,9 @@ if HAVE_GLUON:
 
         gl.warp_specialize([
             (_consumer, (w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, x_s, full, empty, T, N, KI, per, s_yt,
-                         0, BT, STAGES, PARTIAL, HAS_BIAS)),
+                         0, BT, STAGES, PARTIAL, HAS_BIAS, L2PF)),
             (_consumer, (w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, x_s, full, empty, T, N, KI, per, s_yt,
-                         1, BT, STAGES, PARTIAL, HAS_BIAS)),
+                         1, BT, STAGES, PARTIAL, HAS_BIAS, L2PF)),
             (_producer, (x_ptr, x_s, full, empty, T, KI, per, s_xt, BT, STAGES)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
 
@@ -252,19 +269,24 @@ if HAVE_GLUON:
 @dataclass(frozen=True)
 class WgmmaPrefillConfig(KernelConfig):
     """BT tokens a program (64, 128 or 256; 0: planned), STAGES ring slots of [BT, 64], K splits (0: planned), the
-    consumers' and producer's registers (setmaxnreg)."""
+    consumers' and producer's registers (setmaxnreg), l2pf: the weights of the iteration that many ahead prefetched
+    to L2 (-1: 2 for BT <= 128, where a step is short, else none; notes linear round 20)."""
     BT: int = 0
     STAGES: int = 4
     split: int = 0
     CONS_REGS: int = 224
     PROD_REGS: int = 56
+    l2pf: int = -1
+
+
+WGMMA_MAX_T = 2048  # above: dequantize + cuBLAS is faster (1.07-1.13x cuBLAS alone at 4096 tokens vs 1.19-1.28x)
 
 
 def wgmma_prefill_usable(x: torch.Tensor) -> bool:
-    """sm_90 with Gluon, 17+ tokens of fp16 / bf16 (the weights: the tiled layout, so N % 16 == K % 256 == 0)."""
+    """sm_90 with Gluon, 17-2048 tokens of fp16 / bf16 (the weights: the tiled layout, N % 16 == K % 256 == 0)."""
     if not HAVE_GLUON or interpreting() or x.device.type != "cuda" or capability(x.device) != (9, 0):
         return False
-    return x.shape[0] > MMA_MAX_T and x.dtype in (torch.bfloat16, torch.float16)
+    return MMA_MAX_T < x.shape[0] <= WGMMA_MAX_T and x.dtype in (torch.bfloat16, torch.float16)
 
 
 def wgmma_prefill_plan(T: int, N: int, K: int, device, cfg=None):
@@ -296,7 +318,8 @@ def wgmma_prefill_launch(x, packed, scales, gs, bias, y, cfg=None):
     launch(_prefill_wgmma_kernel, (cdiv(T, bt), cdiv(N, 128), split), xp, _u8(packed).view(torch.int64),
            _u8(scales).view(torch.int64), gs, bias if bias is not None else gs, y, part, T, N, K // TILE_K, per,
            xp.stride(0), y.stride(0), BT=bt, STAGES=c.STAGES, PARTIAL=split > 1, HAS_BIAS=bias is not None,
-           CONS_REGS=c.CONS_REGS, PROD_REGS=c.PROD_REGS, num_warps=4)
+           L2PF=c.l2pf if c.l2pf >= 0 else 2 if bt <= 128 else 0, CONS_REGS=c.CONS_REGS, PROD_REGS=c.PROD_REGS,
+           num_warps=4)
     if split > 1:
         _reduce_linear(part, y, gs, bias)
     return y
