@@ -71,36 +71,13 @@ def permute_x(x: torch.Tensor) -> torch.Tensor:
 
 
 if HAVE_GLUON:
-    _B0, _B1, _B2, _B3 = (gl.constexpr(_asm_step(True, u)) for u in range(4))
-    _H0, _H1, _H2, _H3 = (gl.constexpr(_asm_step(False, u)) for u in range(4))
-
-    @gluon.jit
-    def _run(asm: gl.constexpr, wt, wb, sv):
-        return gl.inline_asm_elementwise(asm, "=r," * 16 + "l,l,l", [wt, wb, sv], dtype=(gl.int32,) * 16,
-                                         is_pure=True, pack=1)
+    _ASMS = gl.constexpr(tuple(_asm_step(bf16, u) for bf16 in (False, True) for u in range(4)))
 
     @gluon.jit
     def _decode(wt, wb, sv, u: gl.constexpr, BF16: gl.constexpr):
         """_asm_step(BF16, u) on one step's words."""
-        if BF16:
-            if u == 0:
-                o = _run(_B0, wt, wb, sv)
-            elif u == 1:
-                o = _run(_B1, wt, wb, sv)
-            elif u == 2:
-                o = _run(_B2, wt, wb, sv)
-            else:
-                o = _run(_B3, wt, wb, sv)
-        else:
-            if u == 0:
-                o = _run(_H0, wt, wb, sv)
-            elif u == 1:
-                o = _run(_H1, wt, wb, sv)
-            elif u == 2:
-                o = _run(_H2, wt, wb, sv)
-            else:
-                o = _run(_H3, wt, wb, sv)
-        return o
+        return gl.inline_asm_elementwise(_ASMS[4 * BF16 + u], "=r," * 16 + "l,l,l", [wt, wb, sv],
+                                         dtype=(gl.int32,) * 16, is_pure=True, pack=1)
 
     @gluon.jit
     def _ld2(p):
