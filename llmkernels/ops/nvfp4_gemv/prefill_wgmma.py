@@ -46,8 +46,6 @@ def _asm_step(bf16: bool, u: int) -> str:
     return s + "}"
 
 
-
-
 @triton.jit
 def _permute_x_kernel(x_ptr, out_ptr, T, K, s_x, BR: tl.constexpr, BK: tl.constexpr):
     """out [T, K] (contiguous) = x with each 64 columns in the fragments' K order (permute_x), as 4-byte pairs."""
