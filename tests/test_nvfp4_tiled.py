@@ -228,6 +228,21 @@ def test_gpu_wgmma_prefill_kernel(dtype, T, N, K, cfg, pad):
     _check_tiled_launch(lambda *a: wgmma_prefill_launch(*a, cfg), dtype, T, N, K, pad)
 
 
+@pytest.mark.gpu
+def test_gpu_wgmma_prefill_unaligned_x():
+    # a contiguous x starting 2 bytes past a 4-byte boundary: the 4-byte permutation works on an aligned copy
+    from llmkernels.ops.nvfp4_gemv.prefill_wgmma import wgmma_prefill_launch
+    dev = torch.device("cuda")
+    T, N, K = 40, 64, 512
+    w, s = _weights(N, K, dev)
+    x = torch.randn(T * K + 1, device=dev).bfloat16()[1:].view(T, K)
+    assert x.is_contiguous() and x.data_ptr() % 4 == 2
+    gs = torch.full((1,), 0.37, device=dev)
+    y = torch.full((T, N), float("nan"), dtype=torch.bfloat16, device=dev)
+    wgmma_prefill_launch(x, tile_packed(w), tile_scales(s), gs, None, y)
+    assert rel_err(y, nvfp4_linear_ref(x, w, s, gs, None)) <= LINEAR_TOL[torch.bfloat16]
+
+
 def test_permute_x_is_the_fragment_order(device):
     # x' column 16 kk + 8 ph + 2 c + e of a step holds x column 16 c + 4 kk + 2 ph + e: the codes 2 p + e of word c
     # (pair p = 2 kk + ph) that the wgmma kernel's lane c puts in slot (ph) of k16 chunk kk

@@ -286,8 +286,8 @@ def wgmma_prefill_launch(x, packed, scales, gs, bias, y, cfg=None):
     T, K = x.shape
     N = packed.shape[0]
     bt, split, per = wgmma_prefill_plan(T, N, K, x.device, c)
-    if x.stride(0) % 2 or x.data_ptr() % 4:
-        x = x.contiguous()
+    if x.stride(0) % 2 or x.data_ptr() % 4:  # permute_x reads 4-byte pairs: a copy (aligned, even stride)
+        x = x.clone(memory_format=torch.contiguous_format)
     xp = permute_x(x)
     part = torch.empty(split, T, N, dtype=torch.float32, device=x.device) if split > 1 else y
     launch(_prefill_wgmma_kernel, (cdiv(T, bt), cdiv(N, 128), split), xp, _u8(packed).view(torch.int64),
