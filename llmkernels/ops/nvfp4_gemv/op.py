@@ -285,15 +285,11 @@ def _linear_tiled(x, packed, scales, global_scale, bias):
     path on an untiled copy."""
     if x.stride(-1) != 1:
         x = x.contiguous()
-    if tiled_usable(x):
+    kernel = (tiled_launch if tiled_usable(x) else wgmma_prefill_launch if wgmma_prefill_usable(x)
+              else prefill_launch if prefill_usable(x) else None)
+    if kernel is not None:
         y = torch.empty(x.shape[0], packed.shape[0], dtype=x.dtype, device=x.device)
-        return tiled_launch(x, packed, scales, global_scale, bias, y)
-    if wgmma_prefill_usable(x):
-        y = torch.empty(x.shape[0], packed.shape[0], dtype=x.dtype, device=x.device)
-        return wgmma_prefill_launch(x, packed, scales, global_scale, bias, y)
-    if prefill_usable(x):
-        y = torch.empty(x.shape[0], packed.shape[0], dtype=x.dtype, device=x.device)
-        return prefill_launch(x, packed, scales, global_scale, bias, y)
+        return kernel(x, packed, scales, global_scale, bias, y)
     if x.shape[0] > MAX_FUSED_T:  # prefill: dequantize straight from the tiled layout
         return _dequant_linear(x, u8(packed), u8(scales), global_scale, bias, True)
     return _linear(x, untile_packed(packed), untile_scales(scales), global_scale, bias)

@@ -20,7 +20,7 @@ from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mb
 from ..._launch import launch
 from ..._runtime import capability, cdiv, interpreting, num_sms
 from .linear import MMA_MAX_T, _reduce_linear
-from .tiled import TILE_K, _asm_pair, _u8
+from .tiled import TILE_K, _u8, asm_chunk
 
 
 def _asm_step(bf16: bool, u: int) -> str:
@@ -40,10 +40,7 @@ def _asm_step(bf16: bool, u: int) -> str:
     else:  # scale x 2^7 in fp16 (exact: 448 x 2^7 < 65504)
         s += ("mov.b32 t, 0x58005800;\nmul.rn.f16x2 sf, sf, t;\nmov.b32 {h0, h1}, sf;\n"
               "mov.b32 sc0, {h0, h0};\nmov.b32 sc1, {h1, h1};\n")
-    for kk in range(4):
-        for slot, (r, p) in enumerate(((0, 2 * kk), (1, 2 * kk), (0, 2 * kk + 1), (1, 2 * kk + 1))):
-            s += _asm_pair(f"lo{r}", f"hi{r}", p, f"${4 * kk + slot}", bf16, f"sc{r}")
-    return s + "}"
+    return s + "".join(asm_chunk(kk, [f"${4 * kk + slot}" for slot in range(4)], bf16) for kk in range(4)) + "}"
 
 
 @triton.jit

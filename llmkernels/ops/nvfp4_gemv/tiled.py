@@ -117,6 +117,13 @@ def _asm_pair(lo: str, hi: str, p: int, dst: str, bf16: bool, sc: str) -> str:
     return out + f"mul.rn.{'bf16' if bf16 else 'f16'}x2 {dst}, {dst}, {sc};\n"
 
 
+def asm_chunk(j: int, dsts, bf16: bool) -> str:
+    """PTX: k16 chunk j's A fragment (dsts = a0..a3: rows g / g + 8 of pair 2j, then of pair 2j + 1) from the words
+    in lo0 / hi0 (row g) and lo1 / hi1 (row g + 8), scales sc0 / sc1 (_asm_pair)."""
+    return "".join(_asm_pair(f"lo{r}", f"hi{r}", p, d, bf16, f"sc{r}")
+                   for (r, p), d in zip(((0, 2 * j), (1, 2 * j), (0, 2 * j + 1), (1, 2 * j + 1)), dsts))
+
+
 def _asm_word(bf16: bool) -> str:
     """A whole word ($8, int64) and its scale ($9, 16-bit, as _asm_pair wants it) -> its 8 pairs ($0..$7)."""
     return ("{\n.reg .b32 lo, hi, sc, t;\nmov.b64 {lo, hi}, $8;\nmov.b32 sc, {$9, $9};\n"
@@ -140,9 +147,7 @@ def _asm_mma_tiled(bf16: bool, nt: int = 1) -> str:
          f"mov.b32 sc0, {{${st}, ${st}}};\nmov.b32 sc1, {{${sb}, ${sb}}};\n")
 
     for j in range(4):
-        s += "".join(_asm_pair(f"lo{r}", f"hi{r}", p, dst, bf16, f"sc{r}")
-                     for r, p, dst in ((0, 2 * j, "a0"), (1, 2 * j, "a1"), (0, 2 * j + 1, "a2"), (1, 2 * j + 1, "a3")))
-        s += asm_mma_tokens(ty, nt, 2 * na + 4 + j)
+        s += asm_chunk(j, ("a0", "a1", "a2", "a3"), bf16) + asm_mma_tokens(ty, nt, 2 * na + 4 + j)
     return s + "}"
 
 
@@ -497,7 +502,6 @@ def tiled_launch(x, packed, scales, gs, bias, y, cfg=None, parts=(), glu=False):
            x.stride(0) // 4, y.stride(0), 1, *_more_parts(first, [t for w in ws[1:] for t in w]), *_starts(Ns),
            **opts)
     return y
-
 
 
 class TiledPlan:
