@@ -121,9 +121,9 @@ def _sparse_mla():
 def _nvfp4():
     from ..ops.nvfp4_gemv import spec
     from ..ops.nvfp4_gemv.op import NVFP4Linear, custom_kernel, nvfp4_linear
-    T, N, K = 1, 4096, 4096
+    N, K = 4096, 4096
 
-    def make(api):
+    def make(T, api):
         x = spec.make_linear_inputs(T, N, K, torch.bfloat16, torch.device("cuda"), bias=False)
         x["api"] = api
         return x
@@ -146,8 +146,12 @@ def _nvfp4():
         data = (x["a"], x["b"], x["sfa"], x["sfb"], None, None, x["c"])
         return lambda: custom_kernel(data)
 
-    return [OpBench("nvfp4_linear", lambda quick: [_case({"T": T, "N": N, "K": K, "api": a}, lambda a=a: make(a))
-                                                   for a in ("module", "function")],
+    calls = [(1, "module"), (1, "function"), (300, "module")]  # 300 tokens: the prefill path (sm_90: wgmma)
+
+    def cases(quick):
+        return [_case({"T": T, "N": N, "K": K, "api": a}, lambda T=T, a=a: make(T, a)) for T, a in calls]
+
+    return [OpBench("nvfp4_linear", cases,
                     [Impl("llmkernels-eager", ours), Impl("torch-linear-bf16-eager", linear)]),
             OpBench("nvfp4_gemv", lambda quick: [_case({"M": M, "K": KG, "L": L, "api": "custom_kernel"},
                                                        lambda: spec.make_inputs(M, KG, L, torch.device("cuda")))],
