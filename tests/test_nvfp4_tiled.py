@@ -316,6 +316,24 @@ def test_gpu_tiled_module_graph_and_compile():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T, pad, off, dtype", [(40, 0, 0, torch.bfloat16), (300, 64, 0, torch.float16),
+                                                (77, 0, 1, torch.bfloat16), (1100, 8, 0, torch.bfloat16)])
+def test_gpu_module_prefill_plan(T, pad, off, dtype):
+    # the module's prefill through its cached plan (sm_90: WgmmaPrefillPlan): the first call takes Triton's launch,
+    # later ones the kept kernels; K splits (40, 77 tokens), strided rows, a start 2 bytes past alignment (copied)
+    dev = torch.device("cuda")
+    K = 1024
+    q = NVFP4Linear.from_linear(torch.nn.Linear(K, 512, bias=True, device=dev))
+    buf = torch.randn(T * (K + pad) + off, device=dev).to(dtype)
+    x = buf[off:].view(T, K + pad)[:, :K]
+    packed, scales = q.plain_weight()
+    ref = nvfp4_linear_ref(x, packed, scales, q.global_scale, q.bias)
+    ys = [q(x) for _ in range(3)]
+    assert rel_err(ys[0], ref) <= LINEAR_TOL[dtype]
+    assert torch.equal(ys[1], ys[0]) and torch.equal(ys[2], ys[0])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("T,N,K,cfg", [(17, 48, 512, {}), (33, 1040, 4352, {}), (100, 272, 1024, {"split": 3}),
                                        (128, 160, 2048, {"BT": 64}), (64, 96, 768, {"split": 1}),

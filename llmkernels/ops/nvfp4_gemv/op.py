@@ -9,7 +9,7 @@ from ..._validate import (check_bool, check_int, check_interpreter_dtype, check_
 from .format import BLOCK, SCALE_DTYPES, as_bytes, check_k, nvfp4_quantize, u8
 from .gemv import gemv_kept_call, gemv_kept_plan, gemv_launch
 from .linear import MAX_FUSED_T, MmaPlan, dequant_launch, linear_launch
-from .prefill_wgmma import wgmma_prefill_launch, wgmma_prefill_usable
+from .prefill_wgmma import WgmmaPrefillPlan, wgmma_prefill_launch, wgmma_prefill_usable
 from .tiled import (TiledPlan, prefill_launch, prefill_usable, tile_packed, tile_scales, tileable, tiled_launch,
                     tiled_usable, untile_packed, untile_scales)
 
@@ -305,7 +305,9 @@ class _TiledHit:
 
     def __init__(self, x, x2, N, has_bias):
         self.flat = x.dim() == 2 and x.stride(-1) == 1  # x is its own [T, K] (else reshaped, as on the first call)
-        self.plan = TiledPlan(x2, (N,), has_bias) if x.stride(-1) == 1 and tiled_usable(x2) else None
+        unit = x.stride(-1) == 1
+        self.plan = (TiledPlan(x2, (N,), has_bias) if unit and tiled_usable(x2) else
+                     WgmmaPrefillPlan(x2, N, has_bias) if unit and wgmma_prefill_usable(x2) else None)
         self.token = new_token()
 
 

@@ -17,8 +17,9 @@ import triton.language as tl
 from ..._config import KernelConfig
 from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                        warpgroup_mma_wait)
-from ..._launch import launch
+from ..._launch import Launch, launch
 from ..._runtime import capability, cdiv, interpreting, num_sms
+from .common import _nvfp4_splitk_reduce_kernel
 from .linear import MMA_MAX_T, _reduce_linear
 from .tiled import TILE_K, _u8, asm_chunk
 
@@ -54,14 +55,25 @@ def _permute_x_kernel(x_ptr, out_ptr, T, K, s_x, BR: tl.constexpr, BK: tl.conste
     tl.store(out_ptr + r.to(tl.int64) * (K // 2) + q, v, mask=ok)
 
 
+_PERM = dict(BR=16, BK=256, num_warps=4)
+
+
+def _perm_grid(T: int, K: int):
+    return cdiv(T, _PERM["BR"]), cdiv(K, _PERM["BK"])
+
+
+def _pairs_ok(x: torch.Tensor) -> bool:
+    """permute_x reads x as 4-byte pairs: an even row stride and a 4-byte aligned start (else it reads a copy)."""
+    return x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
+
+
 def permute_x(x: torch.Tensor) -> torch.Tensor:
     """x [T, K] -> x' with x'[:, 64 j + 16 kk + 8 ph + 2 c + e] = x[:, 64 j + 16 c + 4 kk + 2 ph + e]: the K order of
     the A fragments (lane c holds word c of a step, pair 2 kk + ph of it in k16 chunk kk). Rows 4-byte aligned."""
     T, K = x.shape
     out = torch.empty(T, K, dtype=x.dtype, device=x.device)
-    BR, BK = 16, 256
-    launch(_permute_x_kernel, (cdiv(T, BR), cdiv(K, BK)), x.view(torch.int32), out.view(torch.int32), T, K,
-           x.stride(0), BR=BR, BK=BK, num_warps=4)
+    launch(_permute_x_kernel, _perm_grid(T, K), x.view(torch.int32), out.view(torch.int32), T, K, x.stride(0),
+           **_PERM)
     return out
 
 
@@ -276,22 +288,67 @@ def wgmma_prefill_plan(T: int, N: int, K: int, device, cfg=None):
     return bt, cdiv(KI, per), per
 
 
+def _setup(T: int, N: int, K: int, device, has_bias: bool, cfg=None):
+    """(grid, iterations a split, the kernel's constexprs and options) of one call shape."""
+    c = WgmmaPrefillConfig.of(cfg)
+    bt, split, per = wgmma_prefill_plan(T, N, K, device, c)
+    opts = dict(BT=bt, STAGES=c.STAGES, PARTIAL=split > 1, HAS_BIAS=has_bias,
+                L2PF=c.l2pf if c.l2pf >= 0 else 2 if bt <= 128 else 0, CONS_REGS=c.CONS_REGS, PROD_REGS=c.PROD_REGS,
+                num_warps=4)
+    return (cdiv(T, bt), cdiv(N, 128), split), per, opts
+
+
 def wgmma_prefill_launch(x, packed, scales, gs, bias, y, cfg=None):
     """x [T, K] (unit last stride), packed / scales in the tiled layout, gs fp32 [1], bias fp32 [N] or None -> y
     [T, N] (contiguous)."""
-    c = WgmmaPrefillConfig.of(cfg)
     T, K = x.shape
     N = packed.shape[0]
-    bt, split, per = wgmma_prefill_plan(T, N, K, x.device, c)
-    if x.stride(0) % 2 or x.data_ptr() % 4:  # permute_x reads 4-byte pairs: a copy (aligned, even stride)
-        x = x.clone(memory_format=torch.contiguous_format)
-    xp = permute_x(x)
+    grid, per, opts = _setup(T, N, K, x.device, bias is not None, cfg)
+    xp = permute_x(x if _pairs_ok(x) else x.clone(memory_format=torch.contiguous_format))
+    split = grid[2]
     part = torch.empty(split, T, N, dtype=torch.float32, device=x.device) if split > 1 else y
-    launch(_prefill_wgmma_kernel, (cdiv(T, bt), cdiv(N, 128), split), xp, _u8(packed).view(torch.int64),
-           _u8(scales).view(torch.int64), gs, bias if bias is not None else gs, y, part, T, N, K // TILE_K, per,
-           xp.stride(0), y.stride(0), BT=bt, STAGES=c.STAGES, PARTIAL=split > 1, HAS_BIAS=bias is not None,
-           L2PF=c.l2pf if c.l2pf >= 0 else 2 if bt <= 128 else 0, CONS_REGS=c.CONS_REGS, PROD_REGS=c.PROD_REGS,
-           num_warps=4)
+    launch(_prefill_wgmma_kernel, grid, xp, _u8(packed).view(torch.int64), _u8(scales).view(torch.int64), gs,
+           bias if bias is not None else gs, y, part, T, N, K // TILE_K, per, xp.stride(0), y.stride(0), **opts)
     if split > 1:
         _reduce_linear(part, y, gs, bias)
     return y
+
+
+class WgmmaPrefillPlan:
+    """wgmma_prefill_launch for one call shape (x's shape, strides, dtype and alignment; N; bias or not), worked out
+    once for the op's cached plans (see _launch): a call allocates x', y (and the split parts) and hands their
+    pointers to the kept kernels (an eager prefill call: 104-136 us of host time before, notes linear round 21)."""
+    __slots__ = ("T", "N", "K", "dtype", "copy", "split", "ints", "perm", "main", "reduce")
+
+    def __init__(self, x, N: int, has_bias: bool):
+        T, K = x.shape
+        grid, per, opts = _setup(T, N, K, x.device, has_bias)
+        self.T, self.N, self.K, self.dtype, self.split = T, N, K, x.dtype, grid[2]
+        self.copy = not _pairs_ok(x)
+        self.ints = (T, N, K // TILE_K, per, K, N)  # x' and y are contiguous
+        self.perm = Launch(_permute_x_kernel, _perm_grid(T, K), **_PERM)
+        self.main = Launch(_prefill_wgmma_kernel, grid, **opts)
+        self.reduce = Launch(_nvfp4_splitk_reduce_kernel, (cdiv(N, 256), T), SPLIT=self.split, BLOCK=256,
+                             HAS_SCALE_PTR=True, HAS_BIAS=has_bias) if self.split > 1 else None
+
+    def __call__(self, x, packed, scales, gs, bias):
+        """x [T, K], packed / scales (tiled) as the plan's key had them (a kept kernel reads addresses only)."""
+        T, N, K = self.T, self.N, self.K
+        if self.copy:
+            x = x.clone(memory_format=torch.contiguous_format)
+        xp = torch.empty(T, K, dtype=self.dtype, device=x.device)
+        y = torch.empty(T, N, dtype=self.dtype, device=x.device)
+        b = bias if bias is not None else gs
+        if self.perm.direct():
+            self.perm(x, xp, T, K, x.stride(0))
+        else:  # Triton's path (first call, launch hooks) types the pointers from the tensors
+            self.perm(x.view(torch.int32), xp.view(torch.int32), T, K, x.stride(0))
+        if not self.main.direct():
+            packed, scales = _u8(packed).view(torch.int64), _u8(scales).view(torch.int64)
+        if self.reduce is None:
+            self.main(xp, packed, scales, gs, b, y, y, *self.ints)
+            return y
+        part = torch.empty(self.split, T, N, dtype=torch.float32, device=x.device)
+        self.main(xp, packed, scales, gs, b, y, part, *self.ints)
+        self.reduce(part, y, gs, b, 1.0, T, N, N, 1)
+        return y
