@@ -302,6 +302,13 @@ def _reduce_linear(part, y, gs, bias):
            T, N, y.stride(0), 1, SPLIT=S, BLOCK=blk, HAS_SCALE_PTR=True, HAS_BIAS=bias is not None)
 
 
+def reduce_plan(split: int, T: int, N: int, has_bias: bool):
+    """_reduce_linear for a plan (None without a split): called as (part, y, gs, bias or gs, 1.0, T, N, N, 1) on a
+    contiguous y."""
+    return Launch(_nvfp4_splitk_reduce_kernel, (cdiv(N, 256), T), SPLIT=split, BLOCK=256, HAS_SCALE_PTR=True,
+                  HAS_BIAS=has_bias) if split > 1 else None
+
+
 MMA_MAX_T = 16  # tokens of the register-fed mma kernel: one or two groups of 8 (the mma's N)
 
 
@@ -362,8 +369,7 @@ class MmaPlan:
         self.strides = (x.stride(0) // 4, w8.stride(0) // 8, s8.stride(0), N, 1)
         self.main = Launch(_linear_mma_kernel, (tiles, self.split),
                            **_mma_options(c, T, self.split, self.per, self.bias))
-        self.reduce = Launch(_nvfp4_splitk_reduce_kernel, (cdiv(N, 256), T), SPLIT=self.split, BLOCK=256,
-                             HAS_SCALE_PTR=True, HAS_BIAS=self.bias) if self.split > 1 else None
+        self.reduce = reduce_plan(self.split, T, N, self.bias)
 
     @staticmethod
     def usable(x, w8, s8, bias) -> bool:

@@ -279,10 +279,10 @@ def _linear_tiled_op(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor
 
 
 def _linear_tiled(x, packed, scales, global_scale, bias):
-    """nvfp4_linear's _linear on weights in the tiled layout (see tiled.py): on sm_90 the tiled kernel for 1-16
-    tokens and the Gluon wgmma kernel above (prefill_wgmma.py); on later GPUs the Triton prefill kernel for 17-128
-    and the dequantize kernel reading the tiled layout for more tokens, else (other GPUs, the interpreter) the plain
-    path on an untiled copy."""
+    """nvfp4_linear's _linear on weights in the tiled layout (see tiled.py): on sm_90+ the tiled kernel for 1-16
+    tokens; on sm_90 the Gluon wgmma kernel for 17-2048 (prefill_wgmma.py), on later GPUs the Triton prefill kernel
+    for 17-128; the dequantize kernel reading the tiled layout for more tokens; else (other GPUs, the interpreter)
+    the plain path on an untiled copy."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     kernel = (tiled_launch if tiled_usable(x) else wgmma_prefill_launch if wgmma_prefill_usable(x)

@@ -19,8 +19,7 @@ from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mb
                        warpgroup_mma_wait)
 from ..._launch import Launch, launch
 from ..._runtime import capability, cdiv, interpreting, num_sms
-from .common import _nvfp4_splitk_reduce_kernel
-from .linear import MMA_MAX_T, _reduce_linear
+from .linear import MMA_MAX_T, _reduce_linear, reduce_plan
 from .tiled import TILE_K, _u8, asm_chunk
 
 
@@ -328,8 +327,7 @@ class WgmmaPrefillPlan:
         self.ints = (T, N, K // TILE_K, per, K, N)  # x' and y are contiguous
         self.perm = Launch(_permute_x_kernel, _perm_grid(T, K), **_PERM)
         self.main = Launch(_prefill_wgmma_kernel, grid, **opts)
-        self.reduce = Launch(_nvfp4_splitk_reduce_kernel, (cdiv(N, 256), T), SPLIT=self.split, BLOCK=256,
-                             HAS_SCALE_PTR=True, HAS_BIAS=has_bias) if self.split > 1 else None
+        self.reduce = reduce_plan(self.split, T, N, has_bias)
 
     def __call__(self, x, packed, scales, gs, bias):
         """x [T, K], packed / scales (tiled) as the plan's key had them (a kept kernel reads addresses only)."""
