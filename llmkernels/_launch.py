@@ -181,8 +181,8 @@ def _direct(fn, ck, n_args, kwargs):
     run = getattr(ck, "run", None)
     params = getattr(fn, "params", None)
     if run is None or params is None or getattr(run, "global_scratch_size", 1) or \
-            getattr(run, "profile_scratch_size", 1) or getattr(ck.metadata, "tensordesc_meta", None):
-        return None  # scratch or TMA descriptors: Triton's launcher prepares them per call
+            getattr(run, "profile_scratch_size", 1):
+        return None  # scratch: Triton's launcher prepares it per call (TMA descriptors: run.launch encodes them)
     tail = []
     for p in params[n_args:]:  # the constexprs after the positional arguments, in the kernel's order
         if not p.is_constexpr:

@@ -220,10 +220,12 @@ def test_gpu_tiled_kernel_8_byte_aligned_x(T):
 @pytest.mark.parametrize("T,N,K,cfg,pad", [(17, 48, 512, {}, 32), (200, 1040, 768, {}, 64),
                                            (77, 4096, 4096, {"BT": 64}, 8), (300, 4096, 14336, {"BT": 128}, 32),
                                            (512, 2048, 4096, {"split": 3}, 0), (129, 160, 2048, {"BT": 256}, 32),
-                                           (1000, 7168, 4096, {}, 0), (65, 16, 256, {}, 33)])
+                                           (1000, 7168, 4096, {}, 0), (65, 16, 256, {}, 33),
+                                           (300, 1200, 2048, {"NSM": 9}, 32), (512, 28672, 4096, {}, 0)])
 def test_gpu_wgmma_prefill_kernel(dtype, T, N, K, cfg, pad):
     # the sm_90 Gluon kernel: rows past N and tokens past the tiles, every token tile, K splits, bias, strided x
-    # (pad 33: an odd row stride, copied before the 4-byte permutation)
+    # (pad 33: an odd row stride, copied before the 4-byte permutation); the last wave's row tiles split (NSM 9: 20
+    # tiles, the last row tile, rows past N, in 4 pieces; 28672 x 4096 at 512 tokens: 26 row tiles in 2 pieces)
     from llmkernels.ops.nvfp4_gemv.prefill_wgmma import wgmma_prefill_launch
     _check_tiled_launch(lambda *a: wgmma_prefill_launch(*a, cfg), dtype, T, N, K, pad)
 
@@ -248,7 +250,8 @@ def test_permute_x_is_the_fragment_order(device):
     # (pair p = 2 kk + ph) that the wgmma kernel's lane c puts in slot (ph) of k16 chunk kk
     from llmkernels.ops.nvfp4_gemv.prefill_wgmma import permute_x
     x = torch.arange(128, dtype=torch.float16, device=device).repeat(3, 1)
-    xp = permute_x(x[:, :128])
+    xp = permute_x(x[:, :128], rows=20)  # padded to whole token tiles: rows past x's are zero (the TMA boxes)
+    assert xp.shape == (20, 128) and not xp[3:].any() and (xp[0] == xp[2]).all()
     for kk in range(4):
         for ph in range(2):
             for c in range(4):
@@ -258,17 +261,22 @@ def test_permute_x_is_the_fragment_order(device):
 
 
 def test_wgmma_prefill_plan():
+    # (BT, row tiles run whole, pieces of each later one, iterations a piece), as on an H100 (132 SMs)
     from llmkernels.ops.nvfp4_gemv import prefill_wgmma as pw
-    dev = torch.device("cpu")
-    sms = pw.num_sms(dev)
-    assert pw.wgmma_prefill_plan(64, 28672, 4096, dev)[0] == 64
-    assert pw.wgmma_prefill_plan(4096, 28672, 4096, dev) == (256, 1, 16)
-    bt, split, per = pw.wgmma_prefill_plan(512, 4096, 14336, dev)
-    assert bt in (128, 256) and split * per >= 14336 // 256 and (split - 1) * per < 14336 // 256
-    if 32 * 4 < sms:  # 32 row tiles x 4 token tiles under-fill the SMs: K is split
-        assert split > 1
+
+    def plan(T, N, K, **c):
+        return pw.wgmma_prefill_plan(T, N, K, torch.device("cpu"), {"NSM": 132, **c})
+
+    assert plan(64, 28672, 4096)[0] == 64
+    assert plan(1024, 28672, 4096) == (256, 224, 1, 16)  # 896 tiles: 6.8 waves, the last one too full to split
+    # 448 tiles of 256 tokens: 3 waves + 52 tiles, whose 26 row tiles run in 2 pieces of K (104 programs)
+    assert plan(512, 28672, 4096) == (256, 198, 2, 8)
+    assert plan(512, 28672, 4096, tail=False) == (256, 224, 1, 16)
+    assert plan(512, 4096, 14336) == (128, 32, 1, 56)  # 128 tiles of 128 tokens: one wave
+    assert plan(64, 4096, 4096) == (64, 0, 4, 4)  # 32 tiles: every one in 4 pieces
+    assert plan(512, 2048, 4096, split=3) == (128, 0, 3, 6)
     with pytest.raises(ValueError, match="BT"):
-        pw.wgmma_prefill_plan(512, 4096, 4096, dev, {"BT": 32})
+        plan(512, 4096, 4096, BT=32)
 
 
 @pytest.mark.gpu

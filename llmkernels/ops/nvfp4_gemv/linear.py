@@ -303,8 +303,8 @@ def _reduce_linear(part, y, gs, bias):
 
 
 def reduce_plan(split: int, T: int, N: int, has_bias: bool):
-    """_reduce_linear for a plan (None without a split): called as (part, y, gs, bias or gs, 1.0, T, N, N, 1) on a
-    contiguous y."""
+    """_reduce_linear for a plan (None without a split): called as (part, y, gs, bias or gs, 1.0, T, N, y.stride(0),
+    1) on y [T, N] with unit column stride."""
     return Launch(_nvfp4_splitk_reduce_kernel, (cdiv(N, 256), T), SPLIT=split, BLOCK=256, HAS_SCALE_PTR=True,
                   HAS_BIAS=has_bias) if split > 1 else None
 

@@ -6,17 +6,18 @@ over a range of K. Each step (64 K) a consumer lane loads the 16 bytes the decod
 rows g and g + 8, tiled.py) and decodes them with the same pair recipe into exactly its wgmma A fragment (4 k16
 chunks x a0..a3), so no layout conversion or shared-memory pass touches the weights. The fragment's K order is the
 words' (lane c holds word c), not x's: x is permuted once per call (permute_x) so that B's row k' holds x's column
-of the same k. A 4-warp producer cp.asyncs x' tiles [BT, 64] into the ring.
+of the same k. A producer warpgroup TMA-loads x' tiles [BT, 64] into the ring (TMA writes through the async proxy,
+as wgmma reads: no proxy fence before each product, which the cp.async ring needed; notes linear round 22).
 """
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
 from ..._config import KernelConfig
-from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
-                       warpgroup_mma_wait)
+from ..._gluon import HAVE_GLUON, TensorDescriptor, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from ..._launch import Launch, launch
 from ..._runtime import capability, cdiv, interpreting, num_sms
 from .linear import MMA_MAX_T, _reduce_linear, reduce_plan
@@ -44,14 +45,15 @@ def _asm_step(bf16: bool, u: int) -> str:
 
 
 @triton.jit
-def _permute_x_kernel(x_ptr, out_ptr, T, K, s_x, BR: tl.constexpr, BK: tl.constexpr):
-    """out [T, K] (contiguous) = x with each 64 columns in the fragments' K order (permute_x), as 4-byte pairs."""
+def _permute_x_kernel(x_ptr, out_ptr, T, TP, K, s_x, BR: tl.constexpr, BK: tl.constexpr):
+    """out [TP, K] (contiguous) = x with each 64 columns in the fragments' K order (permute_x), as 4-byte pairs; rows
+    T..TP-1 zero."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)[:, None]
     q = tl.program_id(1) * (BK // 2) + tl.arange(0, BK // 2)[None, :]  # pair of out: 32 j + 8 kk + 4 ph + c
     src = (q // 32) * 32 + 8 * (q % 4) + 2 * ((q // 8) % 4) + (q // 4) % 2
-    ok = (r < T) & (q < K // 2)
-    v = tl.load(x_ptr + r.to(tl.int64) * (s_x // 2) + src, mask=ok)
-    tl.store(out_ptr + r.to(tl.int64) * (K // 2) + q, v, mask=ok)
+    ok = q < K // 2
+    v = tl.load(x_ptr + r.to(tl.int64) * (s_x // 2) + src, mask=ok & (r < T), other=0)
+    tl.store(out_ptr + r.to(tl.int64) * (K // 2) + q, v, mask=ok & (r < TP))
 
 
 _PERM = dict(BR=16, BK=256, num_warps=4)
@@ -66,12 +68,15 @@ def _pairs_ok(x: torch.Tensor) -> bool:
     return x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
 
 
-def permute_x(x: torch.Tensor) -> torch.Tensor:
-    """x [T, K] -> x' with x'[:, 64 j + 16 kk + 8 ph + 2 c + e] = x[:, 64 j + 16 c + 4 kk + 2 ph + e]: the K order of
-    the A fragments (lane c holds word c of a step, pair 2 kk + ph of it in k16 chunk kk). Rows 4-byte aligned."""
+def permute_x(x: torch.Tensor, rows: int = 0) -> torch.Tensor:
+    """x [T, K] -> x' [max(rows, T), K] with x'[:, 64 j + 16 kk + 8 ph + 2 c + e] = x[:, 64 j + 16 c + 4 kk + 2 ph + e]:
+    the K order of the A fragments (lane c holds word c of a step, pair 2 kk + ph of it in k16 chunk kk); rows past T
+    zero (whole token tiles for the TMA loads: boxes mostly past the end ran 1.5x slower, round 22). x's rows 4-byte
+    aligned."""
     T, K = x.shape
-    out = torch.empty(T, K, dtype=x.dtype, device=x.device)
-    launch(_permute_x_kernel, _perm_grid(T, K), x.view(torch.int32), out.view(torch.int32), T, K, x.stride(0),
+    TP = max(rows, T)
+    out = torch.empty(TP, K, dtype=x.dtype, device=x.device)
+    launch(_permute_x_kernel, _perm_grid(TP, K), x.view(torch.int32), out.view(torch.int32), T, TP, K, x.stride(0),
            **_PERM)
     return out
 
@@ -129,7 +134,19 @@ if HAVE_GLUON:
         return gl.convert_layout(gl.reshape(v, [64, 64]), a_l, assert_trivial=True)
 
     @gluon.jit
-    def _consumer(w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, x_s, full, empty, T, N, KI, per, s_yt,
+    def _piece(KI, per, R0, S):
+        """(row tile, split, first iteration, iterations) of this program: row tiles below R0 run whole K, the rest
+        in S pieces of per iterations (grid axis 1: R0 tiles, then S pieces of each later tile)."""
+        p = gl.program_id(1)
+        j = gl.maximum(p - R0, 0)
+        split = j % S
+        it0 = split * per
+        if p < R0:
+            return p, split, it0, KI
+        return R0 + j // S, split, it0, gl.minimum(per, KI - it0)
+
+    @gluon.jit
+    def _consumer(w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, x_s, full, empty, T, N, KI, per, R0, S, s_yt,
                   CID: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, PARTIAL: gl.constexpr,
                   HAS_BIAS: gl.constexpr, L2PF: gl.constexpr):
         """One warpgroup: rows [64 CID, 64 CID + 64) of the program's 128, every step of its K range."""
@@ -138,15 +155,12 @@ if HAVE_GLUON:
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
         l3: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 8, 4], [4, 1, 1], [2, 1, 0])
         pid_t = gl.program_id(0)
-        pid_n = gl.program_id(1)
-        split = gl.program_id(2)
+        pid_n, split, it0, n_it = _piece(KI, per, R0, S)
         wi = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, l3)))[:, None, None]
         gi = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, l3)))[None, :, None]
         ci = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, l3)))[None, None, :]
         blk = gl.minimum(pid_n * 8 + CID * 4 + wi, N // 16 - 1).to(gl.int64)  # blocks past N: read, not stored
         lane = 4 * gi + ci
-        it0 = split * per
-        n_it = gl.minimum(per, KI - it0)
         pw = w_ptr + ((blk * KI + it0) * 128 + lane) * 2  # an iteration: 4 steps x 32 lanes x 2 words
         ps = s_ptr + (blk * KI + it0) * 32 + lane
         sv = _ld1(ps)
@@ -177,8 +191,7 @@ if HAVE_GLUON:
                     a = _fragments(w3t, w3b, sv, 3, DT, a_l)
                 step = 4 * i + u
                 s = step % STAGES
-                mbarrier.wait(full.index(s), (step // STAGES) & 1)
-                fence_async_shared()
+                mbarrier.wait(full.index(s), (step // STAGES) & 1)  # TMA wrote it: no proxy fence
                 acc = warpgroup_mma(a, x_s.index(s).permute((1, 0)), acc, is_async=True)
                 if u < 3:  # the previous step's product is done (this one runs on while the next decodes)
                     acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
@@ -197,9 +210,9 @@ if HAVE_GLUON:
         rows = pid_n * 128 + CID * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, st_l))[:, None]
         toks = pid_t * BT + gl.arange(0, BT, layout=gl.SliceLayout(0, st_l))[None, :]
         ok = (rows < N) & (toks < T)
-        if PARTIAL:
-            v = gl.convert_layout(acc * 128.0, st_l)  # the decode's 2^-7 (exact)
-            gl.store(part_ptr + (split * T + toks.to(gl.int64)) * N + rows, v, mask=ok)
+        if PARTIAL and pid_n >= R0:  # a piece: fp32 sums to part [S, T, N - 128 R0]
+            pv = gl.convert_layout(acc * 128.0, st_l)  # the decode's 2^-7 (exact)
+            gl.store(part_ptr + (split * T + toks.to(gl.int64)) * (N - 128 * R0) + rows - 128 * R0, pv, mask=ok)
         else:
             v = acc * (128.0 * gl.load(gs_ptr))
             if HAS_BIAS:
@@ -209,43 +222,37 @@ if HAVE_GLUON:
             gl.store(y_ptr + toks.to(gl.int64) * s_yt + rows, v, mask=ok)
 
     @gluon.jit
-    def _producer(x_ptr, x_s, full, empty, T, KI, per, s_xt, BT: gl.constexpr, STAGES: gl.constexpr):
-        """4 warps: cp.async x' tiles [BT, 64] of this program's tokens and K range into the ring, in step order."""
-        g_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        toks = gl.program_id(0) * BT + gl.arange(0, BT, layout=gl.SliceLayout(1, g_l))
-        it0 = gl.program_id(2) * per
-        n_steps = 4 * gl.minimum(per, KI - it0)
-        base = (x_ptr + gl.minimum(toks, T - 1).to(gl.int64)[:, None] * s_xt + it0 * 256
-                + gl.arange(0, 64, layout=gl.SliceLayout(0, g_l))[None, :])
-        ok = (toks < T)[:, None]
-        for j in range(n_steps):
+    def _producer(x_desc, x_s, full, empty, KI, per, R0, S, BT: gl.constexpr, STAGES: gl.constexpr):
+        """x' tiles [BT, 64] of this program's tokens and K range into the ring by TMA, in step order."""
+        _, _, it0, n_it = _piece(KI, per, R0, S)
+        t0 = gl.program_id(0) * BT
+        for j in range(4 * n_it):
             s = j % STAGES
             mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1, pred=j >= STAGES)
-            async_copy.async_copy_global_to_shared(x_s.index(s), base + j * 64, mask=ok)
-            async_copy.mbarrier_arrive(full.index(s), increment_count=False)
+            mbarrier.expect(full.index(s), BT * 128)
+            tma.async_copy_global_to_shared(x_desc, [t0, it0 * 256 + j * 64], full.index(s), x_s.index(s))
 
     @gluon.jit
-    def _prefill_wgmma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, T, N, KI, per, s_xt, s_yt,
+    def _prefill_wgmma_kernel(x_desc, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, T, N, KI, per, R0, S, s_yt,
                               BT: gl.constexpr, STAGES: gl.constexpr, PARTIAL: gl.constexpr, HAS_BIAS: gl.constexpr,
                               L2PF: gl.constexpr, CONS_REGS: gl.constexpr, PROD_REGS: gl.constexpr,
                               num_warps: gl.constexpr):
-        """Grid (token tiles, row tiles of 128, K splits): token tiles vary fastest, so the programs reading one
-        row tile's weights run together and share them in L2. PARTIAL: fp32 sums to part [S, T, N]."""
-        DT: gl.constexpr = x_ptr.dtype.element_ty
-        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        x_s = gl.allocate_shared_memory(DT, [STAGES, BT, 64], sl)
+        """Grid (token tiles, R0 row tiles of 128 + S pieces of each later one, 1; _piece): token tiles vary
+        fastest, so the programs reading one row tile's weights run together and share them in L2. PARTIAL: the
+        pieces' fp32 sums to part [S, T, N - 128 R0]."""
+        x_s = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BT, 64], x_desc.layout)
         full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
-            mbarrier.init(full.index(i), count=128)
+            mbarrier.init(full.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
 
         gl.warp_specialize([
-            (_consumer, (w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, x_s, full, empty, T, N, KI, per, s_yt,
+            (_consumer, (w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, x_s, full, empty, T, N, KI, per, R0, S, s_yt,
                          0, BT, STAGES, PARTIAL, HAS_BIAS, L2PF)),
-            (_consumer, (w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, x_s, full, empty, T, N, KI, per, s_yt,
+            (_consumer, (w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, part_ptr, x_s, full, empty, T, N, KI, per, R0, S, s_yt,
                          1, BT, STAGES, PARTIAL, HAS_BIAS, L2PF)),
-            (_producer, (x_ptr, x_s, full, empty, T, KI, per, s_xt, BT, STAGES)),
+            (_producer, (x_desc, x_s, full, empty, KI, per, R0, S, BT, STAGES)),
         ], [4, 4], [CONS_REGS, PROD_REGS])
 
 
@@ -253,13 +260,16 @@ if HAVE_GLUON:
 class WgmmaPrefillConfig(KernelConfig):
     """BT tokens a program (64, 128 or 256; 0: planned), STAGES ring slots of [BT, 64], K splits (0: planned), the
     consumers' and producer's registers (setmaxnreg), l2pf: the weights of the iteration that many ahead prefetched
-    to L2 (-1: 2 for BT <= 128, where a step is short, else none; notes linear round 20)."""
+    to L2 (-1: 2 for BT <= 128, where a step is short, else none; notes linear round 20), tail: split the last
+    partial wave's row tiles along K (wgmma_prefill_plan); NSM: the SM count it plans for (tests; None: the GPU's)."""
     BT: int = 0
     STAGES: int = 4
     split: int = 0
     CONS_REGS: int = 224
     PROD_REGS: int = 56
     l2pf: int = -1
+    tail: bool = True
+    NSM: Optional[int] = None
 
 
 WGMMA_MAX_T = 2048  # above: dequantize + cuBLAS is faster (1.07-1.13x cuBLAS alone at 4096 tokens vs 1.19-1.28x)
@@ -273,28 +283,53 @@ def wgmma_prefill_usable(x: torch.Tensor) -> bool:
 
 
 def wgmma_prefill_plan(T: int, N: int, K: int, device, cfg=None):
-    """(BT, split, iterations a split). BT 64 up to 64 tokens, 256 from 256 tokens where that still gives half the
-    SMs a tile, else 128; K split where the tiles do not fill the SMs. From the H100 sweep in notes/nvfp4_gemv.md
-    (linear round 20)."""
+    """(BT, whole, split, iterations a piece): the first `whole` row tiles of 128 run all of K, the others in `split`
+    pieces of K (fp32 partials, then the split-K reduce). BT 64 up to 64 tokens, 256 from 256 tokens where that still
+    gives half the SMs a tile, else 128 (the H100 sweep, notes/nvfp4_gemv.md, linear round 20). Split: every tile
+    where the tiles do not fill the SMs; else (tail) the row tiles of the last partial wave where that leaves them
+    at least 2 pieces each: 28672 x 4096 at 512 tokens has 448 tiles of 256 tokens, 3 waves + 52 tiles (round 22)."""
     c = WgmmaPrefillConfig.of(cfg)
-    sms, rows, KI = num_sms(device), cdiv(N, 128), K // TILE_K
+    sms, rows, KI = c.NSM or num_sms(device), cdiv(N, 128), K // TILE_K
     bt = c.BT or (64 if T <= 64 else 256 if T >= 256 and cdiv(T, 256) * rows >= sms // 2 else 128)
     if bt not in (64, 128, 256):
         raise ValueError(f"BT (={bt}) must be 64, 128 or 256")
-    tiles = cdiv(T, bt) * rows
-    split = c.split or (1 if tiles >= sms else max(1, min(sms // tiles, KI // 2)))
+    tt = cdiv(T, bt)
+    tiles = tt * rows
+    if c.split or tiles < sms:
+        whole, split = 0, c.split or max(1, min(sms // tiles, KI // 2))
+    else:
+        left = cdiv(tiles % sms, tt)  # row tiles of the last wave
+        whole, split = rows - left, min(sms // (left * tt), KI // 2) if c.tail and left else 1
+    if split == 1:
+        return bt, rows, 1, KI
     per = cdiv(KI, split)
-    return bt, cdiv(KI, per), per
+    return bt, whole, cdiv(KI, per), per
 
 
 def _setup(T: int, N: int, K: int, device, has_bias: bool, cfg=None):
-    """(grid, iterations a split, the kernel's constexprs and options) of one call shape."""
+    """(grid, (whole, split, iterations a piece), the kernel's constexprs and options) of one call shape."""
     c = WgmmaPrefillConfig.of(cfg)
-    bt, split, per = wgmma_prefill_plan(T, N, K, device, c)
+    bt, whole, split, per = wgmma_prefill_plan(T, N, K, device, c)
     opts = dict(BT=bt, STAGES=c.STAGES, PARTIAL=split > 1, HAS_BIAS=has_bias,
                 L2PF=c.l2pf if c.l2pf >= 0 else 2 if bt <= 128 else 0, CONS_REGS=c.CONS_REGS, PROD_REGS=c.PROD_REGS,
                 num_warps=4)
-    return (cdiv(T, bt), cdiv(N, 128), split), per, opts
+    return (cdiv(T, bt), whole + (cdiv(N, 128) - whole) * split, 1), (whole, split, per), opts
+
+
+class _Desc:
+    """What the kept launcher reads of a TMA descriptor argument (Triton's TensorDescriptor validates each time)."""
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, base: torch.Tensor):
+        self.base, self.shape, self.strides, self.padding = base, list(base.shape), list(base.stride()), "zero"
+
+
+def _x_desc(xp: torch.Tensor, bt: int, kept: bool):
+    """x' [tiles x BT, K] as the kernel's TMA descriptor: boxes [BT, 64], 128-byte swizzle (one box row)."""
+    if kept:
+        return _Desc(xp)
+    sl = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    return TensorDescriptor(xp, list(xp.shape), list(xp.stride()), [bt, 64], sl)
 
 
 def wgmma_prefill_launch(x, packed, scales, gs, bias, y, cfg=None):
@@ -302,14 +337,14 @@ def wgmma_prefill_launch(x, packed, scales, gs, bias, y, cfg=None):
     [T, N] (contiguous)."""
     T, K = x.shape
     N = packed.shape[0]
-    grid, per, opts = _setup(T, N, K, x.device, bias is not None, cfg)
-    xp = permute_x(x if _pairs_ok(x) else x.clone(memory_format=torch.contiguous_format))
-    split = grid[2]
-    part = torch.empty(split, T, N, dtype=torch.float32, device=x.device) if split > 1 else y
-    launch(_prefill_wgmma_kernel, grid, xp, _u8(packed).view(torch.int64), _u8(scales).view(torch.int64), gs,
-           bias if bias is not None else gs, y, part, T, N, K // TILE_K, per, xp.stride(0), y.stride(0), **opts)
+    grid, (whole, split, per), opts = _setup(T, N, K, x.device, bias is not None, cfg)
+    xp = permute_x(x if _pairs_ok(x) else x.clone(memory_format=torch.contiguous_format), grid[0] * opts["BT"])
+    part = torch.empty(split, T, N - 128 * whole, dtype=torch.float32, device=x.device) if split > 1 else y
+    launch(_prefill_wgmma_kernel, grid, _x_desc(xp, opts["BT"], False), _u8(packed).view(torch.int64),
+           _u8(scales).view(torch.int64), gs, bias if bias is not None else gs, y, part, T, N, K // TILE_K, per, whole,
+           split, y.stride(0), **opts)
     if split > 1:
-        _reduce_linear(part, y, gs, bias)
+        _reduce_linear(part, y[:, 128 * whole:], gs, bias[128 * whole:] if bias is not None else None)
     return y
 
 
@@ -317,36 +352,40 @@ class WgmmaPrefillPlan:
     """wgmma_prefill_launch for one call shape (x's shape, strides, dtype and alignment; N; bias or not), worked out
     once for the op's cached plans (see _launch): a call allocates x', y (and the split parts) and hands their
     pointers to the kept kernels (an eager prefill call: 104-136 us of host time before, notes linear round 21)."""
-    __slots__ = ("T", "N", "K", "dtype", "copy", "split", "ints", "perm", "main", "reduce")
+    __slots__ = ("T", "N", "K", "TP", "BT", "dtype", "copy", "split", "col", "ints", "perm", "main", "reduce")
 
     def __init__(self, x, N: int, has_bias: bool):
         T, K = x.shape
-        grid, per, opts = _setup(T, N, K, x.device, has_bias)
-        self.T, self.N, self.K, self.dtype, self.split = T, N, K, x.dtype, grid[2]
+        grid, (whole, split, per), opts = _setup(T, N, K, x.device, has_bias)
+        self.T, self.N, self.K, self.dtype, self.split, self.col = T, N, K, x.dtype, split, 128 * whole
+        self.BT, self.TP = opts["BT"], grid[0] * opts["BT"]  # x' rows: whole token tiles
         self.copy = not _pairs_ok(x)
-        self.ints = (T, N, K // TILE_K, per, K, N)  # x' and y are contiguous
-        self.perm = Launch(_permute_x_kernel, _perm_grid(T, K), **_PERM)
+        self.ints = (T, N, K // TILE_K, per, whole, split, N)  # y is contiguous
+        self.perm = Launch(_permute_x_kernel, _perm_grid(self.TP, K), **_PERM)
         self.main = Launch(_prefill_wgmma_kernel, grid, **opts)
-        self.reduce = reduce_plan(self.split, T, N, has_bias)
+        self.reduce = reduce_plan(split, T, N - self.col, has_bias)
 
     def __call__(self, x, packed, scales, gs, bias):
         """x [T, K], packed / scales (tiled) as the plan's key had them (a kept kernel reads addresses only)."""
         T, N, K = self.T, self.N, self.K
         if self.copy:
             x = x.clone(memory_format=torch.contiguous_format)
-        xp = torch.empty(T, K, dtype=self.dtype, device=x.device)
+        xp = torch.empty(self.TP, K, dtype=self.dtype, device=x.device)
         y = torch.empty(T, N, dtype=self.dtype, device=x.device)
         b = bias if bias is not None else gs
         if self.perm.direct():
-            self.perm(x, xp, T, K, x.stride(0))
+            self.perm(x, xp, T, self.TP, K, x.stride(0))
         else:  # Triton's path (first call, launch hooks) types the pointers from the tensors
-            self.perm(x.view(torch.int32), xp.view(torch.int32), T, K, x.stride(0))
-        if not self.main.direct():
+            self.perm(x.view(torch.int32), xp.view(torch.int32), T, self.TP, K, x.stride(0))
+        direct = self.main.direct()
+        if not direct:
             packed, scales = _u8(packed).view(torch.int64), _u8(scales).view(torch.int64)
+        xd = _x_desc(xp, self.BT, direct)
         if self.reduce is None:
-            self.main(xp, packed, scales, gs, b, y, y, *self.ints)
+            self.main(xd, packed, scales, gs, b, y, y, *self.ints)
             return y
-        part = torch.empty(self.split, T, N, dtype=torch.float32, device=x.device)
-        self.main(xp, packed, scales, gs, b, y, part, *self.ints)
-        self.reduce(part, y, gs, b, 1.0, T, N, N, 1)
+        c = self.col
+        part = torch.empty(self.split, T, N - c, dtype=torch.float32, device=x.device)
+        self.main(xd, packed, scales, gs, b, y, part, *self.ints)
+        self.reduce(part, y[:, c:], gs, b[c:] if bias is not None else gs, 1.0, T, N - c, N, 1)
         return y
