@@ -258,10 +258,11 @@ if HAVE_GLUON:
 
 @dataclass(frozen=True)
 class WgmmaPrefillConfig(KernelConfig):
-    """BT tokens a program (64, 128 or 256; 0: planned), STAGES ring slots of [BT, 64], K splits (0: planned), the
-    consumers' and producer's registers (setmaxnreg), l2pf: the weights of the iteration that many ahead prefetched
-    to L2 (-1: 2 for BT <= 128, where a step is short, else none; notes linear round 20), tail: split the last
-    partial wave's row tiles along K (wgmma_prefill_plan); NSM: the SM count it plans for (tests; None: the GPU's)."""
+    """BT tokens a program (64, 128 or 256; 0: planned), STAGES ring slots of [BT, 64], split: every tile in that
+    many pieces of K (0: planned), the consumers' and producer's registers (setmaxnreg), l2pf: the weights of the
+    iteration that many ahead prefetched to L2 (-1: 2 for BT <= 128, where a step is short, else none; notes linear
+    round 20), tail: split the last partial wave's row tiles along K (wgmma_prefill_plan); NSM: the SM count it
+    plans for (tests; None: the GPU's)."""
     BT: int = 0
     STAGES: int = 4
     split: int = 0
@@ -272,7 +273,7 @@ class WgmmaPrefillConfig(KernelConfig):
     NSM: Optional[int] = None
 
 
-WGMMA_MAX_T = 2048  # above: dequantize + cuBLAS is faster (1.07-1.13x cuBLAS alone at 4096 tokens vs 1.19-1.28x)
+WGMMA_MAX_T = 2048  # at 4096 tokens dequantize + cuBLAS ties the kernel (1.09-1.14x cuBLAS alone; round 22)
 
 
 def wgmma_prefill_usable(x: torch.Tensor) -> bool:
