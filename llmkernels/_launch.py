@@ -11,6 +11,7 @@ a bad input always gets its error.
 """
 import itertools
 import threading
+from typing import Optional
 
 import torch
 from triton import knobs
@@ -192,17 +193,43 @@ def _direct(fn, ck, n_args, kwargs):
              None, ck.packed_metadata, None, None, None), tuple(tail))
 
 
+def _unwrap_tma(launcher):
+    """(inner launcher, descriptor metadata) of a Triton 3.6 launcher that encodes its kernel's TMA descriptor
+    arguments on every call (wrap_handle_tensordesc: ~7 us a call), else None."""
+    names = getattr(getattr(launcher, "__code__", None), "co_freevars", ())
+    if "launcher" not in names or "tensordesc_meta" not in names:
+        return None
+    cells = dict(zip(names, (c.cell_contents for c in launcher.__closure__)))
+    return cells["launcher"], cells["tensordesc_meta"]
+
+
 class Launch:
     """One kernel launch of a plan: grid, constexprs and options fixed. The first call goes through Triton (compile,
     specialise) and keeps the compiled kernel; later calls hand the arguments straight to its launcher. Correct while
     the arguments specialise as on the first call, which the plan's key guarantees. Arguments are positional, in the
     kernel's order; constexprs (and options such as num_warps) are keywords. Launch hooks (profilers), the
-    interpreter and a machine without CUDA (sm90_offline.py) take Triton's path every time."""
-    __slots__ = ("fn", "grid", "kwargs", "kept")
+    interpreter and a machine without CUDA (sm90_offline.py) take Triton's path every time. A kernel with TMA
+    descriptor arguments can also take them pre-encoded (encode, direct_encoded): a plan encodes a descriptor once
+    per buffer address instead of once per call."""
+    __slots__ = ("fn", "grid", "kwargs", "kept", "tma")
 
     def __init__(self, fn, grid, **kwargs):
-        self.fn, self.kwargs, self.kept = fn, kwargs, None
+        self.fn, self.kwargs, self.kept, self.tma = fn, kwargs, None, None
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
+
+    def encode(self, i: int, desc) -> Optional[list]:
+        """The launcher arguments that TMA descriptor argument i (of the kernel's descriptors) expands to, or None
+        where this launch cannot take them pre-encoded (not kept yet, launch hooks, another Triton)."""
+        if not self.direct() or self.tma is None:
+            return None
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+        return make_tensordesc_arg(desc, self.tma[1][i])
+
+    def direct_encoded(self, *args) -> None:
+        """A direct launch (see direct) whose descriptor arguments are already expanded (encode)."""
+        d, tail = self.kept
+        g = self.grid
+        self.tma[0](g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(d[1]), *d[2:], *args, *tail)
 
     def direct(self) -> bool:
         """The next call goes straight to the kept kernel's launcher, which reads only the addresses of tensor
@@ -216,6 +243,7 @@ class Launch:
         ck = self.fn[self.grid](*args, **self.kwargs)
         if self.kept is None and not interpreting() and _has_cuda():
             self.kept = _direct(self.fn, ck, len(args), self.kwargs)
+            self.tma = _unwrap_tma(self.kept[0][0]) if self.kept is not None else None
 
 
 _MEMSET = []

@@ -15,7 +15,8 @@ from llmkernels import _launch
 class FakeKernel:
     """A @triton.jit stand-in: params (the last `n_const` constexpr), `kernel[grid](...)` compiles (counted)."""
 
-    def __init__(self, n_args=3, n_const=2, const_positions=()):
+    def __init__(self, n_args=3, n_const=2, const_positions=(), wrap=None):
+        self.wrap = wrap or (lambda f: f)  # Triton wraps the launcher of a kernel with TMA descriptor arguments
         names = [f"a{i}" for i in range(n_args)] + [f"C{i}" for i in range(n_const)]
         self.params = [SimpleNamespace(name=n, is_constexpr=i >= n_args or i in const_positions, default=None)
                        for i, n in enumerate(names)]
@@ -25,7 +26,7 @@ class FakeKernel:
     def __getitem__(self, grid):
         def run(*args, **kwargs):
             self.compiles.append((grid, args, kwargs))
-            launcher = SimpleNamespace(launch=lambda *a: self.direct.append(a), global_scratch_size=0,
+            launcher = SimpleNamespace(launch=self.wrap(lambda *a: self.direct.append(a)), global_scratch_size=0,
                                        profile_scratch_size=0, launch_cooperative_grid=0, launch_pdl=1)
             return SimpleNamespace(run=launcher, function=1234, packed_metadata=(4, 1, 0),
                                    metadata=SimpleNamespace(tensordesc_meta=None))
@@ -140,3 +141,22 @@ def test_kernel_configs_are_typed():
         CONFIG.block_n = 1
     g = GemvConfig.of({"BM": 8, "pdl": True})
     assert (g.BM, g.pdl, g.trigger, {**g, "pre": 2}["pre"]) == (8, True, "entry", 2)
+
+
+def test_tma_descriptor_arguments_encoded_once(fake_gpu):
+    # Triton 3.6's launcher encodes each TMA descriptor argument on every call; a kept Launch can take them encoded
+    from triton.backends.nvidia.driver import wrap_handle_tensordesc
+    sig = {0: "tensordesc<bf16[8, 64]>", 1: "i32"}
+    k = FakeKernel(n_args=2, n_const=0, wrap=lambda f: wrap_handle_tensordesc(f, sig, [None]))
+    ln = _launch.Launch(k, (3,))
+    base = torch.zeros(16, 64)
+    desc = SimpleNamespace(base=base, shape=[16, 64], strides=[64, 1], padding="zero")
+    assert ln.encode(0, desc) is None  # nothing kept yet
+    ln(desc, 5)
+    ln(desc, 5)  # kept: the wrapper encodes the descriptor
+    enc = ln.encode(0, desc)
+    assert enc is not None
+    ln.direct_encoded(*enc, 5)
+    assert len(k.compiles) == 1 and k.direct[-1] == k.direct[-2]
+    assert k.direct[-1][13:] == (base, 16, 64, 64, 1, False, 16, 64, 64, 1, 5)
+    assert _launch._unwrap_tma(lambda *a: a) is None

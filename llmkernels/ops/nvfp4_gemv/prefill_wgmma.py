@@ -286,12 +286,14 @@ def wgmma_prefill_usable(x: torch.Tensor) -> bool:
 def wgmma_prefill_plan(T: int, N: int, K: int, device, cfg=None):
     """(BT, whole, split, iterations a piece): the first `whole` row tiles of 128 run all of K, the others in `split`
     pieces of K (fp32 partials, then the split-K reduce). BT 64 up to 64 tokens, 256 from 256 tokens where that still
-    gives half the SMs a tile, else 128 (the H100 sweep, notes/nvfp4_gemv.md, linear round 20). Split: every tile
+    gives half the SMs a tile and pads at most 1 / 0.9 times the rows BT 128 pads to (a row costs ~0.9x at 256),
+    else 128 (the H100 sweeps, notes/nvfp4_gemv.md, linear rounds 20 and 23). Split: every tile
     where the tiles do not fill the SMs; else (tail) the row tiles of the last partial wave where that leaves them
     at least 2 pieces each: 28672 x 4096 at 512 tokens has 448 tiles of 256 tokens, 3 waves + 52 tiles (round 22)."""
     c = WgmmaPrefillConfig.of(cfg)
     sms, rows, KI = c.NSM or num_sms(device), cdiv(N, 128), K // TILE_K
-    bt = c.BT or (64 if T <= 64 else 256 if T >= 256 and cdiv(T, 256) * rows >= sms // 2 else 128)
+    big = T >= 256 and cdiv(T, 256) * rows >= sms // 2 and 9 * cdiv(T, 256) * 256 <= 10 * cdiv(T, 128) * 128
+    bt = c.BT or (64 if T <= 64 else 256 if big else 128)
     if bt not in (64, 128, 256):
         raise ValueError(f"BT (={bt}) must be 64, 128 or 256")
     tt = cdiv(T, bt)
@@ -353,7 +355,8 @@ class WgmmaPrefillPlan:
     """wgmma_prefill_launch for one call shape (x's shape, strides, dtype and alignment; N; bias or not), worked out
     once for the op's cached plans (see _launch): a call allocates x', y (and the split parts) and hands their
     pointers to the kept kernels (an eager prefill call: 104-136 us of host time before, notes linear round 21)."""
-    __slots__ = ("T", "N", "K", "TP", "BT", "dtype", "copy", "split", "col", "ints", "perm", "main", "reduce")
+    __slots__ = ("T", "N", "K", "TP", "BT", "dtype", "copy", "split", "col", "ints", "perm", "main", "reduce",
+                 "descs")
 
     def __init__(self, x, N: int, has_bias: bool):
         T, K = x.shape
@@ -365,6 +368,24 @@ class WgmmaPrefillPlan:
         self.perm = Launch(_permute_x_kernel, _perm_grid(self.TP, K), **_PERM)
         self.main = Launch(_prefill_wgmma_kernel, grid, **opts)
         self.reduce = reduce_plan(split, T, N - self.col, has_bias)
+        self.descs = {}  # x' address -> its descriptor's launcher arguments (_x_args)
+
+    def _x_args(self, xp):
+        """(the main launch, its x' descriptor arguments). A kept launch takes the descriptor encoded once per x'
+        address (x' comes from the caching allocator: a few addresses), as Triton's launcher would encode it on
+        every call (~7 us of an eager call; notes linear round 23); the descriptor depends only on the address."""
+        direct = self.main.direct()
+        if direct:
+            e = self.descs.get(xp.data_ptr())
+            if e is None:
+                e = self.main.encode(0, _Desc(xp))
+                if e is not None:
+                    if len(self.descs) >= 8:
+                        self.descs.clear()
+                    self.descs[xp.data_ptr()] = e
+            if e is not None:
+                return self.main.direct_encoded, e
+        return self.main, (_x_desc(xp, self.BT, direct),)
 
     def __call__(self, x, packed, scales, gs, bias):
         """x [T, K], packed / scales (tiled) as the plan's key had them (a kept kernel reads addresses only)."""
@@ -378,15 +399,14 @@ class WgmmaPrefillPlan:
             self.perm(x, xp, T, self.TP, K, x.stride(0))
         else:  # Triton's path (first call, launch hooks) types the pointers from the tensors
             self.perm(x.view(torch.int32), xp.view(torch.int32), T, self.TP, K, x.stride(0))
-        direct = self.main.direct()
-        if not direct:
+        go, xd = self._x_args(xp)
+        if not self.main.direct():
             packed, scales = _u8(packed).view(torch.int64), _u8(scales).view(torch.int64)
-        xd = _x_desc(xp, self.BT, direct)
         if self.reduce is None:
-            self.main(xd, packed, scales, gs, b, y, y, *self.ints)
+            go(*xd, packed, scales, gs, b, y, y, *self.ints)
             return y
         c = self.col
         part = torch.empty(self.split, T, N - c, dtype=torch.float32, device=x.device)
-        self.main(xd, packed, scales, gs, b, y, part, *self.ints)
+        go(*xd, packed, scales, gs, b, y, part, *self.ints)
         self.reduce(part, y[:, c:], gs, b[c:] if bias is not None else gs, 1.0, T, N - c, N, 1)
         return y

@@ -15,6 +15,7 @@ funnel shift and an AND (pairs 0-5) or an AND, a multiply and an AND (pairs 6, 7
 instead of the byte-table decode's ~10 (notes/nvfp4_gemv.md, linear round 15)."""
 import functools
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
@@ -397,10 +398,11 @@ class TiledConfig(KernelConfig):
     """KS warps split K (a power of 2 <= 16; ranges of cdiv(K/256, KS) iterations, the last ones short or empty
     where KS does not divide K/256; 0: planned), R row blocks a program (0: KS >= 4 ? 1 : 4 / KS), loads: 0 = each
     step's words just before its decode, 1 = an iteration's words together, 2 = the next iteration's words before
-    this one decodes (-1: planned)."""
+    this one decodes (-1: planned); NSM: the SM count it plans for (tests; None: the GPU's)."""
     KS: int = 0
     R: int = 0
     loads: int = -1
+    NSM: Optional[int] = None
 
 
 def _pow2(n: float, up: bool) -> int:
@@ -411,18 +413,20 @@ def _pow2(n: float, up: bool) -> int:
 
 
 def tiled_config(T: int, N: int, K: int, device, cfg=None):
-    """(KS, R, per, loads). KS ~ 32 warps an SM over the blocks of 16 rows (the nearest power of 2, >= 2, <= 16 and
-    at least 2 iterations a warp; <= 8 and dividing K/256 where one does above 8 tokens); loads 1 for one token and
-    for KS <= 4 up to 8 tokens, else 0. From a sweep of KS 2-16 x loads 0-2 at the issue's 7 shapes, T 1-16, on
-    the H100 (notes, linear round 15): within 2 % of each point's best at 27 of 35, within 3-8 % at the rest."""
+    """(KS, R, per, loads). KS ~ 32 warps an SM over the blocks of 16 rows (the nearest power of 2, <= 16 and at
+    least 2 iterations a warp; <= 8 and dividing K/256 where one does above 8 tokens); loads 1 for one token and
+    for KS <= 4 up to 8 tokens, else 0. R: 4 / KS warps, doubled above 8 tokens where all the programs still fit
+    in one wave of 32 warps an SM (the R warps of one K range share x's loads in L1: at 16 tokens each block
+    would read 4x its weight bytes of x from L2). From H100 sweeps of KS x loads (notes, linear round 15) and of
+    KS x R (round 23)."""
     c = TiledConfig.of(cfg)
-    KI, blocks = K // TILE_K, N // TILE_N
+    KI, blocks, sms = K // TILE_K, N // TILE_N, c.NSM or num_sms(device)
     ks = c.KS
     if not ks:
-        want = 32 * num_sms(device) / blocks
+        want = 32 * sms / blocks
         ks = _pow2(want, False)
         ks = ks * 2 if want >= 1.5 * ks else ks  # nearest power of 2 (on a log scale, about)
-        ks = max(1, min(max(ks, 2), 16 if T <= 8 else 8, _pow2(max(KI // 2, 1), False)))
+        ks = max(1, min(ks, 16 if T <= 8 else 8, _pow2(max(KI // 2, 1), False)))
         if T > 8:
             while KI % ks:
                 ks //= 2
@@ -431,7 +435,12 @@ def tiled_config(T: int, N: int, K: int, device, cfg=None):
     loads = c.loads if c.loads >= 0 else 1 if T == 1 or (T <= 8 and ks <= 4) else 0
     if loads not in (0, 1, 2):
         raise ValueError(f"loads (={loads}) must be 0, 1 or 2")
-    return ks, c.R or max(1, 4 // ks), cdiv(KI, ks), loads
+    r = c.R
+    if not r:
+        r = max(1, 4 // ks)
+        if T > 8 and 2 * r * ks <= 16 and cdiv(blocks, 2 * r) * 2 * r * ks <= 32 * sms:
+            r *= 2
+    return ks, r, cdiv(KI, ks), loads
 
 
 def tiled_usable(x: torch.Tensor) -> bool:
