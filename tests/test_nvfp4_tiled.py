@@ -171,12 +171,34 @@ def test_module_plan_not_reused_across_shapes(device):
                                        (13, 512, 3584, {"KS": 2, "R": 1}), (16, 256, 8192, {"KS": 16}),
                                        (2, 64, 14336, {"KS": 16}), (3, 32, 768, {"KS": 4}),
                                        (11, 80, 1280, {"KS": 8, "loads": 1}), (1, 48, 4096, {"loads": 0}),
-                                       (6, 96, 2304, {"KS": 4, "loads": 0}), (12, 64, 4096, {"loads": 2})])
+                                       (6, 96, 2304, {"KS": 4, "loads": 0}), (12, 64, 4096, {"loads": 2}),
+                                       (1, 48, 4096, {"early": 0}), (4, 64, 2048, {"loads": 2, "early": 1})])
 def test_gpu_tiled_kernel(dtype, T, N, K, cfg):
     # full-range codes and scales, NaN-poisoned output, strided x, bias; a wrong layout or fragment order would
     # mix rows, tokens or K ranges and miss the reference by far more than the tolerance
     _check_tiled_launch(lambda xs, w, s, gs, b, y: tiled_launch(xs, w, s.view(torch.uint8), gs, b, y, cfg=cfg),
                         dtype, T, N, K, 64)
+
+
+@pytest.mark.gpu
+def test_gpu_tiled_early_loads_chained():
+    # weights loaded before griddepcontrol.wait: back-to-back launches (each released at the previous one's entry)
+    # whose x is the previous call's y must still read that y only once written; loads 1 at T=1 loads early
+    dev = torch.device("cuda")
+    K = 256 * 4
+    w, _ = _weights(K, K, dev)
+    s = torch.full((K, K // 16), 0x38, dtype=torch.uint8, device=dev)  # e4m3 1.0
+    # E2M1 codes have rms 2.93: gs = 1 / (2.93 sqrt(K)) keeps x's scale through the chain (no overflow to NaN)
+    wt, st, gs = tile_packed(w), tile_scales(s), torch.full((1,), 1 / (2.93 * 32), device=dev)
+    x0 = torch.randn(1, K, device=dev).bfloat16()
+    outs = {}
+    for early in (0, 1):
+        x = x0
+        for _ in range(20):
+            x = tiled_launch(x, wt, st, gs, None, torch.empty_like(x), cfg={"early": early})
+        outs[early] = x
+    assert outs[0].isfinite().all() and outs[0].abs().max() > 1e-3
+    assert torch.equal(outs[0], outs[1])
 
 
 def _check_tiled_launch(go, dtype, T, N, K, pad):

@@ -267,6 +267,18 @@ def _tiled_keep(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, b0, b1, b2, b3, 
 
 
 @triton.jit
+def _gdc_wait_after(a, b, c, d, e, f, g, h, i):
+    """griddepcontrol.wait after the loads of a..i have landed: ptxas hoists a bare wait above earlier loads, not
+    one predicated on their data (taken either way, p or !p)."""
+    return tl.inline_asm_elementwise("{\n.reg .b64 t;\n.reg .pred p;\nxor.b64 t, $1, $2;\nxor.b64 t, t, $3;\n"
+                                     "xor.b64 t, t, $4;\nxor.b64 t, t, $5;\nxor.b64 t, t, $6;\nxor.b64 t, t, $7;\n"
+                                     "xor.b64 t, t, $8;\nxor.b64 t, t, $9;\nsetp.eq.b64 p, t, 0x5A5A5A5A5A5A5A5A;\n"
+                                     "@p griddepcontrol.wait;\n@!p griddepcontrol.wait;\nmov.u32 $0, 0;\n}",
+                                     "=r,l,l,l,l,l,l,l,l,l",
+                                     [a, b, c, d, e, f, g, h, i], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _pick(blk, nb1, nb2, a, b, c, PARTS: tl.constexpr):
     """Per element: a, b or c (one per part; pointers or ints) as blk lies below nb1, below nb2, or above."""
     v = tl.where(blk >= nb1, b, a)
@@ -280,7 +292,7 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
                       w1_ptr, s1_ptr, gs1_ptr, b1_ptr, w2_ptr, s2_ptr, gs2_ptr, b2_ptr, nb1, nb2,
                       R: tl.constexpr, KS: tl.constexpr, NT: tl.constexpr, HAS_BIAS: tl.constexpr,
                       LOADS: tl.constexpr, EVEN: tl.constexpr, WIDE: tl.constexpr, PARTS: tl.constexpr,
-                      GLU: tl.constexpr, USE_GDC: tl.constexpr, TRIGGER: tl.constexpr):
+                      GLU: tl.constexpr, USE_GDC: tl.constexpr, TRIGGER: tl.constexpr, EARLY: tl.constexpr):
     """y [T <= 8 NT, N] = x @ W^T, W in the tiled layout, on mma.sync m16n8k16 fed from registers (the decode and
     the fragment order of linear._linear_mma_kernel). A program has R KS warps: warp KS r + k takes row block
     R pid + r and the k-th of KS ranges of `per` iterations (KI = K/256 in all, EVEN: KS divides it; an iteration is
@@ -291,7 +303,9 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
     outputs of 2-3 weights of one K stacked (a fused qkv or gate / up), row blocks [0, nb1), [nb1, nb2), [nb2, ..)
     read from w / w1 / w2 with their scales, global scale and bias. GLU (PARTS 2 of one N, R even): blocks alternate
     between the parts (block 2 j + p: part p's block j), so a program holds both parts' rows j and y [T, N / 2] gets
-    silu(part 0) * part 1, the MLP's activation in the epilogue instead of a kernel of its own."""
+    silu(part 0) * part 1, the MLP's activation in the epilogue instead of a kernel of its own. EARLY (with USE_GDC,
+    LOADS > 0): the first iteration's weights and scales are loaded before waiting for the previous kernel (they are
+    static: NVFP4Linear's buffers, never written by a kernel that releases this one early); x only after."""
     DT: tl.constexpr = y_ptr.dtype.element_ty
     W: tl.constexpr = R * KS
     pid = tl.program_id(0)
@@ -322,7 +336,8 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
     k0 = 16 * i_at + lane % 4  # the lane's first word: 16 an iteration, 4 a step
     px0 = x_ptr + tl.minimum(tok, T - 1) * s_xt + 4 * k0
     px1 = x_ptr + tl.minimum(tok + 8, T - 1) * s_xt + 4 * k0
-    pdl_enter(USE_GDC, TRIGGER == 1)  # nothing read before the previous kernel is done; the next may launch
+    if not EARLY:
+        pdl_enter(USE_GDC, TRIGGER == 1)  # nothing read before the previous kernel is done; the next may launch
     if LOADS == 0:  # each step loads its words just before its decode
         for it in range(0, per):
             adv = (it + 1 < n_w).to(tl.int64)  # short ranges: the pointers stop at their last iteration
@@ -340,6 +355,10 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
             px1 += 64 * adv
     else:  # an iteration's words loaded together; LOADS 2: the next iteration's before this one decodes
         sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b = _ld_iter(pw, ps)
+        if EARLY:  # those loads overlapped the previous kernel's end; x, y and the rest wait for it
+            _gdc_wait_after(sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b)
+            if TRIGGER == 1:
+                tl.extra.cuda.gdc_launch_dependents()
         for it in range(0, per):
             adv = (it + 1 < n_w).to(tl.int64)  # the last iteration reloads its own words (valid addresses)
             if LOADS == 2:
@@ -398,10 +417,13 @@ class TiledConfig(KernelConfig):
     """KS warps split K (a power of 2 <= 16; ranges of cdiv(K/256, KS) iterations, the last ones short or empty
     where KS does not divide K/256; 0: planned), R row blocks a program (0: KS >= 4 ? 1 : 4 / KS), loads: 0 = each
     step's words just before its decode, 1 = an iteration's words together, 2 = the next iteration's words before
-    this one decodes (-1: planned); NSM: the SM count it plans for (tests; None: the GPU's)."""
+    this one decodes (-1: planned); early: the first iteration's weights loaded before waiting for the previous
+    kernel (programmatic dependent launch, loads > 0; -1: wherever it applies, 0: never); NSM: the SM count it plans
+    for (tests; None: the GPU's)."""
     KS: int = 0
     R: int = 0
     loads: int = -1
+    early: int = -1
     NSM: Optional[int] = None
 
 
@@ -464,9 +486,11 @@ def _tiled_options(T: int, N: int, K: int, device, has_bias: bool, wide: bool, c
         if r % 2 and TiledConfig.of(cfg).R:
             raise ValueError(f"R (={r}) must be even for the GLU epilogue")
         r = max(r, 2)
+    pdl = _pdl(device, N, K)
+    early = pdl["USE_GDC"] and loads > 0 and TiledConfig.of(cfg).early != 0  # T1 0.92-1.0x the time (round 23)
     return (cdiv(N // 16, r),), per, dict(R=r, KS=ks, NT=1 if T <= 8 else 2, HAS_BIAS=has_bias, LOADS=loads,
                                           EVEN=(K // TILE_K) % ks == 0, WIDE=wide, PARTS=parts, GLU=glu,
-                                          num_warps=r * ks, **_pdl(device, N, K))
+                                          num_warps=r * ks, EARLY=early, **pdl)
 
 
 EARLY_RELEASE_BYTES = 48 << 20  # weights below: release the next kernel at entry, else after the main loop
