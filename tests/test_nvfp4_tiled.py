@@ -296,6 +296,8 @@ def test_tiled_config():
     assert plan(16, 4096, 14336) == (8, 2, 7, 0)
     assert plan(4, 4096, 14336) == (16, 1, 4, 0)  # 56 iterations in 16 ranges of 4: the last two empty
     assert plan(16, 4096, 4096, R=3) == (8, 3, 2, 0)
+    with pytest.raises(ValueError, match="early"):
+        plan(1, 4096, 4096, early=2)
 
 
 def test_wgmma_prefill_plan():

@@ -366,6 +366,11 @@ class NVFP4Linear(torch.nn.Module):
     tiled layout of tiled.py (the same bytes reordered so the decode kernel's loads are contiguous: 1.12-1.6x the
     plain layout's speed on the H100); state_dict() and load_state_dict() use the plain [N, K/2] / [N, K/16]
     layout of nvfp4_quantize and the checkpoints, and plain_weight() returns it.
+
+    The buffers are weights: on Hopper the tiled decode kernel may load its first weights while the preceding kernel
+    on the stream still runs (programmatic dependent launch). Write them (set_weight, load_state_dict, copies) with
+    ordinary kernels, not inside a compiled region whose kernels release their dependents early (inductor's
+    `triton.enable_pdl`) just before a call.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None):

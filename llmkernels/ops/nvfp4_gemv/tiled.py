@@ -415,7 +415,7 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
 @dataclass(frozen=True)
 class TiledConfig(KernelConfig):
     """KS warps split K (a power of 2 <= 16; ranges of cdiv(K/256, KS) iterations, the last ones short or empty
-    where KS does not divide K/256; 0: planned), R row blocks a program (0: KS >= 4 ? 1 : 4 / KS), loads: 0 = each
+    where KS does not divide K/256; 0: planned), R row blocks a program (0: planned, see tiled_config), loads: 0 = each
     step's words just before its decode, 1 = an iteration's words together, 2 = the next iteration's words before
     this one decodes (-1: planned); early: the first iteration's weights loaded before waiting for the previous
     kernel (programmatic dependent launch, loads > 0; -1: wherever it applies, 0: never); NSM: the SM count it plans
@@ -457,6 +457,8 @@ def tiled_config(T: int, N: int, K: int, device, cfg=None):
     loads = c.loads if c.loads >= 0 else 1 if T == 1 or (T <= 8 and ks <= 4) else 0
     if loads not in (0, 1, 2):
         raise ValueError(f"loads (={loads}) must be 0, 1 or 2")
+    if c.early not in (-1, 0, 1):
+        raise ValueError(f"early (={c.early}) must be -1, 0 or 1")
     r = c.R
     if not r:
         r = max(1, 4 // ks)
