@@ -79,6 +79,16 @@ def num_sms(device: torch.device) -> int:
     return sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def planned_sms(nsm, device: torch.device) -> int:
+    """The SM count a planner plans for: a config's NSM stand-in (tests: an H100's 132 on any machine), else the
+    device's."""
+    if nsm is None:
+        return num_sms(device)
+    if type(nsm) is not int or nsm < 1:
+        raise ValueError(f"NSM (={nsm!r}) must be a positive int or None")
+    return nsm
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) on the host (triton.cdiv is a constexpr_function: ~5 us a call outside a kernel)."""
     return -(-a // b)

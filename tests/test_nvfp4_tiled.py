@@ -298,6 +298,8 @@ def test_tiled_config():
     assert plan(16, 4096, 4096, R=3) == (8, 3, 2, 0)
     with pytest.raises(ValueError, match="early"):
         plan(1, 4096, 4096, early=2)
+    with pytest.raises(ValueError, match="NSM"):
+        plan(1, 4096, 4096, NSM=0)
 
 
 def test_wgmma_prefill_plan():

@@ -19,7 +19,7 @@ import triton.language as tl
 from ..._config import KernelConfig
 from ..._gluon import HAVE_GLUON, TensorDescriptor, gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from ..._launch import Launch, launch
-from ..._runtime import capability, cdiv, interpreting, num_sms
+from ..._runtime import capability, cdiv, interpreting, planned_sms
 from .linear import MMA_MAX_T, _reduce_linear, reduce_plan
 from .tiled import TILE_K, _u8, asm_chunk
 
@@ -291,7 +291,7 @@ def wgmma_prefill_plan(T: int, N: int, K: int, device, cfg=None):
     where the tiles do not fill the SMs; else (tail) the row tiles of the last partial wave where that leaves them
     at least 2 pieces each: 28672 x 4096 at 512 tokens has 448 tiles of 256 tokens, 3 waves + 52 tiles (round 22)."""
     c = WgmmaPrefillConfig.of(cfg)
-    sms, rows, KI = c.NSM or num_sms(device), cdiv(N, 128), K // TILE_K
+    sms, rows, KI = planned_sms(c.NSM, device), cdiv(N, 128), K // TILE_K
     big = T >= 256 and cdiv(T, 256) * rows >= sms // 2 and 9 * cdiv(T, 256) * 256 <= 10 * cdiv(T, 128) * 128
     bt = c.BT or (64 if T <= 64 else 256 if big else 128)
     if bt not in (64, 128, 256):

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ..._config import KernelConfig
 from ..._launch import Launch, launch
-from ..._runtime import capability, cdiv, interpreting, num_sms
+from ..._runtime import capability, cdiv, interpreting, num_sms, planned_sms
 from ..combine.kernel import pdl_enabled, pdl_enter
 from .common import asm_mma_tokens, e2m1_f16, e4m3_f32
 from .linear import MMA_MAX_T, _mma_acts, _reduce_linear, _store_out
@@ -442,7 +442,7 @@ def tiled_config(T: int, N: int, K: int, device, cfg=None):
     would read 4x its weight bytes of x from L2). From H100 sweeps of KS x loads (notes, linear round 15) and of
     KS x R (round 23)."""
     c = TiledConfig.of(cfg)
-    KI, blocks, sms = K // TILE_K, N // TILE_N, c.NSM or num_sms(device)
+    KI, blocks, sms = K // TILE_K, N // TILE_N, planned_sms(c.NSM, device)
     ks = c.KS
     if not ks:
         want = 32 * sms / blocks

@@ -24,7 +24,7 @@ from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mb
                        warpgroup_mma_wait)
 from ..._config import KernelConfig
 from ..._launch import Launch, keyed
-from ..._runtime import cdiv, next_pow2, num_sms
+from ..._runtime import cdiv, next_pow2, planned_sms
 from ..combine.kernel import capturing, split_scratch
 from .common import LN2_C, LOG2E_C, nan_max, row_args, row_finish, row_flags, row_ptrs
 
@@ -472,7 +472,7 @@ class FwdWsPlan:
         n_hb = cdiv(h_q, 64)
         n_items = s_q * n_hb
         n_main, n_piece, pp = n_items, 1, 0
-        n_sm = cfg.NSM or num_sms(q.device)
+        n_sm = planned_sms(cfg.NSM, q.device)
         if cfg.TAIL:
             n_main, n_piece, pp = tail_split(n_items, n_sm, cdiv(idx.shape[1], 2 * cfg.BLOCK_N), a.d_v)
         self.n_main, self.n_piece, self.pp = n_main, n_piece, pp
