@@ -26,11 +26,19 @@ def make_checkpoint(path: str, name: str, device, dtype, fmt: str) -> None:
     del model
 
 
+def positive_int(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", help="an NVFP4 checkpoint directory (default: make one from random weights)")
     ap.add_argument("--prompt", default="The capital of France is")
-    ap.add_argument("--new-tokens", type=int, default=None)
+    ap.add_argument("--new-tokens", type=positive_int, default=None,
+                    help="tokens to generate (default 64 on a GPU, 4 on the CPU)")
     ap.add_argument("--format", default="modelopt", choices=["modelopt", "compressed-tensors"],
                     help="the format of the checkpoint made without --checkpoint")
     ap.add_argument("--no-graph", action="store_true", help="decode eagerly instead of one CUDA graph per step")
@@ -40,7 +48,7 @@ def main():
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float16  # the CPU interpreter's bf16 dot is wrong: fp16 there
-    new_tokens = args.new_tokens or (64 if cuda else 4)
+    new_tokens = args.new_tokens if args.new_tokens is not None else (64 if cuda else 4)
 
     with tempfile.TemporaryDirectory() as tmp:
         path = args.checkpoint

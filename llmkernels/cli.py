@@ -98,12 +98,15 @@ def _bench(args) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="llmkernels", description=__doc__)
     ap.add_argument("--version", action="version", version=f"llmkernels {__version__}")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", metavar="{info,check,bench}")
     sub.add_parser("info", help="device, versions and the measured copy/GEMM ceilings")
-    c = sub.add_parser("check", help="every op vs its fp32 reference on the present device")
-    c.add_argument("ops", nargs="*")
+    from .registry import ALIASES, SPECS
+    ops_help = (f"op names (none: all): {', '.join(SPECS)}; or the public functions they cover: "
+                f"{', '.join(ALIASES)}")
+    c = sub.add_parser("check", help="every op vs its fp32 reference on the present device (exit 1 on a failure)")
+    c.add_argument("ops", nargs="*", metavar="op", help=ops_help)
     b = sub.add_parser("bench", help="time ops and peers; print a table, write JSON records and a PNG plot")
-    b.add_argument("ops", nargs="*")
+    b.add_argument("ops", nargs="*", metavar="op", help=ops_help)
     b.add_argument("--out", default="benchmarks/results", help="folder for <device>.json and <device>.png")
     b.add_argument("--quick", action="store_true", help="a few shapes only")
     b.add_argument("--impls", default=None, help="comma-separated implementations to time (default: all), e.g. "
@@ -112,6 +115,15 @@ def main(argv=None) -> int:
                    help="wall time per call of back-to-back eager calls at a small shape (host cost), with peers: "
                         "the median of 3 interleaved rounds of 300 calls in each of 7 passes over all ops")
     args = ap.parse_args(argv)
+    if args.cmd is None:  # a bare `llmkernels`: the help, as a usage error
+        ap.print_help()
+        return 2
+    if args.cmd in ("check", "bench"):
+        from .registry import resolve
+        try:
+            resolve(args.ops)
+        except ValueError as e:
+            (c if args.cmd == "check" else b).error(str(e))  # exits 2, the usage-error code
     return {"info": _info, "check": _check, "bench": _bench}[args.cmd](args)
 
 

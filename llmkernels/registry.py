@@ -21,12 +21,13 @@ ALIASES = {
 
 
 def resolve(names=None):
-    """Op names (registry keys) for names that are registry keys or aliases; all when None or empty."""
+    """Op names (registry keys) for names that are registry keys or aliases; all when None or empty. ValueError
+    for any other name."""
     if not names:
         return list(SPECS)
     unknown = [n for n in names if n not in SPECS and n not in ALIASES]
     if unknown:
-        raise SystemExit(f"unknown op(s) {unknown}; known: {sorted(SPECS)} (also {sorted(ALIASES)})")
+        raise ValueError(f"unknown op(s) {unknown}; known: {', '.join(SPECS)} (also {', '.join(ALIASES)})")
     return list(dict.fromkeys(o for n in names for o in ALIASES.get(n, (n,))))
 
 

@@ -1,3 +1,4 @@
+import importlib
 import os
 import sys
 
@@ -7,6 +8,36 @@ import torch
 import llmkernels  # noqa: F401  (sets up the Triton interpreter on CPU-only machines before kernels load)
 
 HAS_CUDA = torch.cuda.is_available()
+
+# Optional extras whose tests skip where their packages are missing, except where this variable names the extra
+# (.ci/run: LLMKERNELS_REQUIRE_EXTRAS=hf,hf-test): there a missing package fails the run instead.
+REQUIRED_EXTRAS = set(filter(None, os.environ.get("LLMKERNELS_REQUIRE_EXTRAS", "").split(",")))
+_MISSING = "missing optional package"
+
+
+def import_extra(module: str, extra: str, pip: str = ""):
+    """pytest.importorskip for a package of an optional extra ("hf", "hf-test", or "optional" for one that no extra
+    installs: pip names it); the skip is listed at the end of the run, and fails where REQUIRED_EXTRAS names the
+    extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        how = pip or f'pip install -e ".[{extra}]"'
+        if extra in REQUIRED_EXTRAS:
+            pytest.fail(f"{module} is missing but LLMKERNELS_REQUIRE_EXTRAS names [{extra}] ({e}): {how}",
+                        pytrace=False)
+        pytest.skip(f"{_MISSING} {module} ({how})", allow_module_level=True)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say which tests skipped for a missing optional package, rather than counting them among the skipped."""
+    reasons = {}
+    for rep in terminalreporter.stats.get("skipped", []):
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        if _MISSING in reason:
+            reasons.setdefault(reason.split("Skipped: ")[-1], set()).add(rep.nodeid.split("::")[0])
+    for reason, files in sorted(reasons.items()):
+        terminalreporter.write_line(f"skipped, {reason}: {', '.join(sorted(files))}", yellow=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -76,3 +76,23 @@ def test_bench_unknown_impl_is_refused(capsys, monkeypatch):
     assert cli.main(["bench", "--impls", "nope,llmkernels", "masked_decode"]) == 2
     err = capsys.readouterr().err
     assert "no implementation named nope" in err and "llmkernels" in err
+
+
+def test_usage_errors_exit_2(capsys):
+    assert cli.main([]) == 2  # a bare `llmkernels` prints the help
+    assert "info" in capsys.readouterr().out
+    for cmd in ("check", "bench"):
+        with pytest.raises(SystemExit) as e:
+            cli.main([cmd, "no_such_op"])
+        assert e.value.code == 2  # usage error, not the 1 of a failed check
+        assert "unknown op(s) ['no_such_op']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", ["check", "bench"])
+def test_help_lists_op_names(capsys, cmd):
+    from llmkernels.registry import ALIASES, SPECS
+    with pytest.raises(SystemExit) as e:
+        cli.main([cmd, "--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert all(name in out for name in [*SPECS, *ALIASES])

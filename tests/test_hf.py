@@ -5,8 +5,10 @@ import os
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("safetensors")
+from conftest import import_extra  # noqa: E402
+
+transformers = import_extra("transformers", "hf")
+import_extra("safetensors", "hf")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from llmkernels import nvfp4_dequantize  # noqa: E402
@@ -84,7 +86,7 @@ def _close(out, ref, tol=20 * ROUND):
 # ---- checkpoints from the formats' own producer libraries ---------------------------------------------------------
 
 def test_compressed_tensors_producer_checkpoint(tmp_path, device):
-    ct = pytest.importorskip("compressed_tensors")
+    ct = import_extra("compressed_tensors", "hf-test")
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
     from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme, apply_quantization_config
@@ -92,15 +94,20 @@ def test_compressed_tensors_producer_checkpoint(tmp_path, device):
     from compressed_tensors.quantization.quant_scheme import NVFP4
     from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam
 
-    # llm-compressor's flow with compressed-tensors alone: attach the NVFP4 (W4A4) scheme, calibrate the weight
-    # scales with compressed-tensors' own functions, compress, save
+    # llm-compressor 0.14's flow with compressed-tensors alone: attach the NVFP4 (W4A4) scheme, calibrate the weight
+    # scales with compressed-tensors' own functions (one global scale per q / k / v and gate / up set, from the
+    # set's absmax, as its fused observers do: observers/helpers.py FUSED_LAYER_NAMES), compress, save
     model = _tiny_model("cpu")
+    dense = {n: m.weight.detach().clone() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     scheme = QuantizationScheme(targets=["Linear"], **NVFP4)
     apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
-    for mod in model.modules():
+    for name, mod in model.named_modules():
         if hasattr(mod, "quantization_scheme"):
             w = mod.weight.data.float()
-            g = generate_gparam(w.min(), w.max())
+            parent, _, leaf = name.rpartition(".")
+            group = next((g for g in VLLM_FUSED if leaf in g), (leaf,))
+            absmax = max(dense[f"{parent}.{x}"].float().abs().max() for x in group)
+            g = generate_gparam(-absmax.reshape(1), absmax.reshape(1))
             blocks = w.unflatten(-1, (-1, 16))
             s, _ = calculate_qparams(blocks.amin(-1), blocks.amax(-1), mod.quantization_scheme.weights, global_scale=g)
             mod.weight_global_scale.data.copy_(g)
@@ -125,15 +132,35 @@ def test_compressed_tensors_producer_checkpoint(tmp_path, device):
     ids = torch.randint(0, TINY["vocab_size"], (2, 8))
     _close(_logits(ours, ids), _logits(_ref_logits(str(tmp_path), ct_dequant, device), ids))
     assert ct.__version__
+    # vLLM reads the producer's checkpoint as its own, and ours of the same weights no worse; the global scales
+    # agree to within one fp32 rounding (llm-compressor stores 2688 / amax, llmkernels 1 / (amax / 2688))
+    theirs = load_file(str(tmp_path / "model.safetensors"))
+    assert _vllm_weight_err(theirs, "compressed-tensors") == 0.0
+    again = _tiny_model("cpu")
+    again.load_state_dict(_tiny_state(dense, again))
+    save_nvfp4(quantize_(again), tmp_path / "ours", format="compressed-tensors")
+    mine = load_file(str(tmp_path / "ours" / "model.safetensors"))
+    assert _vllm_weight_err(mine, "compressed-tensors") <= _vllm_weight_err(theirs, "compressed-tensors")
+    for p in _quantized_names(theirs, "compressed-tensors"):
+        a, b = mine[f"{p}.weight_global_scale"], theirs[f"{p}.weight_global_scale"]
+        assert torch.allclose(a, b, rtol=2.4e-7, atol=0), p
+
+
+def _tiny_state(dense, model):
+    """model's state_dict with the nn.Linear weights of `dense` (name -> weight) in place."""
+    sd = model.state_dict()
+    sd.update({f"{n}.weight": w for n, w in dense.items()})
+    return sd
 
 
 def test_modelopt_producer_checkpoint(tmp_path, device):
-    pytest.importorskip("modelopt")
+    import_extra("modelopt", "optional", pip="pip install nvidia-modelopt")
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
     from modelopt.torch.quantization.qtensor import NVFP4QTensor
 
     model = _tiny_model("cpu")
+    dense = {n: m.weight.detach().clone() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     ids = torch.randint(0, TINY["vocab_size"], (2, 8))
     mtq.quantize(model, mtq.NVFP4_DEFAULT_CFG, lambda m: m(ids))  # W4A4: the export also holds input_scale
     export_hf_checkpoint(model, export_dir=str(tmp_path))
@@ -151,6 +178,17 @@ def test_modelopt_producer_checkpoint(tmp_path, device):
     assert torch.allclose(mo_dequant(sd, p), _ours_dequant("modelopt")(sd, p), rtol=2.5e-7, atol=0)
     ours = load_nvfp4(tmp_path, device=device, dtype=DTYPE)
     _close(_logits(ours, ids), _logits(_ref_logits(str(tmp_path), mo_dequant, device), ids))
+    # ModelOpt's export shares weight_scale_2 over q / k / v and gate / up (preprocess_linear_fusion): vLLM reads
+    # it as its own, and quantize_ + save_nvfp4 of the same weights write the same global scales
+    assert _vllm_weight_err(sd, "modelopt") == 0.0
+    for i in range(TINY["num_hidden_layers"]):
+        assert len({_bits(sd[f"model.layers.{i}.self_attn.{n}.weight_scale_2"]) for n in VLLM_FUSED[0]}) == 1
+    again = _tiny_model("cpu")
+    again.load_state_dict(_tiny_state(dense, again))
+    save_nvfp4(quantize_(again), tmp_path / "ours", format="modelopt")
+    mine = load_file(str(tmp_path / "ours" / "model.safetensors"))
+    for p in _quantized_names(sd, "modelopt"):
+        assert torch.equal(mine[f"{p}.weight_scale_2"], sd[f"{p}.weight_scale_2"]), p
 
 
 # ---- quantize_ -> save_nvfp4 -> load_nvfp4 ------------------------------------------------------------------------
@@ -260,7 +298,7 @@ def test_fused_projections(tmp_path, device, monkeypatch, arch, extra):
 
 
 def test_saved_compressed_tensors_reads_in_compressed_tensors(tmp_path):
-    pytest.importorskip("compressed_tensors")
+    import_extra("compressed_tensors", "hf-test")
     model = quantize_(_tiny_model("cpu"))
     save_nvfp4(model, tmp_path, format="compressed-tensors")
     # transformers' own compressed-tensors loader; it decompresses (to bf16) on the first forward
@@ -274,7 +312,7 @@ def test_saved_compressed_tensors_reads_in_compressed_tensors(tmp_path):
 
 
 def test_saved_modelopt_reads_in_modelopt(tmp_path):
-    pytest.importorskip("modelopt")
+    import_extra("modelopt", "optional", pip="pip install nvidia-modelopt")
     from modelopt.torch.quantization.qtensor import NVFP4QTensor
     model = quantize_(_tiny_model("cpu"))
     save_nvfp4(model, tmp_path, format="modelopt")
@@ -292,20 +330,171 @@ def test_saved_modelopt_reads_in_modelopt(tmp_path):
 
 
 def test_quantize_skip_and_errors(tmp_path):
-    model = quantize_(_tiny_model("cpu"), skip=("lm_head", "*.mlp.down_proj"))
+    model = quantize_(_tiny_model("cpu"), skip=("*.mlp.down_proj",))
     assert not isinstance(model.model.layers[1].mlp.down_proj, NVFP4Linear)
     assert isinstance(model.model.layers[1].mlp.up_proj, NVFP4Linear)
+    assert not isinstance(model.lm_head, NVFP4Linear)  # the output embedding stays dense whatever skip says
     save_nvfp4(model, tmp_path)
     assert "model.layers.1.mlp.down_proj" in json.load(open(tmp_path / "hf_quant_config.json"))["quantization"][
         "exclude_modules"]
     assert not isinstance(load_nvfp4(tmp_path, device="cpu", dtype=DTYPE).model.layers[1].mlp.down_proj,
                           NVFP4Linear)
+    assert isinstance(quantize_(_tiny_model("cpu"), quantize_lm_head=True).lm_head, NVFP4Linear)
     with pytest.raises(ValueError, match="down_proj: in_features=72"):
         quantize_(_tiny_model("cpu", intermediate_size=72))
     with pytest.raises(ValueError, match="no NVFP4Linear"):
         save_nvfp4(_tiny_model("cpu"), tmp_path / "x")
     with pytest.raises(ValueError, match="format must be one of"):
         save_nvfp4(model, tmp_path / "y", format="gguf")
+    with pytest.raises(TypeError, match="max_shard_bytes must be an int"):
+        save_nvfp4(model, tmp_path / "y", max_shard_bytes=1e9)
+    with pytest.raises(TypeError, match="transformers model"):
+        save_nvfp4(torch.nn.Sequential(NVFP4Linear(32, 16)), tmp_path / "z")
+    assert not (tmp_path / "y").exists() and not (tmp_path / "z").exists()  # refused before any file is written
+    # a bare layer: not replaced in place (it used to gain a child named '')
+    with pytest.raises(TypeError, match="NVFP4Linear.from_linear"):
+        quantize_(torch.nn.Linear(32, 16))
+    with pytest.raises(ValueError, match="nothing to quantize.*already quantized"):
+        quantize_(quantize_(_tiny_model("cpu")))
+    with pytest.raises(ValueError, match="nothing to quantize"):
+        quantize_(_tiny_model("cpu"), skip=("model.*",))
+    with pytest.raises(ValueError, match=r"skip pattern 'down_proj' matches no nn.Linear.*such as 'model.layers"):
+        quantize_(_tiny_model("cpu"), skip=("down_proj",))  # whole names: "*.down_proj"
+    with pytest.raises(TypeError, match="skip must be fnmatch patterns"):
+        quantize_(_tiny_model("cpu"), skip=(3,))
+    with pytest.raises(TypeError, match=r"q_proj.weight is torch.float32.*cast the model first"):
+        quantize_(_tiny_model("cpu").float())
+    with pytest.raises(ValueError, match=r"q_proj, .*k_proj, .*v_proj share one global scale.*only"):
+        quantize_(_tiny_model("cpu"), skip=("*.k_proj",))  # engines load q / k / v as one layer
+    with pytest.raises(ValueError, match="tied to the input embedding"):
+        quantize_(_arch_model("cpu", "Qwen2ForCausalLM", tie_word_embeddings=True), quantize_lm_head=True)
+    with pytest.raises(TypeError, match="quantize_lm_head must be a bool"):
+        quantize_(_tiny_model("cpu"), quantize_lm_head="yes")
+
+
+@pytest.mark.skipif(CUDA, reason="the errors of a machine without CUDA")
+def test_load_refuses_what_cannot_run_here(good):
+    with pytest.raises(ValueError, match="device is 'cuda' but CUDA is not available here: pass device='cpu'"):
+        load_nvfp4(good["modelopt"])  # the default device
+    with pytest.raises(TypeError, match="bfloat16 on the CPU.*pass dtype=torch.float16"):
+        load_nvfp4(good["modelopt"], device="cpu", dtype=torch.bfloat16)
+
+
+def test_load_dtype_and_path_errors(good, tmp_path):
+    with pytest.raises(TypeError, match="dtype must be torch.float16 or torch.bfloat16"):
+        load_nvfp4(good["modelopt"], device="cpu", dtype=torch.float32)
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        load_nvfp4(tmp_path, device="cpu", dtype=DTYPE)
+
+
+def test_decoder_argument_errors():
+    model = quantize_(_tiny_model("cpu"))
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        StaticDecoder(model, batch=0, max_len=8)
+    with pytest.raises(TypeError, match="graph must be a bool"):
+        StaticDecoder(model, batch=1, max_len=8, graph="no")
+    with pytest.raises(ValueError, match="new_tokens must be >= 1"):
+        StaticDecoder(model, batch=1, max_len=8, graph=False).generate(torch.ones(1, 2, dtype=torch.long), 0)
+
+
+def test_example_refuses_zero_new_tokens():
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "nvfp4_decode.py")
+    r = subprocess.run([sys.executable, script, "--new-tokens", "0"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--new-tokens: must be at least 1, got 0" in r.stderr, r.stderr[-500:]
+
+
+# ---- one global scale per q / k / v and gate / up: what engines that fuse them read ------------------------------
+
+# vLLM's packed_modules_mapping for Llama, Qwen2 / 3 and Mistral: each tuple loads into ONE layer (qkv_proj,
+# gate_up_proj), which keeps one global scale, taken in process_weights_after_loading as ModelOpt
+# (ModelOptNvFp4LinearMethod, its Marlin path too) weight_scale_2.max(), compressed-tensors (CompressedTensorsW4A16Fp4)
+# 1 / weight_global_scale.max()
+VLLM_FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+GLOBAL = {"modelopt": "weight_scale_2", "compressed-tensors": "weight_global_scale"}
+
+
+def _vllm_dequant(fmt):
+    """dequant(sd, prefix) as vLLM reads the layer: its own codes and block scales, its fused layer's one scale."""
+    def deq(sd, p):
+        parent, _, leaf = p.rpartition(".")
+        parts = next((g for g in VLLM_FUSED if leaf in g), (leaf,))
+        stored = torch.stack([sd[f"{parent}.{x}.{GLOBAL[fmt]}"].float().reshape(()) for x in parts]).max()
+        g = stored if fmt == "modelopt" else 1.0 / stored
+        packed = sd[f"{p}.weight" if fmt == "modelopt" else f"{p}.weight_packed"]
+        return nvfp4_dequantize(packed, sd[f"{p}.weight_scale"], g)
+    return deq
+
+
+def _quantized_names(sd, fmt):
+    return [k[: -len(GLOBAL[fmt]) - 1] for k in sd if k.endswith("." + GLOBAL[fmt])]
+
+
+def _vllm_weight_err(sd, fmt) -> float:
+    """The largest relative error over the layers of vLLM's reading of sd against the format's own per-layer one."""
+    own, vllm = _ours_dequant(fmt), _vllm_dequant(fmt)
+    return max(((vllm(sd, p) - own(sd, p)).norm() / own(sd, p).norm()).item() for p in _quantized_names(sd, fmt))
+
+
+def _bits(t):
+    return t.float().reshape(()).view(torch.int32).item()
+
+
+@pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+def test_fused_engines_read_saved_checkpoints_exactly(tmp_path, device, fmt):
+    model = _tiny_model(device)
+    qkv = [getattr(model.model.layers[0].self_attn, n) for n in VLLM_FUSED[0]]
+    alone = [NVFP4Linear.from_linear(m) for m in qkv]  # control: each layer's own scale, as quantize_ used to
+    quantize_(model)
+    save_nvfp4(model, tmp_path, format=fmt)
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    for i in range(TINY["num_hidden_layers"]):  # one global scale per set, bit for bit; o / down keep their own
+        for block, names in (("self_attn", VLLM_FUSED[0] + ("o_proj",)), ("mlp", VLLM_FUSED[1] + ("down_proj",))):
+            bits = [_bits(sd[f"model.layers.{i}.{block}.{n}.{GLOBAL[fmt]}"]) for n in names]
+            assert len(set(bits[:-1])) == 1 and bits[-1] != bits[0], (i, block)
+    # vLLM's reading is the checkpoint's own, weight for weight, so the logits are too
+    assert _vllm_weight_err(sd, fmt) == 0.0
+    ids = torch.randint(0, TINY["vocab_size"], (2, 8))
+    ours = _logits(load_nvfp4(tmp_path, device=device, dtype=DTYPE), ids)
+    _close(ours, _logits(_ref_logits(str(tmp_path), _vllm_dequant(fmt), device), ids))
+    # the control: three scales read as one put a layer's weights O(10 %) off (the amax of q / k / v differ)
+    sd_alone = {f"a.{n}.{GLOBAL[fmt]}": (m.global_scale.reshape(()) if fmt == "modelopt" else 1 / m.global_scale)
+                for n, m in zip(VLLM_FUSED[0], alone)}
+    for n, m in zip(VLLM_FUSED[0], alone):
+        packed, scales = m.plain_weight()
+        sd_alone.update({f"a.{n}.{'weight' if fmt == 'modelopt' else 'weight_packed'}": packed,
+                         f"a.{n}.weight_scale": scales})
+    assert _vllm_weight_err(sd_alone, fmt) > 1e-2
+
+
+@pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+def test_save_requantizes_sets_with_different_scales(tmp_path, device, fmt):
+    """A model whose q / k / v were quantized one by one (a checkpoint that did not share the scale, an older
+    llmkernels) is saved with one scale for the set: the member with the largest amax keeps its bytes, the others
+    are requantized from their exact fp32 weights, within one FP4 rounding of them."""
+    model = _tiny_model(device)
+    attn = model.model.layers[1].self_attn
+    alone = {n: NVFP4Linear.from_linear(getattr(attn, n)) for n in VLLM_FUSED[0]}
+    quantize_(model, fuse=False)
+    for n, m in alone.items():
+        setattr(attn, n, m)
+    with pytest.warns(UserWarning, match=r"layers.1.self_attn.q_proj, .*v_proj hold different global scales"):
+        save_nvfp4(model, tmp_path, format=fmt)
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    assert _vllm_weight_err(sd, fmt) == 0.0
+    assert len({_bits(sd[f"model.layers.1.self_attn.{n}.{GLOBAL[fmt]}"]) for n in alone}) == 1
+    top = max(alone, key=lambda n: alone[n].global_scale.item())
+    packed_key = "weight" if fmt == "modelopt" else "weight_packed"
+    for n, m in alone.items():
+        w = nvfp4_dequantize(*m.plain_weight(), m.global_scale)
+        saved = _ours_dequant(fmt)(sd, f"model.layers.1.self_attn.{n}").to(w.device)
+        if n == top:
+            assert torch.equal(sd[f"model.layers.1.self_attn.{n}.{packed_key}"].to(w.device), m.plain_weight()[0])
+        # E2M1 steps are at most 1/3 of a value (4 -> 6), each rounding at most half of one: 0.17 of the block's
+        # largest value; relative to the whole weight (rms ~ 0.4 of the largest) well under that
+        assert ((saved - w).norm() / w.norm()).item() < 0.17, n
+    assert isinstance(attn.q_proj, NVFP4Linear) and attn.q_proj is alone["q_proj"]  # the model itself unchanged
 
 
 # ---- bad checkpoints: a clear error before any weight is placed ----------------------------------------------------
@@ -338,6 +527,16 @@ def _edit_json(path, name, fn):
     fn(d)
     with open(os.path.join(path, name), "w") as f:
         json.dump(d, f)
+
+
+def _write(path, name, text):
+    with open(os.path.join(path, name), "w") as f:
+        f.write(text)
+
+
+def _truncate(path, name, keep):
+    f = os.path.join(path, name)
+    os.truncate(f, int(os.path.getsize(f) * keep))
 
 
 def _set(sd, name, value):
@@ -397,6 +596,28 @@ BAD = {  # name: (format, edit(path), exception, message)
                   ValueError, rf"{L0}.weight_scale holds NaN at \[3, 1\]"),
     "block-negative": ("compressed-tensors", lambda p: _edit_tensors(
         p, lambda sd: _scale_byte(sd, f"{L0}.weight_scale", 0xB8)), ValueError, "holds a negative value at"),
+    "config-not-json": ("modelopt", lambda p: _write(p, "config.json", '{"model_type": "llama",'),
+                        ValueError, r"config.json is not valid JSON"),
+    "config-a-list": ("modelopt", lambda p: _write(p, "config.json", "[1, 2]"),
+                      ValueError, r"config.json: expected a JSON object, got list"),
+    "quant-config-a-list": ("compressed-tensors", lambda p: _edit_json(
+        p, "config.json", lambda d: d.update(quantization_config=[d["quantization_config"]])),
+        ValueError, "config.json: quantization_config: expected a JSON object, got list"),
+    "ct-groups-a-list": ("compressed-tensors", lambda p: _edit_json(
+        p, "config.json", lambda d: d["quantization_config"].update(config_groups=["group_0"])),
+        ValueError, "quantization_config.config_groups: expected a JSON object, got list"),
+    "ct-ignore-not-names": ("compressed-tensors", lambda p: _edit_json(
+        p, "config.json", lambda d: d["quantization_config"].update(ignore="lm_head")),
+        ValueError, "quantization_config.ignore: expected a JSON list, got str"),
+    "hf-quant-not-json": ("modelopt", lambda p: (
+        _edit_json(p, "config.json", lambda d: d.pop("quantization_config")),
+        _write(p, "hf_quant_config.json", "{quantization")), ValueError, r"hf_quant_config.json is not valid JSON"),
+    "index-a-list": ("modelopt", lambda p: _write(p, "model.safetensors.index.json", "[]"),
+                     ValueError, r"model.safetensors.index.json: expected a JSON object, got list"),
+    "truncated-safetensors": ("compressed-tensors", lambda p: _truncate(p, "model.safetensors", 0.5),
+                              ValueError, r"model.safetensors is not a readable safetensors file"),
+    "not-safetensors": ("modelopt", lambda p: _write(p, "model.safetensors", "hello"),
+                        ValueError, r"model.safetensors is not a readable safetensors file"),
 }
 
 

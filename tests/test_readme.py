@@ -4,6 +4,7 @@ import os
 import re
 
 import pytest
+from conftest import import_extra
 
 from llmkernels.bench import report
 
@@ -40,7 +41,7 @@ def test_readme_has_blocks():
                          ids=[f"{i}-{h.split()[0].strip(':,')}" for i, (h, _) in enumerate(BLOCKS)])
 def test_readme_block_runs(code):
     if "transformers" in code:
-        pytest.importorskip("transformers", reason="the llmkernels.hf block needs the [hf] extra")
+        import_extra("transformers", "hf")  # the llmkernels.hf block
     exec(compile(code, "README.md", "exec"), {"__name__": "readme_block"})  # noqa: S102  (a fresh namespace)
 
 

@@ -254,6 +254,10 @@ def test_indexer_kl_loss_tensor_parallel(device):
         indexer_kl_loss(logits, q, kv, idx, lse, 0.1, attn_dist=dist.half(), **kw)
     with pytest.raises(ValueError, match="attn_dist"):
         indexer_kl_loss(logits, q, kv, idx, lse, 0.1, attn_dist=dist[:, :5], **kw)
+    negative = dist.clone()
+    negative[1, 2] = -0.25  # not an attention mass: refused (it made the loss NaN)
+    with pytest.raises(ValueError, match="attn_dist holds negative values"):
+        indexer_kl_loss(logits, q, kv, idx, lse, 0.1, attn_dist=negative, **kw)
 
 
 # --- torch.compile / custom-op plumbing: CPU ------------------------------------------------------

@@ -1,12 +1,13 @@
 """NVFP4 checkpoints in Hugging Face transformers: load (ModelOpt, compressed-tensors), quantize, save, decode.
 
-Needs the `hf` extra: pip install "llmkernels[hf]" (transformers, safetensors).
+Needs the `hf` extra (transformers, safetensors): from a clone, pip install -e ".[hf]".
 """
 try:
     import safetensors  # noqa: F401
     import transformers  # noqa: F401
 except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError(f"llmkernels.hf needs transformers and safetensors ({e}); pip install 'llmkernels[hf]'") from e
+    raise ImportError(f"llmkernels.hf needs transformers and safetensors ({e}): from a clone of llmkernels, "
+                      "pip install -e \".[hf]\"") from e
 
 from .decode import StaticDecoder  # noqa: E402
 from .load import load_nvfp4  # noqa: E402

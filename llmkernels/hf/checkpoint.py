@@ -1,5 +1,4 @@
 """A safetensors checkpoint's tensor headers, and the checks a model makes of them before anything is loaded."""
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -8,7 +7,7 @@ from typing import Dict, List, Set, Tuple
 import torch
 from safetensors import safe_open
 
-from .formats import KV_SCALES, QuantSpec
+from .formats import KV_SCALES, QuantSpec, read_json
 
 # safetensors dtype names (the header's "dtype")
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
@@ -25,10 +24,10 @@ class Checkpoint:
         index = os.path.join(path, "model.safetensors.index.json")
         single = os.path.join(path, "model.safetensors")
         if os.path.exists(index):
-            with open(index) as f:
-                weight_map = json.load(f).get("weight_map")
-            if not isinstance(weight_map, dict) or not weight_map:
-                raise ValueError(f"{index} has no weight_map")
+            weight_map = read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map or \
+                    not all(isinstance(v, str) for v in weight_map.values()):
+                raise ValueError(f"{index} has no weight_map (an object of tensor name -> file name)")
             files = sorted(set(weight_map.values()))
         elif os.path.exists(single):
             weight_map, files = None, ["model.safetensors"]
@@ -40,14 +39,16 @@ class Checkpoint:
             full = os.path.join(path, fn)
             if not os.path.exists(full):
                 raise FileNotFoundError(f"{fn}, listed in model.safetensors.index.json, is missing from {path}")
-            with safe_open(full, framework="pt") as f:  # reads the header only
-                names = list(f.keys())
-                for name in names:
-                    if name in self.meta:
-                        raise ValueError(f"tensor {name} is stored twice ({self.meta[name][2]} and {fn})")
-                    s = f.get_slice(name)
-                    self.meta[name] = (s.get_dtype(), tuple(s.get_shape()), fn)
-            self.files[fn] = names
+            try:
+                with safe_open(full, framework="pt") as f:  # reads the header only
+                    header = {n: (f.get_slice(n).get_dtype(), tuple(f.get_slice(n).get_shape())) for n in f.keys()}
+            except Exception as e:  # safetensors' SafetensorError (truncated, not safetensors), OSError
+                raise ValueError(f"{full} is not a readable safetensors file: {type(e).__name__}: {e}") from e
+            for name, (dt, shape) in header.items():
+                if name in self.meta:
+                    raise ValueError(f"tensor {name} is stored twice ({self.meta[name][2]} and {fn})")
+                self.meta[name] = (dt, shape, fn)
+            self.files[fn] = list(header)
         if weight_map is not None:
             for name, fn in weight_map.items():
                 if self.meta.get(name, (None, None, fn))[2] != fn:

@@ -5,6 +5,7 @@ from typing import Optional
 
 import torch
 
+from .._validate import check_bool, check_int
 from ..ops.combine.kernel import pdl_enabled
 from ..ops.masked_decode.op import masked_decode
 from ..ops.nvfp4_gemv.op import NVFP4Linear
@@ -69,6 +70,9 @@ class StaticDecoder:
 
     def __init__(self, model, batch: int, max_len: int, graph: bool = True, compile=False):
         from transformers import StaticCache
+        check_int("batch", batch, lo=1)
+        check_int("max_len", max_len, lo=2)
+        check_bool("graph", graph)
         self.model, self.batch, self.max_len = model, batch, max_len
         self.graph = graph and torch.cuda.is_available()
         self.device = model.get_input_embeddings().weight.device
@@ -201,7 +205,8 @@ class StaticDecoder:
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-        """Greedy: input_ids [batch, T] -> [batch, T + new_tokens]."""
+        """Greedy: input_ids [batch, T] -> [batch, T + new_tokens] (new_tokens >= 1)."""
+        check_int("new_tokens", new_tokens, lo=1)
         out = [input_ids.to(self.device), self.prefill(input_ids)[:, None]]
         for _ in range(new_tokens - 1):
             out.append(self.step().clone())

@@ -67,15 +67,40 @@ def _need(cond: bool, where: str, msg: str) -> None:
         raise ValueError(f"{where}: {msg}")
 
 
+def _obj(value, where: str, kind=dict):
+    """value if it is a `kind` (a JSON object by default), else a ValueError naming where it was read."""
+    names = {dict: "a JSON object", list: "a JSON list"}
+    _need(isinstance(value, kind), where, f"expected {names[kind]}, got {type(value).__name__} {str(value)[:60]}")
+    return value
+
+
+def read_json(path: str) -> dict:
+    """The JSON object in file `path`; ValueError naming the file for what does not parse or is not an object."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
+    return _obj(data, path)
+
+
+def _names(q: dict, key: str, where: str) -> list:
+    """q[key], a list of strings (or absent / null: [])."""
+    v = _obj(q.get(key) or [], f"{where}.{key}", list)
+    _need(all(isinstance(x, str) for x in v), f"{where}.{key}", "expected a list of strings")
+    return v
+
+
 def _modelopt_spec(q: dict, where: str) -> QuantSpec:
     algo = q.get("quant_algo")
     _need(algo in MODELOPT_ALGOS, where, f"quant_algo is {algo!r}; llmkernels.hf loads "
           f"{' and '.join(MODELOPT_ALGOS)} (weights E2M1 + e4m3 per 16 + fp32 global scale)")
     gs = q.get("group_size", GROUP_SIZE)
-    for g in (q.get("config_groups") or {}).values():  # newer exports repeat it per group
-        gs = (g.get("weights") or {}).get("group_size", gs)
+    for name, g in _obj(q.get("config_groups") or {}, f"{where}.config_groups").items():  # newer exports: per group
+        at = f"{where}.config_groups.{name}"
+        gs = _obj(_obj(g, at).get("weights") or {}, f"{at}.weights").get("group_size", gs)
     _need(gs == GROUP_SIZE, where, f"group_size is {gs!r}; NVFP4 has one scale per {GROUP_SIZE} values")
-    ignore = list(q.get("exclude_modules") or []) + list(q.get("ignore") or [])
+    ignore = _names(q, "exclude_modules", where) + _names(q, "ignore", where)
     return QuantSpec(MODELOPT, tuple(dict.fromkeys(ignore)), ("Linear",))
 
 
@@ -83,14 +108,14 @@ def _ct_spec(q: dict, where: str) -> QuantSpec:
     status = q.get("quantization_status", "compressed")
     _need(status == "compressed", where, f"quantization_status is {status!r}; expected 'compressed' "
           "(packed weights)")
-    groups = q.get("config_groups") or {}
+    groups = _obj(q.get("config_groups") or {}, f"{where}.config_groups")
     _need(len(groups) > 0, where, "config_groups is empty: no quantized layers are described")
     targets = []
     for gname, g in groups.items():
         at = f"{where}.config_groups.{gname}"
-        fmt = g.get("format") or q.get("format")
+        fmt = _obj(g, at).get("format") or q.get("format")
         _need(fmt == CT_FORMAT, at, f"format is {fmt!r}; llmkernels.hf loads {CT_FORMAT!r}")
-        w = g.get("weights") or {}
+        w = _obj(g.get("weights") or {}, f"{at}.weights")
         for key, want in (("num_bits", 4), ("type", "float"), ("group_size", GROUP_SIZE), ("symmetric", True)):
             _need(w.get(key, want) == want, f"{at}.weights", f"{key} is {w.get(key)!r}; NVFP4 needs {want!r}")
         _need(w.get("strategy", "tensor_group") in ("tensor_group", "group"), f"{at}.weights",
@@ -98,24 +123,24 @@ def _ct_spec(q: dict, where: str) -> QuantSpec:
         sd = w.get("scale_dtype")
         _need(sd in (None, "torch.float8_e4m3fn", "float8_e4m3fn"), f"{at}.weights",
               f"scale_dtype is {sd!r}; NVFP4 block scales are float8_e4m3fn")
-        targets += list(g.get("targets") or [])
-    return QuantSpec(COMPRESSED_TENSORS, tuple(q.get("ignore") or ()), tuple(dict.fromkeys(targets)))
+        targets += _names(g, "targets", at)
+    return QuantSpec(COMPRESSED_TENSORS, tuple(_names(q, "ignore", where)), tuple(dict.fromkeys(targets)))
 
 
 def read_quant_spec(path: str, config: Optional[dict] = None) -> QuantSpec:
     """The QuantSpec of the checkpoint directory `path` (config.json's quantization_config, else ModelOpt's
     hf_quant_config.json). Raises ValueError naming the file and field for anything but NVFP4 with group size 16."""
     if config is None:
-        with open(os.path.join(path, "config.json")) as f:
-            config = json.load(f)
+        config = read_json(os.path.join(path, "config.json"))
     q = config.get("quantization_config")
     hf_quant = os.path.join(path, "hf_quant_config.json")
     if q is None and os.path.exists(hf_quant):
-        with open(hf_quant) as f:
-            q = dict(json.load(f).get("quantization") or {}, quant_method="modelopt")
         where = "hf_quant_config.json: quantization"
+        q = dict(_obj(read_json(hf_quant).get("quantization") or {}, where), quant_method="modelopt")
     else:
         where = "config.json: quantization_config"
+        if q is not None:
+            _obj(q, where)
     if q is None:
         raise ValueError(f"{path} holds no quantization config (config.json has no quantization_config and there is "
                          "no hf_quant_config.json): not an NVFP4 checkpoint")

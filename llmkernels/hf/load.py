@@ -1,17 +1,17 @@
 """load_nvfp4: a transformers model from an NVFP4 checkpoint, its quantized linears as NVFP4Linear."""
 import contextlib
-import json
 import os
 from typing import Dict, Tuple, Union
 
 import torch
 from safetensors import safe_open
 
+from .._runtime import interpreting
 from .._validate import check_bool
 from ..ops.nvfp4_gemv.op import NVFP4Linear
 from ..ops.nvfp4_gemv.tiled import tile_packed, tile_scales
 from .checkpoint import Checkpoint, plan
-from .formats import read_quant_spec
+from .formats import read_json, read_quant_spec
 from .fuse import fuse_projections
 
 
@@ -75,11 +75,13 @@ def load_nvfp4(path: Union[str, os.PathLike], device: Union[str, torch.device] =
     """A transformers causal LM from the NVFP4 checkpoint directory `path` (ModelOpt or compressed-tensors
     nvfp4-pack-quantized), its quantized nn.Linear layers replaced by llmkernels.NVFP4Linear.
 
-    Every other parameter is cast to `dtype`; NVFP4Linear keeps its bias in fp32. The model is built on the meta
-    device and each checkpoint tensor is read once, straight onto `device`: no dense copy of a quantized weight is
-    ever made. All tensor headers (names, dtypes, shapes) and all scales are checked before any weight is loaded;
-    problems raise ValueError / TypeError naming the tensor. Activation-quantization tensors (input_scale,
-    input_global_scale) and KV-cache scales are ignored: inference is weight-only, activations stay in `dtype`.
+    Every other parameter is cast to `dtype` (float16 or bfloat16: NVFP4Linear's activations; on a CPU without
+    CUDA, where the kernels run through the Triton interpreter, float16); NVFP4Linear keeps its bias in fp32. The
+    model is built on the meta device and each checkpoint tensor is read once, straight onto `device`: no dense
+    copy of a quantized weight is ever made. The files (JSON, safetensors headers: names, dtypes, shapes) and all
+    scales are checked before any weight is loaded; problems raise ValueError / TypeError naming the file or tensor.
+    Activation-quantization tensors (input_scale, input_global_scale) and KV-cache scales are ignored: inference is
+    weight-only, activations stay in `dtype`.
     fuse: group the q / k / v and gate / up layers of known decoder layers (one kernel call each at decode; see
     fuse.fuse_projections).
     """
@@ -89,13 +91,23 @@ def load_nvfp4(path: Union[str, os.PathLike], device: Union[str, torch.device] =
     if not os.path.isdir(path):
         raise FileNotFoundError(f"path must be a checkpoint directory (config.json + safetensors), got {path!r}")
     check_bool("fuse", fuse)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"dtype must be torch.float16 or torch.bfloat16 (NVFP4Linear's activations), got {dtype!r}")
     device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device is {str(device)!r} but CUDA is not available here: pass device='cpu' (and "
+                         "dtype=torch.float16; the kernels then run through the Triton interpreter, slowly)")
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"device must be a CUDA device or 'cpu', got {str(device)!r}")
+    if device.type == "cpu" and dtype == torch.bfloat16 and interpreting():
+        raise TypeError("dtype=torch.bfloat16 on the CPU: NVFP4Linear runs through the Triton interpreter there, "
+                        "which multiplies bf16 wrongly; pass dtype=torch.float16")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    with open(os.path.join(path, "config.json")) as f:
-        spec = read_quant_spec(path, json.load(f))
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"{path} has no config.json: not a transformers checkpoint directory")
+    spec = read_quant_spec(path, read_json(config_file))
     ckpt = Checkpoint(path)
     config = AutoConfig.from_pretrained(path)
     with params_on_meta():

@@ -80,6 +80,12 @@ def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     return c[..., 0] | (c[..., 1] << 4)
 
 
+def default_global_scale(amax: torch.Tensor) -> torch.Tensor:
+    """nvfp4_quantize's global scale for weights whose largest magnitude is amax (fp32 0-d): amax / (6 * 448), so
+    the largest block scale lands at the top of the e4m3 range (1 where amax is 0)."""
+    return torch.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
+
+
 def nvfp4_quantize(w: torch.Tensor, global_scale: Union[None, float, torch.Tensor] = None
                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Quantize w [N, K] (fp32/bf16/fp16, K a multiple of 16) to NVFP4.
@@ -98,8 +104,7 @@ def nvfp4_quantize(w: torch.Tensor, global_scale: Union[None, float, torch.Tenso
     if not bool(torch.isfinite(wf).all()):
         raise ValueError("w must be finite (no NaN or inf)")
     if global_scale is None:
-        amax = wf.abs().amax() if wf.numel() else wf.new_zeros(())
-        gs = torch.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
+        gs = default_global_scale(wf.abs().amax() if wf.numel() else wf.new_zeros(()))
     else:
         gs = _global_scale(global_scale, "w", w)
         check_global_scale(gs)

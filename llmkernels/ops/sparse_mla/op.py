@@ -275,7 +275,9 @@ def indexer_kl_loss(index_logits: Tensor, q: Tensor, kv: Tensor, indices: Tensor
 
     attn_dist: optional fp32 [s_q, topk] distribution to use instead of computing it from q's heads. Under tensor
     parallelism (q and lse hold a shard of the heads) pass the all-reduced sum of the shards'
-    :func:`sparse_mla_attn_dist`: computed from one shard, p would be that shard's distribution alone.
+    :func:`sparse_mla_attn_dist`: computed from one shard, p would be that shard's distribution alone. Attention
+    masses are >= 0: a negative entry raises ValueError (a host check, skipped under torch.compile and CUDA-graph
+    capture; NaN entries pass and make the loss NaN).
     """
     a = prepare(q, kv, indices, sm_scale, 512, None, topk_length, q_start, k_stride)
     _check_lse(lse, a.q)
@@ -287,6 +289,10 @@ def indexer_kl_loss(index_logits: Tensor, q: Tensor, kv: Tensor, indices: Tensor
         check_tensor("attn_dist", attn_dist, dtypes=(torch.float32,))
         check_shape("attn_dist", attn_dist, a.indices.shape, "[s_q, topk], like indices")
     check_same_device(q=a.q, index_logits=index_logits, attn_dist=attn_dist)
+    capturing = attn_dist is not None and attn_dist.is_cuda and torch.cuda.is_current_stream_capturing()
+    if attn_dist is not None and not tracing() and not capturing and bool((attn_dist < 0).any()):
+        raise ValueError("attn_dist holds negative values; it must be attention masses (>= 0), e.g. the sum of "
+                         "sparse_mla_attn_dist over head shards")
     with torch.no_grad():
         if attn_dist is not None:
             dist = attn_dist.detach()
