@@ -126,11 +126,12 @@ def test_splits_interleaved_or_contiguous(device, interleave):
         _poisoned(x, kl, L, {"block_n": 64, "num_stages": 3, "interleave": interleave})
 
 
-@pytest.mark.parametrize("fuse", [64, 0])
+@pytest.mark.parametrize("fuse", [1 << 20, 0])
 def test_split_merge_fused_or_launched(device, fuse):
     # eager calls merge the parts inside the split kernel (the last program of a row, by arrival counters it re-arms)
     # or by a merge launch (fuse_merge 0, and CUDA-graph capture): same results; repeated calls and calls of other
-    # shapes share the per-stream scratch, whose counters are 0 again after every call
+    # shapes share the per-stream scratch, whose counters are 0 again after every call. fuse_merge 2^20 merges in
+    # the kernel whatever the split count the device's SMs give (G x splits <= fuse_merge)
     from llmkernels.ops.combine.kernel import _SCRATCH
     from llmkernels.ops.masked_decode.kernel import DecodePlan
     B, Hkv, G, L, D = 2, 1, 4, 2600, 64
