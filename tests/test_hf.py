@@ -445,8 +445,14 @@ def _bits(t):
 def test_fused_engines_read_saved_checkpoints_exactly(tmp_path, device, fmt):
     from llmkernels.ops.nvfp4_gemv.format import default_global_scale
     model = _tiny_model(device)
+    # control: each layer's own scale, as quantize_ used to (k's weights halved: a scale 2x off the others')
     qkv = [getattr(model.model.layers[0].self_attn, n) for n in VLLM_FUSED[0]]
-    alone = [NVFP4Linear.from_linear(m) for m in qkv]  # control: each layer's own scale, as quantize_ used to
+    alone = []
+    for n, m in zip(VLLM_FUSED[0], qkv):
+        lin = torch.nn.Linear(m.in_features, m.out_features, bias=False, device=device, dtype=DTYPE)
+        with torch.no_grad():
+            lin.weight.copy_(m.weight * (0.5 if n == "k_proj" else 1.0))
+        alone.append(NVFP4Linear.from_linear(lin))
     amax = {n: m.weight.float().abs().amax() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     quantize_(model)
     save_nvfp4(model, tmp_path, format=fmt)
@@ -464,14 +470,14 @@ def test_fused_engines_read_saved_checkpoints_exactly(tmp_path, device, fmt):
     ids = torch.randint(0, TINY["vocab_size"], (2, 8))
     ours = _logits(load_nvfp4(tmp_path, device=device, dtype=DTYPE), ids)
     _close(ours, _logits(_ref_logits(str(tmp_path), _vllm_dequant(fmt), device), ids))
-    # the control: three scales read as one put a layer's weights O(10 %) off (the amax of q / k / v differ)
+    # the control: three scales read as one put a layer's weights far off (k's by ~2x)
     sd_alone = {f"a.{n}.{GLOBAL[fmt]}": (m.global_scale.reshape(()) if fmt == "modelopt" else 1 / m.global_scale)
                 for n, m in zip(VLLM_FUSED[0], alone)}
     for n, m in zip(VLLM_FUSED[0], alone):
         packed, scales = m.plain_weight()
         sd_alone.update({f"a.{n}.{'weight' if fmt == 'modelopt' else 'weight_packed'}": packed,
                          f"a.{n}.weight_scale": scales})
-    assert _vllm_weight_err(sd_alone, fmt) > 1e-2
+    assert _vllm_weight_err(sd_alone, fmt) > 0.3
 
 
 @pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])

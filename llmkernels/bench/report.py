@@ -212,10 +212,10 @@ def _with_eager(body, e2e_rows=False):
     """body(GPU-time records, and with e2e_rows every e2e_decode record), then the eager-call and whole-model tables
     of the same device, if any."""
     def both(recs):
-        text = body([r for r in recs if not eager(r) and (e2e_rows or not e2e(r))])
+        timed = [r for r in recs if not eager(r) and (e2e_rows or not e2e(r))]
         et, mt = eager_table(recs), e2e_table(recs)
-        return text + ("\n\n" + EAGER_HEADER + "\n\n" + et if et else "") + ("\n\n" + E2E_HEADER + "\n\n" + mt
-                                                                          if mt else "")
+        return "\n\n".join(t for t in (body(timed) if timed else "", EAGER_HEADER + "\n\n" + et if et else "",
+                                      E2E_HEADER + "\n\n" + mt if mt else "") if t)
     return both
 
 
