@@ -20,6 +20,14 @@ def fake_device(monkeypatch):
         calls.append("gemm")
         return 700.0e12
 
+    def read_bandwidth():
+        calls.append("read")
+        return 4.0e12
+
+    def write_bandwidth():
+        calls.append("write")
+        return 2.0e12
+
     def time_impl(impl, case):
         calls.append(f"time {impl.name} {case.shape['n']}")
         if impl.name == "broken":
@@ -28,6 +36,8 @@ def fake_device(monkeypatch):
 
     monkeypatch.setattr(harness, "copy_bandwidth", copy_bandwidth)
     monkeypatch.setattr(harness, "gemm_rate", gemm_rate)
+    monkeypatch.setattr(harness, "read_bandwidth", read_bandwidth)
+    monkeypatch.setattr(harness, "write_bandwidth", write_bandwidth)
     monkeypatch.setattr(harness, "time_impl", time_impl)
     monkeypatch.setattr(harness.torch.cuda, "get_device_name", lambda *a: "Fake GPU")
     monkeypatch.setattr(harness.torch.cuda, "synchronize", lambda *a: None)
@@ -37,7 +47,7 @@ def fake_device(monkeypatch):
 
 
 def _bench(op):
-    cases = lambda quick: [Case(shape={"n": 1}, make_inputs=dict, bytes=3 * 10**9),  # noqa: E731
+    cases = lambda quick: [Case(shape={"n": 1}, make_inputs=dict, bytes=3 * 10**9, write_bytes=10**9),  # noqa: E731
                            Case(shape={"n": 2}, make_inputs=dict, bytes=0, flops=7 * 10**11, bound="compute")]
     return OpBench(op, cases, [Impl("llmkernels", lambda x: None), Impl("broken", lambda x: None),
                                Impl("absent", lambda x: None, available=lambda: "not installed")])
@@ -48,11 +58,13 @@ def test_run_op_bench_ceilings_around_the_cases(fake_device):
     # then a pause; floors use the ceiling of the case's bound; failing and absent peers are skipped
     logs = []
     recs = harness.run_op_bench(_bench("op_a"), log=logs.append)
-    assert fake_device == ["copy", "time llmkernels 1", "time broken 1", "time llmkernels 2", "time broken 2",
-                           "gemm", "sleep 5"]
+    assert fake_device == ["copy", "read", "write", "time llmkernels 1", "time broken 1", "time llmkernels 2",
+                           "time broken 2", "gemm", "sleep 5"]
     assert [(r["impl"], r["shape"]["n"]) for r in recs] == [("llmkernels", 1), ("llmkernels", 2)]
     mem, comp = recs
-    assert mem["floor_ms"] == pytest.approx(1.0) and mem["pct_of_floor"] == pytest.approx(200.0)  # 3 GB at 3 TB/s
+    # 2 GB read at 4 TB/s + 1 GB written at 2 TB/s
+    assert mem["floor_ms"] == pytest.approx(1.0) and mem["pct_of_floor"] == pytest.approx(200.0)
+    assert mem["read_tbps"] == pytest.approx(4.0) and mem["write_tbps"] == pytest.approx(2.0)
     # 0.7 TFLOP: 1 ms at 700 TFLOP/s; done in 0.5 ms = 1400 TFLOP/s
     assert comp["floor_ms"] == pytest.approx(1.0) and comp["tflops"] == pytest.approx(1400.0)
     assert mem["copy_tbps"] == pytest.approx(3.0) and mem["gemm_tflops"] == pytest.approx(700.0)

@@ -1,8 +1,11 @@
-"""The two ceilings every floor is measured against, taken on the spot in the same run."""
+"""The ceilings every floor is measured against, taken on the spot in the same run: device-memory copy, read and
+write rates (a memory-bound op's floor: bytes read at the read rate + bytes written at the write rate) and the bf16
+GEMM rate (a compute-bound op's)."""
 import functools
 
 import torch
 import triton
+import triton.language as tl
 
 
 @functools.lru_cache(maxsize=None)
@@ -17,6 +20,55 @@ def _copy_ms(nbytes: int) -> float:
     src = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda").uniform_()
     dst = torch.empty_like(src)
     return triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+
+
+@triton.jit
+def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """Each program sums its share of x (grid-stride, BLOCK int32 words a step: 16-byte loads) into one word."""
+    pid, nprog = tl.program_id(0), tl.num_programs(0)
+    acc = tl.zeros([BLOCK], dtype=tl.int32)
+    for start in range(pid * BLOCK, n, nprog * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offs, mask=offs < n, other=0)
+    tl.store(out_ptr + pid, tl.sum(acc))
+
+
+@functools.lru_cache(maxsize=None)
+def read_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Device-memory read rate in bytes/s: a read-only stream over nbytes of random words (far beyond L2), the
+    best of a few grids and tiles (a read streams faster than a copy, which reads and writes in equal parts)."""
+    ms = _read_ms(nbytes)
+    torch.cuda.empty_cache()  # the buffer went with _read_ms's frame
+    return nbytes / (ms * 1e-3)
+
+
+def _read_ms(nbytes: int) -> float:
+    x = torch.randint(-2 ** 31, 2 ** 31 - 1, (nbytes // 4,), dtype=torch.int32, device="cuda")
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    best = float("inf")
+    for waves, block, warps in ((2, 2048, 4), (4, 2048, 4), (8, 1024, 4), (4, 4096, 8), (16, 1024, 4)):
+        out = torch.empty(waves * sms, dtype=torch.int32, device=x.device)
+        go = functools.partial(_read_kernel[(waves * sms,)], x, out, x.numel(), BLOCK=block, num_warps=warps)
+        best = min(best, triton.testing.do_bench(go, warmup=25, rep=150, return_mode="median"))
+    return best
+
+
+@functools.lru_cache(maxsize=None)
+def write_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Device-memory write rate in bytes/s: fill_ of nbytes with a nonzero value."""
+    ms = _write_ms(nbytes)
+    torch.cuda.empty_cache()
+    return nbytes / (ms * 1e-3)
+
+
+def _write_ms(nbytes: int) -> float:
+    dst = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda")
+    return triton.testing.do_bench(lambda: dst.fill_(1.5), warmup=25, rep=150, return_mode="median")
+
+
+def memory_floor_ms(read_bytes: float, write_bytes: float, read_bps: float, write_bps: float) -> float:
+    """The least time to move those bytes: reads at the read rate, writes at the write rate."""
+    return (read_bytes / read_bps + write_bytes / write_bps) * 1e3
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,4 +86,5 @@ def _gemm_ms(n: int) -> float:
 
 
 def ceilings() -> dict:
-    return {"copy_tbps": copy_bandwidth() / 1e12, "gemm_tflops": gemm_rate() / 1e12}
+    return {"copy_tbps": copy_bandwidth() / 1e12, "read_tbps": read_bandwidth() / 1e12,
+            "write_tbps": write_bandwidth() / 1e12, "gemm_tflops": gemm_rate() / 1e12}

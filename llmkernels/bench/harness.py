@@ -12,7 +12,7 @@ from typing import Callable, List, Optional
 import torch
 import triton
 
-from .ceilings import copy_bandwidth, gemm_rate
+from .ceilings import copy_bandwidth, gemm_rate, memory_floor_ms, read_bandwidth, write_bandwidth
 
 
 @dataclass
@@ -35,10 +35,13 @@ class Case:
     make_inputs: Callable[[], dict]
     bytes: int
     flops: Optional[int] = None
-    bound: str = "memory"  # "memory": floor = bytes / copy rate; "compute": floor = flops / GEMM rate
+    # "memory": floor = (bytes - write_bytes) at the read rate + write_bytes at the write rate; "compute": flops at
+    # the GEMM rate
+    bound: str = "memory"
     # "do_bench" (L2 flushed by triton before each rep), "graph" (rotated inputs, CUDA-graph replay) or "eager"
     # (wall time per call of back-to-back eager calls: what a caller outside a graph pays, host included)
     timing: str = "do_bench"
+    write_bytes: int = 0  # of `bytes`, those the op writes (its outputs); the rest it reads
 
 
 @dataclass
@@ -245,6 +248,7 @@ def run_op_bench(bench: OpBench, quick: bool = False, log=print, progress: Optio
     if cases and all(c.timing == "eager" for c in cases):
         return run_eager([bench], log=log, progress=progress)
     copy_tbps = copy_bandwidth() / 1e12
+    read_bps, write_bps = read_bandwidth(), write_bandwidth()
     device = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
     commit = _git_commit()
@@ -280,14 +284,14 @@ def run_op_bench(bench: OpBench, quick: bool = False, log=print, progress: Optio
         if case.bound == "compute":
             floor_ms = case.flops / (gemm_tflops * 1e12) * 1e3
         else:
-            floor_ms = case.bytes / (copy_tbps * 1e12) * 1e3
+            floor_ms = memory_floor_ms(case.bytes - case.write_bytes, case.write_bytes, read_bps, write_bps)
         records.append({
             "op": bench.op, "impl": impl.name, "shape": case.shape, "ms": ms, "floor_ms": floor_ms,
             "pct_of_floor": 100.0 * floor_ms / ms,
             "tflops": (case.flops / (ms * 1e-3) / 1e12) if case.flops else None,
             "gbps": case.bytes / (ms * 1e-3) / 1e9, "bound": case.bound, "timing": mode,
-            "copy_tbps": copy_tbps, "gemm_tflops": gemm_tflops,
-            "device": device, "torch": torch.__version__, "triton": triton.__version__,
+            "copy_tbps": copy_tbps, "read_tbps": read_bps / 1e12, "write_tbps": write_bps / 1e12,
+            "gemm_tflops": gemm_tflops, "device": device, "torch": torch.__version__, "triton": triton.__version__,
             "date": date, "commit": commit,
         })
     return records

@@ -199,11 +199,13 @@ def _device_sections(records: list[dict], body) -> str:
         recs = [r for r in records if r["device"] == dev]
         dates = sorted({r["date"] for r in recs})
         copy = sorted(r["copy_tbps"] for r in recs)
-        gemm = sorted(r["gemm_tflops"] for r in recs)
+        read = sorted(r["read_tbps"] for r in recs if r.get("read_tbps"))
+        gemm = sorted(r["gemm_tflops"] for r in recs if r.get("gemm_tflops"))
         vers = ", ".join(sorted({f"torch {r['torch']}, triton {r['triton']}" for r in recs}))
         parts.append(f"**{dev}**, {dates[0]}" + (f" to {dates[-1]}" if dates[-1] != dates[0] else "") +
-                     f"; {vers}; ceilings measured in each run: copy "
-                     f"{copy[0]:.2f}-{copy[-1]:.2f} TB/s, bf16 GEMM {gemm[0]:.0f}-{gemm[-1]:.0f} TFLOP/s.\n\n"
+                     f"; {vers}; ceilings measured in each run: copy {copy[0]:.2f}-{copy[-1]:.2f} TB/s"
+                     + (f", read {read[0]:.2f}-{read[-1]:.2f} TB/s" if read else "")
+                     + (f", bf16 GEMM {gemm[0]:.0f}-{gemm[-1]:.0f} TFLOP/s" if gemm else "") + ".\n\n"
                      + body(recs))
     return "\n\n".join(parts) if parts else "_No records yet._"
 
@@ -228,7 +230,8 @@ EAGER_HEADER = ("Eager calls (`llmkernels bench --eager`): wall time per call of
 
 E2E_HEADER = ("Whole models (`python -m llmkernels.hf.bench`): greedy decode with a static KV cache (prompt 512), "
               "one CUDA graph per step, through Hugging Face transformers; floor = the step's weight and cache bytes "
-              "at the measured copy rate. Eager steps are in docs/results.md.")
+              "at the read rate measured in the same run (the copy rate in records without one). Eager steps are in "
+              "docs/results.md.")
 
 
 def readme_section(records: list[dict]) -> str:
@@ -239,8 +242,8 @@ FULL_HEADER = """# Benchmark results (all records)
 
 Generated from `benchmarks/results/*.json` by `python -m llmkernels.bench.report`; do not edit by hand. The README
 shows the headline rows; what "% of floor" means is explained there. `ms` is the median time of one call, `floor ms`
-the time the call's unavoidable bytes take at the copy rate measured in the same run (memory-bound ops) or its FLOPs
-at the measured bf16 GEMM rate (compute-bound ops). Peers are listed with their times in ms; a peer missing from a
+the time the call's unavoidable bytes take at the read and write rates measured in the same run (memory-bound ops;
+records without a read rate: at the copy rate) or its FLOPs at the measured bf16 GEMM rate (compute-bound ops). Peers are listed with their times in ms; a peer missing from a
 row was not installed or does not support the case. How each op is timed, and the history of every figure:
 [benchmarks/NOTES.md](../benchmarks/NOTES.md).
 """

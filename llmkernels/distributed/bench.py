@@ -32,6 +32,7 @@ import torch.distributed as dist  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from ..bench.ceilings import memory_floor_ms  # noqa: E402
 from ..bench.harness import _git_commit, _graph_time_ms, merge_records  # noqa: E402
 from ..bench.report import device_slug  # noqa: E402
 from ._comm import exchange_buffer, exchange_merge, part_views  # noqa: E402
@@ -180,14 +181,19 @@ def _max_over_ranks(res: dict, cpu_group, world: int) -> dict:
     return out
 
 
-def _record(cfg, B, L, world, t, base, dev_names, copy_tbps, gemm_tflops, gpu) -> dict:
-    shard_bytes = 2 * B * cfg["hkv"] * (L // world) * cfg["d"] * 2 + 2 * 2 * B * cfg["hq"] * cfg["d"]
-    floor = shard_bytes / (copy_tbps * 1e9) if copy_tbps else None
+def _record(cfg, B, L, world, t, base, dev_names, tbps, gemm_tflops, gpu) -> dict:
+    """tbps: (copy, read, write) ceilings in TB/s, or None (CPU): the floor reads a rank's KV shard and q, and writes
+    its out."""
+    out_bytes = 2 * B * cfg["hq"] * cfg["d"]
+    shard_bytes = 2 * B * cfg["hkv"] * (L // world) * cfg["d"] * 2 + 2 * out_bytes
+    copy_tbps, read_tbps, write_tbps = tbps or (None, None, None)
+    floor = memory_floor_ms(shard_bytes - out_bytes, out_bytes, read_tbps * 1e12, write_tbps * 1e12) if tbps else None
     r = {"op": "cp_decode", "impl": "llmkernels",
          "shape": {"B": B, "Hkv": cfg["hkv"], "Hq": cfg["hq"], "L": L, "D": cfg["d"], "world": world},
          "ms": t["step"], "floor_ms": floor, "pct_of_floor": 100.0 * floor / t["step"] if floor else None,
          "tflops": None, "gbps": shard_bytes / (t["step"] * 1e-3) / 1e9, "bound": "memory",
-         "timing": "graph" if gpu else "eager-cpu", "copy_tbps": copy_tbps, "gemm_tflops": gemm_tflops,
+         "timing": "graph" if gpu else "eager-cpu", "copy_tbps": copy_tbps, "read_tbps": read_tbps,
+         "write_tbps": write_tbps, "gemm_tflops": gemm_tflops,
          "device": dev_names[0], "devices": dev_names, "torch": torch.__version__, "triton": triton.__version__,
          "date": datetime.date.today().isoformat(), "commit": _git_commit(),
          "dtype": str(cfg["dtype"]).replace("torch.", ""), "graph_steps": t["steps"],
@@ -261,11 +267,10 @@ def main(argv=None):
     name = torch.cuda.get_device_name(dev) if gpu else "cpu"
     names = [None] * world
     dist.all_gather_object(names, name, group=cpu_group)
+    tbps = None
     if gpu:
-        from ..bench.ceilings import copy_bandwidth
-        copy_tbps = copy_bandwidth() / 1e12
-    else:
-        copy_tbps = None
+        from ..bench.ceilings import copy_bandwidth, read_bandwidth, write_bandwidth
+        tbps = (copy_bandwidth() / 1e12, read_bandwidth() / 1e12, write_bandwidth() / 1e12)
     cases = [c for c in cfg["cases"] if args.max_l is None or c[1] <= args.max_l]
     big = [c for c in cfg["big"] if world > 1 and (args.max_l is None or c[1] <= args.max_l)]
     timed = []  # (B, L, world, times, world-1 ms)
@@ -290,7 +295,7 @@ def main(argv=None):
         from ..bench.ceilings import gemm_rate
         gemm = gemm_rate() / 1e12
     if rank == 0:
-        recs = [_record(cfg, B, L, w, t, base, names if w > 1 else names[:1], copy_tbps, gemm, gpu)
+        recs = [_record(cfg, B, L, w, t, base, names if w > 1 else names[:1], tbps, gemm, gpu)
                 for B, L, w, t, base in timed]
         os.makedirs(args.out, exist_ok=True)
         merge_records(os.path.join(args.out, "cp_decode.json"), recs)

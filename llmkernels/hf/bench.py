@@ -6,7 +6,7 @@
 For each model, format (bf16 where it fits, nvfp4) and batch, one prompt is prefilled, then decode steps run eager
 and from one CUDA graph per step (StaticDecoder). Records (op "e2e_decode", the harness's record format, merged into
 DIR/<device>.json): ms per decode step, tokens/s, peak GPU memory, and floor_ms = bytes read per step (every weight
-once, the embedding rows of the batch, the valid KV cache) / copy bandwidth measured in the same run. The 8B's
+once, the embedding rows of the batch, the valid KV cache) / read bandwidth measured in the same run. The 8B's
 NVFP4 form is quantize_ of its bf16 form; the 70B's packed weights are drawn directly as random codes and scales.
 """
 import argparse
@@ -90,17 +90,19 @@ def kv_bytes(config, batch: int, kv_len: float, elem: int) -> float:
     return 2 * config.num_hidden_layers * batch * config.num_key_value_heads * config.head_dim * kv_len * elem
 
 
-def _copy_bandwidth(device) -> float:
-    """Copy rate in bytes/s (read + write) of this device: llmkernels.bench.ceilings on CUDA, a 64 MiB copy on CPU."""
+def _bandwidths(device) -> tuple:
+    """(copy rate (read + write), read rate) in bytes/s of this device: llmkernels.bench.ceilings on CUDA; on the
+    CPU a 64 MiB copy for both."""
     if device.type == "cuda":
-        from ..bench.ceilings import copy_bandwidth
-        return copy_bandwidth()
+        from ..bench.ceilings import copy_bandwidth, read_bandwidth
+        return copy_bandwidth(), read_bandwidth()
     src = torch.rand(16 << 20)
     dst = torch.empty_like(src)
     t0 = time.perf_counter()
     for _ in range(5):
         dst.copy_(src)
-    return 2 * 5 * src.numel() * 4 / (time.perf_counter() - t0)
+    rate = 2 * 5 * src.numel() * 4 / (time.perf_counter() - t0)
+    return rate, rate
 
 
 def _timed(dec: StaticDecoder, steps: int, device) -> float:
@@ -120,7 +122,7 @@ def _timed(dec: StaticDecoder, steps: int, device) -> float:
     return (time.perf_counter() - t0) * 1e3 / steps
 
 
-def run_batch(model, name: str, fmt: str, batch: int, args, device, copy_bps: float, log) -> list:
+def run_batch(model, name: str, fmt: str, batch: int, args, device, read_bps: float, log) -> list:
     """Prefill, then eager steps and (CUDA) graph steps at one batch size: (shape, ms, bytes, extra) per mode."""
     graph = device.type == "cuda" and not args.no_graph
     warm = 2
@@ -156,7 +158,7 @@ def run_batch(model, name: str, fmt: str, batch: int, args, device, copy_bps: fl
                     {"context": kv_mean, "timing": "graph" if use_graph else "eager"}))
         log(f"[e2e] {name} {fmt} batch={batch} graph={use_graph} compile={args.compile}: {ms:.3f} ms/step"
             f", {batch * 1e3 / ms:.1f} tok/s, "
-            f"{100 * nbytes / copy_bps / (ms * 1e-3):.1f} % of floor")
+            f"{100 * nbytes / read_bps / (ms * 1e-3):.1f} % of floor")
     peak = torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else None
     for _, _, _, extra in out:
         extra["peak_mem_gb"] = peak
@@ -164,17 +166,18 @@ def run_batch(model, name: str, fmt: str, batch: int, args, device, copy_bps: fl
     return out
 
 
-def _records(timed, copy_bps: float, gemm: float, device, commit: str, args, model_info: dict) -> list:
+def _records(timed, bps: tuple, gemm: float, device, commit: str, args, model_info: dict) -> list:
     import transformers
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     date = datetime.date.today().isoformat()
     recs = []
     for shape, ms, nbytes, extra in timed:
-        floor_ms = nbytes / copy_bps * 1e3
+        floor_ms = nbytes / bps[1] * 1e3  # the step reads its bytes (its writes, a cache row a layer, are few)
         recs.append({
             "op": "e2e_decode", "impl": "llmkernels", "shape": shape, "ms": ms, "floor_ms": floor_ms,
             "pct_of_floor": 100.0 * floor_ms / ms, "tflops": None, "gbps": nbytes / (ms * 1e-3) / 1e9,
-            "bound": "memory", "timing": extra["timing"], "copy_tbps": copy_bps / 1e12, "gemm_tflops": gemm,
+            "bound": "memory", "timing": extra["timing"], "copy_tbps": bps[0] / 1e12,
+            "read_tbps": bps[1] / 1e12, "gemm_tflops": gemm,
             "device": name, "torch": torch.__version__, "triton": triton.__version__, "date": date,
             "commit": commit, "tokens_per_s": shape["batch"] * 1e3 / ms, "peak_mem_gb": extra["peak_mem_gb"],
             "bytes_per_step": nbytes, "context": extra["context"], "prompt_len": args.prompt_len,
@@ -214,8 +217,8 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
     dense = "bf16" if dtype == torch.bfloat16 else "fp16"  # the record's format of the unquantized model
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    copy_bps = _copy_bandwidth(device)
-    log(f"[e2e] {device}: copy bandwidth {copy_bps / 1e12:.3f} TB/s")
+    bps = _bandwidths(device)
+    log(f"[e2e] {device}: copy {bps[0] / 1e12:.3f} TB/s, read {bps[1] / 1e12:.3f} TB/s")
     timed, model_info = [], {}
     for name in names:
         direct = name in DIRECT_NVFP4
@@ -236,7 +239,7 @@ def main(argv=None) -> int:
             log(f"[e2e] {name} {fmt}: weights {wbytes / 1e9:.2f} GB, ready in {time.perf_counter() - t0:.1f} s")
             for b in batches:
                 try:
-                    timed += run_batch(model, name, fmt, b, args, device, copy_bps, log)
+                    timed += run_batch(model, name, fmt, b, args, device, bps[1], log)
                 except Exception as e:  # out of memory, ...: keep the other configurations' records
                     log(f"[e2e] {name} {fmt} batch={b} failed: {type(e).__name__}: {str(e)[:300]}")
                     traceback.print_exc()
@@ -248,7 +251,7 @@ def main(argv=None) -> int:
     if device.type == "cuda":  # after the decode timings: the GEMM ceiling runs at the power cap
         from ..bench.ceilings import gemm_rate
         gemm = gemm_rate() / 1e12
-    recs = _records(timed, copy_bps, gemm, device, _git_commit(), args, model_info)
+    recs = _records(timed, bps, gemm, device, _git_commit(), args, model_info)
     for r in recs:
         s, peak = r["shape"], r["peak_mem_gb"]
         print(f"{s['model']:<22} {s['format']:<6} B={s['batch']:<3} graph={str(s['graph']):<5} "

@@ -72,7 +72,7 @@ def _cases(quick):
             cases.append(Case(shape={"B": B, "Hkv": HKV, "Hq": HQ, "L": L, "D": D, "dtype": "fp16", "kept": kept},
                               make_inputs=functools.partial(make_inputs, B, HKV, HQ, L, D, torch.float16,
                                                             torch.device("cuda"), kept=kept), bytes=_bytes(B, L, kept),
-                              flops=int(4 * B * HQ * L * D * kept), timing="graph"))
+                              flops=int(4 * B * HQ * L * D * kept), timing="graph", write_bytes=B * HQ * D * 2))
     return cases
 
 

@@ -125,6 +125,7 @@ def _dequant_bf16(packed, scales, lut):
 def _gemv_cases(quick):
     shapes = GEMV_SHAPES[:3] if quick else GEMV_SHAPES
     return [Case(shape={"M": M, "K": K, "L": L}, bytes=gemv_bytes(M, K, L), flops=2 * M * K * L, timing="graph",
+                 write_bytes=2 * M * L,
                  make_inputs=lambda M=M, K=K, L=L: make_inputs(M, K, L, torch.device("cuda")))
             for M, K, L in shapes]
 
@@ -188,6 +189,7 @@ def _linear_cases(quick):
         [(N, K, T) for N, K in LINEAR_SHAPES for T in LINEAR_TOKENS] + \
         [(N, K, T) for (N, K), ts in LINEAR_PREFILL for T in ts]
     return [Case(shape={"T": T, "N": N, "K": K}, bytes=linear_bytes(T, N, K), flops=2 * T * N * K, timing="graph",
+                 write_bytes=2 * T * N,
                  make_inputs=lambda T=T, N=N, K=K: make_linear_inputs(T, N, K, torch.bfloat16, torch.device("cuda"),
                                                                       bias=False))
             for N, K, T in nkt]

@@ -115,7 +115,7 @@ def _cases(quick):
                 garbage=False, table_pad=0)
             cases.append(Case(shape={"num_seqs": S, "context": L, "H": H, "Hkv": HKV, "D": D, "block_size": BS,
                                      "layout": layout, "dtype": "fp16"},
-                              make_inputs=mk, bytes=_bytes(S, L), flops=4 * S * H * L * D))
+                              make_inputs=mk, bytes=_bytes(S, L), flops=4 * S * H * L * D, write_bytes=S * H * D * 2))
     return cases
 
 
