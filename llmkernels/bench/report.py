@@ -243,8 +243,9 @@ FULL_HEADER = """# Benchmark results (all records)
 Generated from `benchmarks/results/*.json` by `python -m llmkernels.bench.report`; do not edit by hand. The README
 shows the headline rows; what "% of floor" means is explained there. `ms` is the median time of one call, `floor ms`
 the time the call's unavoidable bytes take at the read and write rates measured in the same run (memory-bound ops;
-records without a read rate: at the copy rate) or its FLOPs at the measured bf16 GEMM rate (compute-bound ops). Peers are listed with their times in ms; a peer missing from a
-row was not installed or does not support the case. How each op is timed, and the history of every figure:
+records without a read rate: at the copy rate) or its FLOPs at the measured bf16 GEMM rate (compute-bound ops).
+Peers are listed with their times in ms; a peer missing from a row was not installed or does not support the case.
+How each op is timed, and the history of every figure:
 [benchmarks/NOTES.md](../benchmarks/NOTES.md).
 """
 
