@@ -122,7 +122,9 @@ def test_scale_multiplies_bd(device):
 
 
 def test_reference_matches_direct_formula(device):
-    """The reference itself (its gather, GQA grouping and layouts) against a per-token loop."""
+    """The reference itself (its gather, GQA grouping and layouts) against a per-token loop. Both in fp32, summing
+    in other orders: the a-priori bound of ~80 chained fp32 operations (64-term dots, a softmax over <= 13, 13-term
+    sums) is 80 * 2^-24 = 4.8e-6 of the output's norm (1.0e-6 was seen on the H200)."""
     for layout in ("nhd", "legacy"):
         x = make_inputs(2, 4, 2, 64, 8, [13, 5], layout, torch.float32, device, u="seq", bd="strided")
         o, lse = ref(x)
@@ -134,7 +136,7 @@ def test_reference_matches_direct_formula(device):
                 kk = torch.stack([k[b, t, h // 2] for b, t in rows])
                 vv = torch.stack([v[b, t, h // 2] for b, t in rows])
                 logit = ((x["q"][s, h] + x["u"][s, h]) @ kk.T + x["bd"][s, h, :n]) * 64 ** -0.5
-                assert rel_err(o[s, h], torch.softmax(logit, 0) @ vv) < 1e-6
+                assert rel_err(o[s, h], torch.softmax(logit, 0) @ vv) < 80 * 2 ** -24
                 assert abs(lse[s, h].item() - torch.logsumexp(logit, 0).item()) < 1e-5
 
 

@@ -23,22 +23,30 @@ def _copy_ms(nbytes: int) -> float:
 
 
 @triton.jit
-def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
-    """Each program sums its share of x into one word: grid-stride steps of UNROLL independent loads of BLOCK int32
-    words (16 bytes a thread each), all issued before they are added."""
+def _read_kernel(x_ptr, out_ptr, n, chunk, BLOCK: tl.constexpr, UNROLL: tl.constexpr, CHUNKED: tl.constexpr):
+    """Each program sums its share of x into one word, in steps of UNROLL independent loads of BLOCK int32 words
+    (16 bytes a thread each), all issued before they are added: grid-stride steps, or (CHUNKED) one contiguous
+    chunk of `chunk` words a program, as a split decode kernel streams its part of a cache."""
     pid, nprog = tl.program_id(0), tl.num_programs(0)
     acc = tl.zeros([BLOCK], dtype=tl.int32)
-    for start in range(pid * BLOCK * UNROLL, n, nprog * BLOCK * UNROLL):
+    if CHUNKED:
+        lo, step = pid * chunk, BLOCK * UNROLL
+        hi = tl.minimum(lo + chunk, n)
+    else:
+        lo, step = pid * BLOCK * UNROLL, nprog * BLOCK * UNROLL
+        hi = n
+    for start in range(lo, hi, step):
         for u in tl.static_range(UNROLL):
             offs = start + u * BLOCK + tl.arange(0, BLOCK)
-            acc += tl.load(x_ptr + offs, mask=offs < n, other=0)
+            acc += tl.load(x_ptr + offs, mask=offs < hi, other=0)
     tl.store(out_ptr + pid, tl.sum(acc))
 
 
-# (programs per SM, BLOCK, UNROLL, warps): measured on the H200 (bb1f2e3, UNROLL 1): 4.30-4.40 TB/s from 8 programs
-# an SM up, 2.3-3.7 below; masked_decode streamed its cache at 4.51 TB/s in the same run, so deeper loads are tried
-READ_CONFIGS = ((8, 1024, 1, 4), (16, 1024, 1, 4), (4, 4096, 1, 8), (8, 1024, 4, 4), (4, 1024, 8, 4),
-                (16, 512, 4, 4), (4, 2048, 4, 8))
+# (programs per SM, BLOCK, UNROLL, warps, chunked). H200 (bb1f2e3 / f1dfa24, grid-stride): 4.30-4.43 TB/s from 8
+# programs an SM up (UNROLL 4 best), 2.1-3.7 below; masked_decode streamed its 1M-token cache at 4.51 TB/s in the
+# same run, reading contiguous chunks: those are tried too
+READ_CONFIGS = ((16, 1024, 1, 4, False), (8, 1024, 4, 4, False), (4, 2048, 4, 8, False), (8, 2048, 2, 8, False),
+                (2, 1024, 4, 4, True), (4, 1024, 4, 4, True), (8, 1024, 2, 4, True), (4, 2048, 2, 8, True))
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,12 +62,18 @@ def _read_ms(nbytes: int) -> float:
     x = torch.randint(-2 ** 31, 2 ** 31 - 1, (nbytes // 4,), dtype=torch.int32, device="cuda")
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     best = float("inf")
-    for waves, block, unroll, warps in READ_CONFIGS:
-        out = torch.empty(waves * sms, dtype=torch.int32, device=x.device)
-        go = functools.partial(_read_kernel[(waves * sms,)], x, out, x.numel(), BLOCK=block, UNROLL=unroll,
-                               num_warps=warps)
+    for waves, block, unroll, warps, chunked in READ_CONFIGS:
+        go = read_launch(x, waves * sms, block, unroll, warps, chunked)
         best = min(best, triton.testing.do_bench(go, warmup=25, rep=150, return_mode="median"))
     return best
+
+
+def read_launch(x: torch.Tensor, programs: int, block: int, unroll: int, warps: int, chunked: bool):
+    """A zero-argument call of _read_kernel over x (int32) with `programs` programs."""
+    out = torch.empty(programs, dtype=torch.int32, device=x.device)
+    chunk = -(-x.numel() // (programs * block * unroll)) * block * unroll  # whole steps a program
+    return functools.partial(_read_kernel[(programs,)], x, out, x.numel(), chunk, BLOCK=block, UNROLL=unroll,
+                             CHUNKED=chunked, num_warps=warps)
 
 
 @functools.lru_cache(maxsize=None)
