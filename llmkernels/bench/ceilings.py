@@ -42,9 +42,9 @@ def _read_kernel(x_ptr, out_ptr, n, chunk, BLOCK: tl.constexpr, UNROLL: tl.const
     tl.store(out_ptr + pid, tl.sum(acc))
 
 
-# (programs per SM, BLOCK, UNROLL, warps, chunked). H200 (bb1f2e3 / f1dfa24, grid-stride): 4.30-4.43 TB/s from 8
-# programs an SM up (UNROLL 4 best), 2.1-3.7 below; masked_decode streamed its 1M-token cache at 4.51 TB/s in the
-# same run, reading contiguous chunks: those are tried too
+# (programs per SM, BLOCK, UNROLL, warps, chunked). H200s, grid-stride: 4.30-4.43 TB/s from 8 programs an SM up on
+# one machine (bb1f2e3, f1dfa24; masked_decode streamed its 1M-token cache at 4.51 there), 4.50-4.53 on another
+# (77f31fe), where contiguous chunks per program read 4.43-4.49 at best and 1.2-3.7 with fewer than 8 programs an SM
 READ_CONFIGS = ((16, 1024, 1, 4, False), (8, 1024, 4, 4, False), (4, 2048, 4, 8, False), (8, 2048, 2, 8, False),
                 (2, 1024, 4, 4, True), (4, 1024, 4, 4, True), (8, 1024, 2, 4, True), (4, 2048, 2, 8, True))
 
