@@ -23,7 +23,8 @@ def _info(args) -> int:
     print(f"device: {p.name}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB, "
           f"L2 {p.L2_cache_size / 2**20:.0f} MiB, capability {p.major}.{p.minor}")
     c = ceilings()
-    print(f"copy bandwidth (read+write): {c['copy_tbps']:.2f} TB/s; bf16 GEMM: {c['gemm_tflops']:.0f} TFLOP/s")
+    print(f"memory: copy (read+write) {c['copy_tbps']:.2f} TB/s, read {c['read_tbps']:.2f} TB/s, write "
+          f"{c['write_tbps']:.2f} TB/s; bf16 GEMM: {c['gemm_tflops']:.0f} TFLOP/s")
     return 0
 
 
@@ -99,7 +100,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="llmkernels", description=__doc__)
     ap.add_argument("--version", action="version", version=f"llmkernels {__version__}")
     sub = ap.add_subparsers(dest="cmd", metavar="{info,check,bench}")
-    sub.add_parser("info", help="device, versions and the measured copy/GEMM ceilings")
+    sub.add_parser("info", help="device, versions and the measured copy / read / write / GEMM ceilings")
     from .registry import ALIASES, SPECS
     ops_help = (f"op names (none: all): {', '.join(SPECS)}; or the public functions they cover: "
                 f"{', '.join(ALIASES)}")
