@@ -59,13 +59,13 @@ def _bench(args) -> int:
         return 2
     from .bench.harness import EAGER_PASSES, Progress, merge_records, run_eager, run_op_bench
     from .bench.report import device_slug, plot, table
-    from .registry import resolve, spec_modules
+    from .registry import bench_modules, resolve
     ops = resolve(args.ops)
     if args.eager:
         from .bench.eager import benches as eager_benches
         benches = eager_benches(ops)
     else:
-        benches = [b for mod in spec_modules(ops) for b in mod.benches() if b.op in ops]
+        benches = [b for mod in bench_modules(ops) for b in mod.benches() if b.op in ops]
     if args.impls:
         wanted = set(args.impls.split(","))
         unknown = wanted - {i.name for b in benches for i in b.impls}

@@ -1,7 +1,7 @@
 """Every op's check and benchmark entry points, by op name (imported lazily)."""
 import importlib
 
-# op name -> module with check(device) -> [CheckResult] and benches() -> [OpBench]
+# op name -> module with check(device) -> [CheckResult] (beside the op's reference)
 SPECS = {
     "masked_decode": "llmkernels.ops.masked_decode.spec",
     "nvfp4_gemv": "llmkernels.ops.nvfp4_gemv.spec", "nvfp4_linear": "llmkernels.ops.nvfp4_gemv.spec",
@@ -9,6 +9,15 @@ SPECS = {
     "sparse_mla_attn_dist": "llmkernels.ops.sparse_mla.spec",
     "xl_paged_decode": "llmkernels.ops.xl_paged_decode.spec",
     "sparse_mla_bwd": "llmkernels.ops.sparse_mla.spec_bwd",
+}
+# op name -> module with benches() -> [OpBench] (the benchmark layer imports the ops, never the reverse)
+BENCHES = {
+    "masked_decode": "llmkernels.bench.specs.masked_decode",
+    "nvfp4_gemv": "llmkernels.bench.specs.nvfp4_gemv", "nvfp4_linear": "llmkernels.bench.specs.nvfp4_gemv",
+    "sparse_mla_fwd": "llmkernels.bench.specs.sparse_mla",
+    "sparse_mla_attn_dist": "llmkernels.bench.specs.sparse_mla",
+    "xl_paged_decode": "llmkernels.bench.specs.xl_paged_decode",
+    "sparse_mla_bwd": "llmkernels.bench.specs.sparse_mla_bwd",
 }
 
 
@@ -32,6 +41,14 @@ def resolve(names=None):
 
 
 def spec_modules(names=None):
-    """Distinct spec modules for the given op names or aliases (all when None), in registry order."""
-    wanted = [SPECS[n] for n in resolve(names)]
-    return [importlib.import_module(m) for m in dict.fromkeys(wanted)]
+    """Distinct check modules (check(device)) for the given op names or aliases (all when None), in registry order."""
+    return _modules(SPECS, names)
+
+
+def bench_modules(names=None):
+    """Distinct benchmark modules (benches()) for the given op names or aliases (all when None), in registry order."""
+    return _modules(BENCHES, names)
+
+
+def _modules(table, names):
+    return [importlib.import_module(m) for m in dict.fromkeys(table[n] for n in resolve(names))]

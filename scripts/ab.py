@@ -29,6 +29,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE_DIR = os.path.join(ROOT, "ab_base")
 
 
+def _benches(registry, names):
+    """A registry's benchmark modules of these ops (before bench_modules, benches() lived in the check modules)."""
+    get = getattr(registry, "bench_modules", registry.spec_modules)
+    return get([n for n in names if n in registry.SPECS])
+
+
 def prepare(rev: str, dest: str = BASE_DIR) -> str:
     """REV's llmkernels/ as dest/llmkernels_base/ (namespace renamed); returns the resolved commit."""
     commit = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True,
@@ -89,8 +95,8 @@ def run(ops, rounds: int, quick: bool, out) -> int:
     from llmkernels import registry
     from llmkernels_base import registry as base_registry
     names = registry.resolve(ops)
-    head = _ours(registry.spec_modules([n for n in names if n in registry.SPECS]), names)
-    base = _ours(base_registry.spec_modules([n for n in names if n in base_registry.SPECS]), names)
+    head = _ours(_benches(registry, names), names)
+    base = _ours(_benches(base_registry, names), names)
     print(f"{torch.cuda.get_device_name()}; base {base_commit} ({llmkernels_base.__file__}), head: working tree; "
           f"{rounds} rounds of base, head, head, base", flush=True)
     rows = []

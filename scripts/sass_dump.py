@@ -122,7 +122,7 @@ def linear(T, N, K, dtype, kernel, bias=False):
         elif kernel == "dequant":
             NL.dequant_launch(w, s, gs, e(N, K, dtype=dtype))
         elif kernel == "dequant tiled":
-            NL.dequant_launch(w, s, gs, e(N, K, dtype=dtype), tiled=True)
+            NT.dequant_tiled_launch(w, s, gs, e(N, K, dtype=dtype))
         else:  # the dot kernel, with the inline-PTX decode sm_90 uses for fp16 and bf16
             NL.linear_launch(x, w, s, gs, b, y, cfg={"kernel": "dot"}, use_asm=True)
     return go

@@ -399,6 +399,7 @@ def test_gpu_prefill_kernel(dtype, T, N, K, cfg):
 
 def test_dequant_reads_the_tiled_layout(device):
     from llmkernels.ops.nvfp4_gemv.linear import dequant_launch
+    from llmkernels.ops.nvfp4_gemv.tiled import dequant_tiled_launch
     N, K = 48, 768
     w, s = _weights(N, K, device)
     s = s.view(torch.uint8).clone()
@@ -407,7 +408,7 @@ def test_dequant_reads_the_tiled_layout(device):
     plain = torch.empty(N, K, dtype=torch.float16, device=device)
     tiled = torch.full((N, K), 1.0, dtype=torch.float16, device=device)
     dequant_launch(w, s, gs, plain)
-    dequant_launch(tile_packed(w), tile_scales(s), gs, tiled, tiled=True)
+    dequant_tiled_launch(tile_packed(w), tile_scales(s), gs, tiled)
     assert torch.equal(plain.isnan(), tiled.isnan()) and plain.isnan().sum() == 16
     assert torch.equal(plain.nan_to_num(), tiled.nan_to_num())
 

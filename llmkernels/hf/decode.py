@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 
 from .._validate import check_bool, check_int
-from ..ops.combine.kernel import pdl_enabled
+from .._pdl import pdl_enabled
 from ..ops.masked_decode.op import masked_decode
 from ..ops.nvfp4_gemv.op import NVFP4Linear
 

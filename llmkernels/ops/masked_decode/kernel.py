@@ -9,7 +9,8 @@ from ..._constants import LN2_C, LOG2E
 from ..._launch import PlanCache, current_device, tkey
 from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
-from ..combine.kernel import SplitParts, merge_if_last, pdl_enabled, pdl_enter, softmax_step
+from ..._pdl import pdl_enabled, pdl_enter
+from ..combine.kernel import SplitParts, merge_if_last, softmax_step
 
 
 @triton.jit

@@ -4,7 +4,7 @@ split-K reduce both launch."""
 import triton
 import triton.language as tl
 
-from ..combine.kernel import pdl_enter
+from ..._pdl import pdl_enter
 
 
 def opaque_zero(z: str, tmp: str) -> str:

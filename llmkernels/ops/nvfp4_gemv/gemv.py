@@ -16,7 +16,7 @@ import triton.language as tl
 from ..._config import KernelConfig
 from ..._launch import Launch, keyed
 from ..._runtime import cdiv, interpreting, next_pow2, num_sms
-from ..combine.kernel import pdl_enabled
+from ..._pdl import pdl_enabled
 from .common import ASM_A, ASM_A_IMM, ASM_B, ASM_B_IMM, _nvfp4_splitk_reduce_kernel, e4m3_f32
 from .format import u8
 

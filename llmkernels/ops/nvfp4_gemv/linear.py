@@ -432,15 +432,12 @@ def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
     return y
 
 
-def dequant_launch(w8, s8, gs, out, tiled=False):
-    """w8 uint8 [N, K/2], s8 uint8 [N, K/16], gs fp32 [1] -> out [N, K] (e2m1 * scale * gs, rounded once); tiled:
-    w8 and s8 in NVFP4Linear's tiled layout (contiguous)."""
+def dequant_launch(w8, s8, gs, out):
+    """w8 uint8 [N, K/2], s8 uint8 [N, K/16], gs fp32 [1] -> out [N, K] (e2m1 * scale * gs, rounded once). The
+    tiled layout's twin: tiled.dequant_tiled_launch."""
     N, KH = w8.shape
     if N == 0 or KH == 0:
         return out
-    if tiled:
-        from .tiled import dequant_tiled_launch
-        return dequant_tiled_launch(w8, s8, gs, out)
     w8, s8 = _unit_k(w8), _unit_k(s8)
     BN, BKH = 32, 128
     launch(_dequant_kernel, (cdiv(N, BN), cdiv(KH, BKH)),

@@ -10,8 +10,8 @@ from .format import BLOCK, SCALE_DTYPES, as_bytes, check_k, nvfp4_quantize, u8
 from .gemv import gemv_kept_call, gemv_kept_plan, gemv_launch
 from .linear import MAX_FUSED_T, MmaPlan, dequant_launch, linear_launch
 from .prefill_wgmma import WgmmaPrefillPlan, wgmma_prefill_launch, wgmma_prefill_usable
-from .tiled import (TiledPlan, prefill_launch, prefill_usable, tile_packed, tile_scales, tileable, tiled_launch,
-                    tiled_usable, untile_packed, untile_scales)
+from .tiled import (TiledPlan, dequant_tiled_launch, prefill_launch, prefill_usable, tile_packed, tile_scales,
+                    tileable, tiled_launch, tiled_usable, untile_packed, untile_scales)
 
 _X_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -174,7 +174,7 @@ def _linear(x, packed, scales, global_scale, bias):
 def _dequant_linear(x, w8, s8, global_scale, bias, tiled: bool):
     """More than MAX_FUSED_T tokens: W * global_scale dequantized to x's dtype (one rounding), then cuBLAS."""
     w = torch.empty(w8.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
-    dequant_launch(w8, s8, global_scale, w, tiled=tiled)
+    (dequant_tiled_launch if tiled else dequant_launch)(w8, s8, global_scale, w)
     return torch.nn.functional.linear(x, w, bias.to(x.dtype) if bias is not None else None)
 
 

@@ -24,7 +24,7 @@ import triton.language as tl
 from ..._config import KernelConfig
 from ..._launch import Launch, launch
 from ..._runtime import capability, cdiv, interpreting, num_sms, planned_sms
-from ..combine.kernel import pdl_enabled, pdl_enter
+from ..._pdl import pdl_enabled, pdl_enter
 from .common import asm_mma_tokens, e2m1_f16, e4m3_f32
 from .linear import MMA_MAX_T, _mma_acts, _reduce_linear, _store_out
 
@@ -630,6 +630,8 @@ def _dequant_tiled_kernel(w_ptr, s_ptr, gs_ptr, out_ptr, N, KW, s_on, BN: tl.con
 def dequant_tiled_launch(w8, s8, gs, out):
     """w8 / s8 in the tiled layout (uint8, contiguous) -> out [N, K] (linear.dequant_launch's values)."""
     N, KH = w8.shape
+    if N == 0 or KH == 0:
+        return out
     BN, BKW = 16, 16
     launch(_dequant_tiled_kernel, (cdiv(N, BN), cdiv(KH // 8, BKW)), w8.contiguous().view(torch.int64),
            s8.contiguous(), gs, out, N, KH // 8, out.stride(0), BN=BN, BKW=BKW, FIX_NAN=interpreting(), num_warps=4)

@@ -1,10 +1,8 @@
-"""Checks and benchmark cases for sparse_mla_bwd (used by the CLI and scripts/gpu.sh)."""
+"""Checks of sparse_mla_bwd: inputs, tolerances, check(device); benchmarks in llmkernels.bench.specs.sparse_mla_bwd."""
 import torch
 
-from ...bench import Case, Impl, OpBench
 from ...checking import CheckResult, result
 from .autograd import sparse_mla_bwd
-from .bwd import flops
 from .reference import sparse_mla_fwd_ref
 
 # P and dS are rounded to the input dtype before their matrix products (as in every flash backward), and
@@ -107,34 +105,3 @@ def check(device):
                     res.append(CheckResult("sparse_mla_bwd", case + tag + " d_sink", err <= TOL[dtype], err,
                                            TOL[dtype]))
     return res
-
-
-# --- benchmarks -----------------------------------------------------------------------------------------------
-
-S_Q, S_KV, TOPK, D_QK = 4096, 8192, 2048, 576
-_cache = {}
-
-
-def _inputs(h_q):
-    if h_q not in _cache:  # one set per shape (building out/lse costs a chunked fp32 forward)
-        _cache.clear()
-        _cache[h_q] = make_inputs(S_Q, S_KV, h_q, TOPK, D_QK, torch.bfloat16, torch.device("cuda"))
-    return _cache[h_q]
-
-
-def _cases(quick):
-    cases = []
-    for h_q in (128, 64):
-        least_bytes = 2 * (S_Q * h_q * (2 * D_QK + 3 * 512) + 2 * S_KV * D_QK) + 4 * S_Q * h_q + 4 * S_Q * TOPK
-        cases.append(Case(shape={"s_q": S_Q, "s_kv": S_KV, "h_q": h_q, "topk": TOPK, "d_qk": D_QK},
-                          make_inputs=lambda h_q=h_q: _inputs(h_q), bytes=least_bytes,
-                          flops=flops(S_Q, h_q, TOPK, D_QK), bound="compute"))
-    return cases
-
-
-def benches():
-    return [OpBench("sparse_mla_bwd", _cases, [
-        Impl("llmkernels", lambda x: lambda: run(x)),
-        Impl("llmkernels-deterministic", lambda x: lambda: run(x, deterministic=True)),
-        Impl("torch-ref-autograd", lambda x: lambda: reference_grads(x)),  # fp32, by chunks of 256 rows
-    ])]

@@ -1,0 +1,1 @@
+"""Benchmark specs, one module per op family: benches() -> [OpBench] (llmkernels.registry.BENCHES)."""
