@@ -10,7 +10,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
                       "pip install -e \".[hf]\"") from e
 
 from .decode import StaticDecoder  # noqa: E402
+from .dsa import patch_attention, unpatch_attention  # noqa: E402
 from .load import load_nvfp4  # noqa: E402
 from .save import quantize_, save_nvfp4  # noqa: E402
 
-__all__ = ["load_nvfp4", "quantize_", "save_nvfp4", "StaticDecoder"]
+__all__ = ["load_nvfp4", "quantize_", "save_nvfp4", "StaticDecoder", "patch_attention", "unpatch_attention"]

@@ -1,0 +1,162 @@
+"""DeepSeek sparse attention (DSA: DeepSeek-V3.2, GLM-5) in transformers on llmkernels.sparse_mla.
+
+The patched attention runs MLA in its absorbed form: each head's no-rope query is taken into the 512-wide latent
+through the kv up-projection (W_UK), attention runs over the 576-wide latent rows (512 normalised latent + 64 rope)
+with `sparse_mla` on the indexer's top-k, and the output is taken back through W_UV. The cache holds one latent row
+per token and layer (plus the indexer's key), never the per-head expanded keys and values, and the indexer keeps a
+running top-k over key chunks instead of an S x T score tensor. Shapes: kv_lora_rank 512, qk_rope_head_dim 64 (the
+kernel's row); any head count, nope / v head dims and index_topk.
+"""
+import sys
+import types
+from typing import List
+
+import torch
+
+from ..ops.nvfp4_gemv.format import nvfp4_dequantize
+from ..ops.nvfp4_gemv.op import NVFP4Linear
+from ..ops.sparse_mla.op import sparse_mla
+
+KNOWN = ("DeepseekV32Attention", "GlmMoeDsaAttention")  # transformers' DSA attention classes
+# the rotary each indexer applies to its q / k (transformers 5.17-5.24): half-split, or GLM's interleaved pairs
+INDEXER_ROPE = {"DeepseekV32Indexer": "apply_rotary_pos_emb", "GlmMoeDsaIndexer": "apply_rotary_pos_emb_interleave"}
+LATENT, ROPE = 512, 64  # sparse_mla's 576-wide kv row: the normalised latent, then the rope key
+CHUNK_BYTES = 256 << 20  # the indexer's fp32 scores of one (query tile, key chunk): [B, rows, heads, keys]
+
+
+def patch_attention(model: torch.nn.Module) -> List[str]:
+    """Route every DSA attention module of `model` (transformers' DeepseekV32 and GlmMoeDsa) through llmkernels:
+    absorbed MLA on `sparse_mla`, a latent cache, a chunked indexer. Returns the names of the modules (idempotent:
+    a second call changes nothing and returns the same names). ValueError for a model with no attention llmkernels
+    knows, or dims the kernel does not take; undo with unpatch_attention."""
+    names = []
+    for name, mod in model.named_modules():
+        if type(mod).__name__ not in KNOWN:
+            continue
+        if mod.kv_lora_rank != LATENT or mod.qk_rope_head_dim != ROPE:
+            raise ValueError(f"{name}: kv_lora_rank={mod.kv_lora_rank}, qk_rope_head_dim={mod.qk_rope_head_dim}; "
+                             f"sparse_mla attends over {LATENT} + {ROPE}-wide latent rows")
+        if getattr(mod, "q_a_proj", None) is None:
+            raise ValueError(f"{name}: no q_a_proj (q_lora_rank None); the indexer reads the q_a latent")
+        mod.forward = types.MethodType(_forward, mod)
+        names.append(name)
+    if not names:
+        raise ValueError(f"patch_attention: {type(model).__name__} has no attention module llmkernels knows "
+                         f"(classes {', '.join(KNOWN)})")
+    return names
+
+
+def unpatch_attention(model: torch.nn.Module) -> List[str]:
+    """Restore transformers' own forward of every module patch_attention changed; returns their names."""
+    names = []
+    for name, mod in model.named_modules():
+        if getattr(mod.__dict__.get("forward"), "__func__", None) is _forward:
+            del mod.forward
+            names.append(name)
+    return names
+
+
+def _fn(mod, name):
+    """A function of the model's own transformers module (its rotary helpers): the same code as its eager path."""
+    return getattr(sys.modules[type(mod).__module__], name)
+
+
+def _absorbed(self, dtype):
+    """(W_UK [H, nope, 512], W_UV [H, v, 512]) from kv_b_proj; an NVFP4 kv_b_proj is dequantized to dtype once
+    (inference weights: kept until its buffers change)."""
+    lin = self.kv_b_proj
+    if isinstance(lin, NVFP4Linear):
+        key = (lin.packed.data_ptr(), lin.packed._version, lin.global_scale._version, dtype)
+        if getattr(lin, "_llmk_dense", (None,))[0] != key:
+            lin._llmk_dense = (key, nvfp4_dequantize(*lin.plain_weight(), lin.global_scale, dtype=dtype))
+        w = lin._llmk_dense[1]
+    else:
+        w = lin.weight.to(dtype)
+    w = w.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, LATENT)
+    return w[:, :self.qk_nope_head_dim], w[:, self.qk_nope_head_dim:]
+
+
+def _valid(attention_mask, B, S, T, device):
+    """[B, S, T] bool: the keys each query may see (causal, padding), from the 4-d mask transformers built."""
+    if attention_mask is None:  # causal, the queries being the last S of T positions
+        i = torch.arange(S, device=device)[:, None] + (T - S)
+        return (torch.arange(T, device=device)[None, :] <= i).expand(B, S, T)
+    m = attention_mask[:, 0]
+    return m if m.dtype == torch.bool else m == 0
+
+
+@torch.no_grad()
+def indexer_topk(indexer, hidden_states, q_resid, position_embeddings, valid, cache=None, chunk_bytes=CHUNK_BYTES):
+    """The DSA indexer's top-k key positions [B, S, topk] int32 (-1 past the valid keys), as transformers'
+    DeepseekV32Indexer selects them (index_score = sum_h w_h relu(q_h . k * d^-0.5)), without its [B, S, T] scores:
+    query tiles against key chunks, a running top-k. valid [B, S, T] bool; the new keys go to `cache`. Equal
+    scores (several keys at 0 from the ReLU) may be broken otherwise than transformers does: either is a top-k."""
+    B, S, _ = hidden_states.shape
+    nh, hd, rope = indexer.n_heads, indexer.head_dim, indexer.qk_rope_head_dim
+    cos, sin = position_embeddings
+    q = indexer.wq_b(q_resid).view(B, S, nh, hd)
+    q_rot, q_pass = torch.split(q, [rope, hd - rope], dim=-1)
+    k = indexer.k_norm(indexer.wk(hidden_states)).unsqueeze(2)
+    k_rot, k_pass = torch.split(k, [rope, hd - rope], dim=-1)
+    q_rot, k_rot = _fn(indexer, INDEXER_ROPE[type(indexer).__name__])(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+    q = torch.cat([q_rot, q_pass], dim=-1).float()
+    k = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
+    if cache is not None:
+        k = cache.update_indexer(k, indexer.layer_idx)
+    T = k.shape[1]
+    kt = k.float().transpose(-1, -2).unsqueeze(1)  # [B, 1, hd, T]
+    w = indexer.weights_proj(hidden_states.to(indexer.weights_proj.weight.dtype)).float() * nh ** -0.5
+    topk = min(indexer.index_topk, T)
+    rows = max(1, min(S, chunk_bytes // max(1, 4 * B * nh * min(T, 4096))))
+    cols = max(topk, min(T, chunk_bytes // max(1, 4 * B * nh * rows)))
+    out = torch.empty(B, S, topk, dtype=torch.int32, device=hidden_states.device)
+    for s0 in range(0, S, rows):
+        s1 = min(S, s0 + rows)
+        best_v = best_i = None
+        for t0 in range(0, T, cols):
+            t1 = min(T, t0 + cols)
+            scores = torch.relu(torch.matmul(q[:, s0:s1], kt[..., t0:t1]) * indexer.softmax_scale)
+            sc = torch.matmul(w[:, s0:s1].unsqueeze(-2), scores).squeeze(-2)  # [B, rows, keys]
+            sc = sc.masked_fill(~valid[:, s0:s1, t0:t1], float("-inf"))
+            idx = torch.arange(t0, t1, device=sc.device).expand_as(sc)
+            if best_v is not None:
+                sc, idx = torch.cat([best_v, sc], -1), torch.cat([best_i, idx], -1)
+            best_v, pick = sc.topk(min(topk, sc.shape[-1]), dim=-1)
+            best_i = idx.gather(-1, pick)
+        out[:, s0:s1] = torch.where(best_v == float("-inf"), -1, best_i).to(torch.int32)
+    return out
+
+
+def _forward(self, hidden_states, position_embeddings, attention_mask=None, past_key_values=None, position_ids=None,
+             prev_topk_indices=None, **kwargs):
+    """DeepseekV32Attention / GlmMoeDsaAttention.forward through sparse_mla (see the module's doc)."""
+    cache = kwargs.pop("cache", None) or past_key_values  # renamed in transformers 5.2x
+    B, S, _ = hidden_states.shape
+    H, nope, rope = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim
+    q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
+    q = self.q_b_proj(q_resid).view(B, S, H, nope + rope).transpose(1, 2)  # [B, H, S, 192]
+    q_nope, q_rot = torch.split(q, [nope, rope], dim=-1)
+    c, k_rot = torch.split(self.kv_a_proj_with_mqa(hidden_states), [LATENT, rope], dim=-1)
+    c = self.kv_a_layernorm(c).view(B, 1, S, LATENT)
+    cos, sin = position_embeddings
+    q_rot, k_rot = _fn(self, "apply_rotary_pos_emb_interleave")(q_rot, k_rot.view(B, 1, S, rope), cos, sin)
+    if cache is not None:  # one latent row per token: [B, 1, T, 512] and [B, 1, T, 64]
+        c, k_rot = cache.update(c, k_rot, self.layer_idx)
+    T = c.shape[2]
+    valid = _valid(attention_mask, B, S, T, hidden_states.device)
+    if getattr(self, "indexer", None) is not None:
+        topk = indexer_topk(self.indexer, hidden_states, q_resid, position_embeddings, valid, cache)
+    elif prev_topk_indices is None:
+        raise ValueError("Shared DSA layers require top-k indices from a previous full indexer layer.")
+    else:
+        topk = prev_topk_indices
+    w_uk, w_uv = _absorbed(self, q_nope.dtype)
+    q_lat = torch.einsum("bhsd,hdc->bshc", q_nope, w_uk)
+    q_abs = torch.cat([q_lat, q_rot.transpose(1, 2)], dim=-1).reshape(B * S, H, LATENT + rope)
+    kv = torch.cat([c, k_rot], dim=-1).reshape(B * T, 1, LATENT + rope)
+    offset = (torch.arange(B, device=topk.device, dtype=torch.int32) * T).view(B, 1, 1)
+    indices = torch.where(topk >= 0, topk + offset, -1).reshape(B * S, -1)
+    o_lat = sparse_mla(q_abs, kv, indices, self.scaling)[0].view(B, S, H, LATENT)
+    o = torch.einsum("bshc,hdc->bshd", o_lat, w_uv).reshape(B, S, H * self.v_head_dim)
+    out = self.o_proj(o)
+    return (out, None, topk) if hasattr(self, "skip_topk") else (out, None)

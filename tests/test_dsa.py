@@ -1,0 +1,192 @@
+"""DeepSeek sparse attention models (DeepSeek-V3.2, GLM-5) in transformers through llmkernels.hf.patch_attention:
+absorbed MLA on sparse_mla over a latent cache, the indexer's running top-k, against transformers' own eager path.
+Tiny random models (kv_lora_rank 512 + rope 64, the kernel's row; index_topk smaller than the sequence). Whole-model
+comparisons use dense MLP layers: an expert router's discrete choice flips between DTYPE and the fp32 reference on a
+near-tie and moves the logits by O(1); attention in MoE layers is compared module by module
+(test_attention_in_moe_layers)."""
+import copy
+import inspect
+
+import pytest
+import torch
+from conftest import import_extra
+
+transformers = import_extra("transformers", "hf")
+
+from llmkernels.hf import dsa, patch_attention, unpatch_attention  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DTYPE = torch.bfloat16 if CUDA else torch.float16  # the CPU interpreter multiplies bf16 wrongly: fp16 there
+ROUND = 2.0 ** -8 if DTYPE == torch.bfloat16 else 2.0 ** -11
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2,
+            n_shared_experts=1, first_k_dense_replace=2, q_lora_rank=48, kv_lora_rank=512, qk_rope_head_dim=64,
+            qk_nope_head_dim=32, v_head_dim=32, index_n_heads=4, index_head_dim=128, index_topk=8,
+            max_position_embeddings=256, n_group=1, topk_group=1, attn_implementation="eager")
+
+
+def _model(device, arch="DeepseekV32", **over):
+    cfg = getattr(transformers, arch + "Config")(**dict(TINY, **over))
+    model = getattr(transformers, arch + "ForCausalLM")(cfg).to(device, DTYPE).eval()
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0  # generate runs every step
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if not n.endswith("norm.weight") and p.dim() > 1:
+                p.normal_(0, 0.1)
+    return model
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Every indexer_topk result of the patched model, per layer, in call order."""
+    calls = {}
+    orig = dsa.indexer_topk
+
+    def record(indexer, *a, **k):
+        out = orig(indexer, *a, **k)
+        calls.setdefault(indexer.layer_idx, []).append(out.clone())
+        return out
+    monkeypatch.setattr(dsa, "indexer_topk", record)
+    return calls
+
+
+def _eager_fp32(model, selections):
+    """transformers' eager path in fp32 on the model's weights, each indexer forced to return the selections the
+    patched model made (so both attend to the same keys; a -1 becomes a repeat of the row's first index)."""
+    ref = copy.deepcopy(model).float()
+    unpatch_attention(ref)
+    for mod in ref.modules():
+        if type(mod).__name__.endswith("Indexer") and mod.layer_idx in selections:
+            queue = [torch.where(s >= 0, s, s[..., :1]) for s in selections[mod.layer_idx]]
+            mod.forward = lambda *a, _q=queue, **k: _q.pop(0)
+    return ref
+
+
+def _logits(model, ids, **kw):
+    with torch.no_grad():
+        return model(ids, **kw).logits.float()
+
+
+# Tolerance: the patched model runs in DTYPE (absorbed weights, sparse_mla's fp32 softmax) against the fp32 eager path
+# on the same weights and keys; through 2 layers its logits land within 1e-3 of the largest one in fp16 (~2 ROUND,
+# CPU runs), so 20 ROUND leaves margin while a wrong absorption, scale or key set moves them by O(1) of it. (The
+# eager path in fp16 itself lands 4e-2 off fp32 here: its softmax and products round in fp16.)
+def _close(out, ref, tol=20 * ROUND):
+    err, scale = (out - ref).abs().max().item(), ref.abs().max().item()
+    assert err <= tol * scale, f"max |diff| {err:.3e} > {tol} * max |ref| {scale:.3e}"
+
+
+@pytest.mark.parametrize("arch, over", [("DeepseekV32", {}),
+                                        ("GlmMoeDsa", dict(indexer_types=["full", "shared"]))])
+def test_prefill_matches_eager(device, recorded, arch, over):
+    model = _model(device, arch, **over)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 21), device=device)
+    names = patch_attention(model)
+    assert names == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    assert patch_attention(model) == names  # idempotent
+    ours = _logits(model, ids)
+    assert sorted(recorded) == ([0] if over else [0, 1])  # a shared layer reuses the previous full layer's top-k
+    assert all(s.shape == (2, 21, 8) for calls in recorded.values() for s in calls)
+    assert (recorded[0][-1][:, :7] == -1).any() and (recorded[0][-1][:, 8:] >= 0).all()  # < 8 keys early on
+    _close(ours, _logits(_eager_fp32(model, dict(recorded)), ids))
+    assert unpatch_attention(model) == names and unpatch_attention(model) == []
+
+
+def _index_scores(indexer, x, q_resid, emb, valid):
+    """transformers' index scores [B, S, T] (its DeepseekV32Indexer.forward up to the top-k), -inf where not valid."""
+    B, S, _ = x.shape
+    nh, hd, rope = indexer.n_heads, indexer.head_dim, indexer.qk_rope_head_dim
+    q_rot, q_pass = indexer.wq_b(q_resid).view(B, S, nh, hd).split([rope, hd - rope], -1)
+    k_rot, k_pass = indexer.k_norm(indexer.wk(x)).unsqueeze(2).split([rope, hd - rope], -1)
+    q_rot, k_rot = dsa._fn(indexer, dsa.INDEXER_ROPE[type(indexer).__name__])(q_rot, k_rot, *emb, unsqueeze_dim=2)
+    q, k = torch.cat([q_rot, q_pass], -1), torch.cat([k_rot, k_pass], -1).squeeze(2)
+    scores = torch.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * indexer.softmax_scale)
+    w = indexer.weights_proj(x).float() * nh ** -0.5
+    return torch.matmul(w.unsqueeze(-2), scores).squeeze(-2).masked_fill(~valid, float("-inf"))
+
+
+@pytest.mark.parametrize("arch", ["DeepseekV32", "GlmMoeDsa"])
+def test_indexer_matches_transformers(device, arch):
+    """The running top-k picks keys whose scores are transformers' top-k scores, from the same inputs (a small
+    chunk_bytes: one query row at a time against 15-key chunks, so the running top-k merges). Equal scores (several
+    keys at 0, the ReLU's) may be broken differently: the selected scores are compared, and keys above the k-th."""
+    model = _model(device, arch)
+    attn = model.model.layers[0].self_attn
+    B, S = 2, 19
+    x = torch.randn(B, S, TINY["hidden_size"], device=device, dtype=DTYPE)
+    pos = torch.arange(S, device=device)[None].expand(B, S)
+    emb = model.model.rotary_emb(x, pos)
+    q_resid = attn.q_a_layernorm(attn.q_a_proj(x))
+    valid = torch.ones(S, S, dtype=torch.bool, device=device).tril()[None].expand(B, S, S).clone()
+    valid[1, :, :3] = False  # the second sequence left-padded by 3
+    theirs = attn.indexer(x, q_resid, emb, valid, pos)
+    ours = dsa.indexer_topk(attn.indexer, x, q_resid, emb, valid, chunk_bytes=4 * B * 4 * 3 * 5)
+    scores = _index_scores(attn.indexer, x, q_resid, emb, valid)
+    for b in range(B):
+        for s in range(S):
+            n = min(int(valid[b, s].sum()), 8)
+            mine = ours[b, s][ours[b, s] >= 0].long()
+            assert mine.numel() == n and (ours[b, s, n:] == -1).all(), (b, s)
+            if n:
+                want = scores[b, s, theirs[b, s, :n].long()]
+                assert torch.equal(scores[b, s, mine].sort().values, want.sort().values), (b, s)
+                above = (scores[b, s] > want.min()).nonzero().flatten()
+                assert set(above.tolist()) <= set(mine.tolist()), (b, s)
+
+
+@pytest.mark.parametrize("arch, over", [("DeepseekV32", {}),
+                                        ("GlmMoeDsa", dict(indexer_types=["full", "shared"]))])
+def test_greedy_decode_matches_eager(device, recorded, arch, over):
+    """generate (a DynamicCache holding the latent rows): the fp32 eager path, fed the same tokens one step at a time
+    with the same keys each step (a step's top-k may break a tie at score 0 otherwise than a full prefill would),
+    gives logits within the tolerance, and every new token is their argmax (or within the tolerance of it)."""
+    model = _model(device, arch, **over)
+    ids = torch.randint(0, TINY["vocab_size"], (1, 12), device=device)
+    patch_attention(model)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
+                         output_logits=True, return_dict_in_generate=True)
+    ours = torch.stack([g[0].float() for g in out.logits])  # [16, V]
+    assert len(recorded[0]) == 16 and recorded[0][1].shape == (1, 1, 8)  # the prompt, then one call a new token
+    ref_model = _eager_fp32(model, dict(recorded))
+    name = "cache" if "cache" in inspect.signature(ref_model.forward).parameters else "past_key_values"  # 5.2x
+    cache = transformers.DynamicCache(config=ref_model.config)
+    ref, step = [], ids
+    with torch.no_grad():
+        for t in range(16):
+            ref.append(ref_model(step, **{name: cache}).logits[0, -1].float())
+            step = out.sequences[:, 12 + t:13 + t]
+    ref = torch.stack(ref)
+    _close(ours, ref)
+    new = out.sequences[0, 12:]
+    picked = ref.gather(-1, new[:, None].long()).squeeze(-1)
+    assert (picked >= ref.amax(-1) - 20 * ROUND * ref.abs().max()).all()
+    cache = transformers.DynamicCache(config=model.config)
+    model(ids, **{name: cache})
+    assert cache.layers[0].keys.shape[1:] == (1, 12, 512) and cache.layers[0].values.shape[-1] == 64  # latent rows
+
+
+@pytest.mark.parametrize("arch", ["DeepseekV32", "GlmMoeDsa"])
+def test_attention_in_moe_layers(device, recorded, arch):
+    """The attention of an MoE layer (3 layers, experts from layer 1), on the same hidden states, positions and
+    cache, against the eager fp32 attention on the same keys."""
+    model = _model(device, arch, num_hidden_layers=3, first_k_dense_replace=1)
+    attn = model.model.layers[2].self_attn
+    assert type(model.model.layers[2].mlp).__name__.endswith("MoE")
+    B, S = 2, 17
+    x = torch.randn(B, S, TINY["hidden_size"], device=device, dtype=DTYPE)
+    pos = torch.arange(S, device=device)[None].expand(B, S)
+    emb = model.model.rotary_emb(x, pos)
+    mask = torch.full((S, S), torch.finfo(DTYPE).min, device=device, dtype=DTYPE).triu(1)[None, None].expand(B, 1, S, S)
+    patch_attention(model)
+    ours = attn(x, emb, mask.clone())[0].float()
+    ref_model = _eager_fp32(model, dict(recorded))
+    ref_attn = ref_model.model.layers[2].self_attn
+    ref = ref_attn(x.float(), tuple(e.float() for e in emb), mask.float().clamp_min(torch.finfo(torch.float32).min))
+    _close(ours, ref[0].float())
+
+
+def test_patch_errors():
+    with pytest.raises(ValueError, match="has no attention module llmkernels knows"):
+        patch_attention(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    with pytest.raises(ValueError, match="kv_lora_rank=256"):
+        patch_attention(_model("cpu", kv_lora_rank=256))
