@@ -13,9 +13,10 @@ from typing import List
 
 import torch
 
+from .._validate import check_bool
 from ..ops.nvfp4_gemv.format import nvfp4_dequantize
 from ..ops.nvfp4_gemv.op import NVFP4Linear
-from ..ops.sparse_mla.op import sparse_mla
+from ..ops.sparse_mla.op import indexer_kl_loss, sparse_mla
 
 KNOWN = ("DeepseekV32Attention", "GlmMoeDsaAttention")  # transformers' DSA attention classes
 # the rotary each indexer applies to its q / k (transformers 5.17-5.24): half-split, or GLM's interleaved pairs
@@ -24,11 +25,17 @@ LATENT, ROPE = 512, 64  # sparse_mla's 576-wide kv row: the normalised latent, t
 CHUNK_BYTES = 256 << 20  # the indexer's fp32 scores of one (query tile, key chunk): [B, rows, heads, keys]
 
 
-def patch_attention(model: torch.nn.Module) -> List[str]:
+def patch_attention(model: torch.nn.Module, indexer_loss: bool = False) -> List[str]:
     """Route every DSA attention module of `model` (transformers' DeepseekV32 and GlmMoeDsa) through llmkernels:
     absorbed MLA on `sparse_mla`, a latent cache, a chunked indexer. Returns the names of the modules (idempotent:
     a second call changes nothing and returns the same names). ValueError for a model with no attention llmkernels
-    knows, or dims the kernel does not take; undo with unpatch_attention."""
+    knows, or dims the kernel does not take; undo with unpatch_attention.
+
+    indexer_loss: in training (grad enabled), each layer with an indexer also computes the DSA indexer objective of
+    its forward, KL(main attention distribution over the selected keys, summed over heads and L1-normalised ||
+    softmax of the indexer's scores there), summed over tokens; the indexer's inputs are detached, so the loss
+    trains the indexer alone. `indexer_loss(model)` returns the sum over layers of the last forward."""
+    check_bool("indexer_loss", indexer_loss)
     names = []
     for name, mod in model.named_modules():
         if type(mod).__name__ not in KNOWN:
@@ -39,6 +46,7 @@ def patch_attention(model: torch.nn.Module) -> List[str]:
         if getattr(mod, "q_a_proj", None) is None:
             raise ValueError(f"{name}: no q_a_proj (q_lora_rank None); the indexer reads the q_a latent")
         mod.forward = types.MethodType(_forward, mod)
+        mod.llmk_indexer_loss, mod.llmk_loss = indexer_loss, None
         names.append(name)
     if not names:
         raise ValueError(f"patch_attention: {type(model).__name__} has no attention module llmkernels knows "
@@ -51,9 +59,48 @@ def unpatch_attention(model: torch.nn.Module) -> List[str]:
     names = []
     for name, mod in model.named_modules():
         if getattr(mod.__dict__.get("forward"), "__func__", None) is _forward:
-            del mod.forward
+            del mod.forward, mod.llmk_indexer_loss, mod.llmk_loss
             names.append(name)
     return names
+
+
+def indexer_loss(model: torch.nn.Module) -> torch.Tensor:
+    """The sum over layers of the DSA indexer objective their last training forward computed (patch_attention's
+    indexer_loss=True); each is dropped once read. Add it to the language-model loss: its gradient reaches the
+    indexers' weights only. RuntimeError where no layer computed one."""
+    losses = []
+    for mod in model.modules():
+        if getattr(mod, "llmk_loss", None) is not None:
+            losses.append(mod.llmk_loss)
+            mod.llmk_loss = None
+    if not losses:
+        raise RuntimeError("no indexer loss to read: patch_attention(model, indexer_loss=True), then a forward with "
+                           "gradients enabled")
+    return torch.stack(losses).sum()
+
+
+def _indexer_qk(indexer, hidden_states, q_resid, position_embeddings):
+    """The indexer's queries [B, S, heads, d] and keys [B, S, d] of these tokens, rotary applied, as transformers'
+    indexer computes them."""
+    B, S, _ = hidden_states.shape
+    nh, hd, rope = indexer.n_heads, indexer.head_dim, indexer.qk_rope_head_dim
+    q_rot, q_pass = torch.split(indexer.wq_b(q_resid).view(B, S, nh, hd), [rope, hd - rope], dim=-1)
+    k_rot, k_pass = torch.split(indexer.k_norm(indexer.wk(hidden_states)).unsqueeze(2), [rope, hd - rope], dim=-1)
+    cos, sin = position_embeddings
+    q_rot, k_rot = _fn(indexer, INDEXER_ROPE[type(indexer).__name__])(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+    return torch.cat([q_rot, q_pass], dim=-1), torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
+
+
+def _index_logits(indexer, hidden_states, q_resid, position_embeddings, topk):
+    """The indexer's scores [B, S, topk] fp32 at the selected keys (-1: any) of a forward without cached tokens,
+    with gradients to the indexer's weights: sum_h w_h relu(q_h . k * d^-0.5), as it selects."""
+    B, S, _ = hidden_states.shape
+    q, k = _indexer_qk(indexer, hidden_states, q_resid, position_embeddings)
+    k = k.float().gather(1, topk.clamp_min(0).long().view(B, -1, 1).expand(-1, -1, k.shape[-1])).view(B, S, -1,
+                                                                                                     k.shape[-1])
+    scores = torch.relu(torch.einsum("bshd,bsjd->bshj", q.float(), k) * indexer.softmax_scale)
+    w = indexer.weights_proj(hidden_states.to(indexer.weights_proj.weight.dtype)).float() * indexer.n_heads ** -0.5
+    return torch.einsum("bsh,bshj->bsj", w, scores)
 
 
 def _fn(mod, name):
@@ -92,15 +139,9 @@ def indexer_topk(indexer, hidden_states, q_resid, position_embeddings, valid, ca
     query tiles against key chunks, a running top-k. valid [B, S, T] bool; the new keys go to `cache`. Equal
     scores (several keys at 0 from the ReLU) may be broken otherwise than transformers does: either is a top-k."""
     B, S, _ = hidden_states.shape
-    nh, hd, rope = indexer.n_heads, indexer.head_dim, indexer.qk_rope_head_dim
-    cos, sin = position_embeddings
-    q = indexer.wq_b(q_resid).view(B, S, nh, hd)
-    q_rot, q_pass = torch.split(q, [rope, hd - rope], dim=-1)
-    k = indexer.k_norm(indexer.wk(hidden_states)).unsqueeze(2)
-    k_rot, k_pass = torch.split(k, [rope, hd - rope], dim=-1)
-    q_rot, k_rot = _fn(indexer, INDEXER_ROPE[type(indexer).__name__])(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
-    q = torch.cat([q_rot, q_pass], dim=-1).float()
-    k = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
+    nh = indexer.n_heads
+    q, k = _indexer_qk(indexer, hidden_states, q_resid, position_embeddings)
+    q = q.float()
     if cache is not None:
         k = cache.update_indexer(k, indexer.layer_idx)
     T = k.shape[1]
@@ -156,7 +197,15 @@ def _forward(self, hidden_states, position_embeddings, attention_mask=None, past
     kv = torch.cat([c, k_rot], dim=-1).reshape(B * T, 1, LATENT + rope)
     offset = (torch.arange(B, device=topk.device, dtype=torch.int32) * T).view(B, 1, 1)
     indices = torch.where(topk >= 0, topk + offset, -1).reshape(B * S, -1)
-    o_lat = sparse_mla(q_abs, kv, indices, self.scaling)[0].view(B, S, H, LATENT)
+    o_lat, _, lse = sparse_mla(q_abs, kv, indices, self.scaling)
+    if getattr(self, "llmk_indexer_loss", False) and torch.is_grad_enabled() and \
+            getattr(self, "indexer", None) is not None:
+        if T != S:
+            raise ValueError("indexer_loss: a training forward has no cached tokens (use_cache=False)")
+        logits = _index_logits(self.indexer, hidden_states.detach(), q_resid.detach(), position_embeddings, topk)
+        self.llmk_loss = indexer_kl_loss(logits.reshape(B * S, -1), q_abs.detach(), kv.detach(), indices,
+                                         lse.detach(), self.scaling)
+    o_lat = o_lat.view(B, S, H, LATENT)
     o = torch.einsum("bshc,hdc->bshd", o_lat, w_uv).reshape(B, S, H * self.v_head_dim)
     out = self.o_proj(o)
     return (out, None, topk) if hasattr(self, "skip_topk") else (out, None)
