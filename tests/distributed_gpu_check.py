@@ -187,7 +187,10 @@ def main():
         print("gpu_check: all passed" if not failed else f"gpu_check: {failed} failed", flush=True)
     dist.barrier()
     dist.destroy_process_group()
-    sys.exit(1 if failed else 0)
+    # os._exit, not sys.exit: gloo's threads sometimes abort the interpreter's teardown (SIGABRT after "all passed",
+    # seen in CI on 2026-11-28), which would fail a run whose checks passed
+    sys.stdout.flush()
+    os._exit(1 if failed else 0)
 
 
 if __name__ == "__main__":
