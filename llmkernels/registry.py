@@ -1,24 +1,19 @@
 """Every op's check and benchmark entry points, by op name (imported lazily)."""
 import importlib
 
-# op name -> module with check(device) -> [CheckResult] (beside the op's reference)
-SPECS = {
-    "masked_decode": "llmkernels.ops.masked_decode.spec",
-    "nvfp4_gemv": "llmkernels.ops.nvfp4_gemv.spec", "nvfp4_linear": "llmkernels.ops.nvfp4_gemv.spec",
-    "sparse_mla_fwd": "llmkernels.ops.sparse_mla.spec",
-    "sparse_mla_attn_dist": "llmkernels.ops.sparse_mla.spec",
-    "xl_paged_decode": "llmkernels.ops.xl_paged_decode.spec",
-    "sparse_mla_bwd": "llmkernels.ops.sparse_mla.spec_bwd",
+# op name -> (its check module beside the reference: check(device) -> [CheckResult], its benchmark module:
+# benches() -> [OpBench]); the benchmark layer imports the ops, never the reverse
+_MODULES = {
+    "masked_decode": ("ops.masked_decode.spec", "bench.specs.masked_decode"),
+    "nvfp4_gemv": ("ops.nvfp4_gemv.spec", "bench.specs.nvfp4_gemv"),
+    "nvfp4_linear": ("ops.nvfp4_gemv.spec", "bench.specs.nvfp4_gemv"),
+    "sparse_mla_fwd": ("ops.sparse_mla.spec", "bench.specs.sparse_mla"),
+    "sparse_mla_attn_dist": ("ops.sparse_mla.spec", "bench.specs.sparse_mla"),
+    "xl_paged_decode": ("ops.xl_paged_decode.spec", "bench.specs.xl_paged_decode"),
+    "sparse_mla_bwd": ("ops.sparse_mla.spec_bwd", "bench.specs.sparse_mla_bwd"),
 }
-# op name -> module with benches() -> [OpBench] (the benchmark layer imports the ops, never the reverse)
-BENCHES = {
-    "masked_decode": "llmkernels.bench.specs.masked_decode",
-    "nvfp4_gemv": "llmkernels.bench.specs.nvfp4_gemv", "nvfp4_linear": "llmkernels.bench.specs.nvfp4_gemv",
-    "sparse_mla_fwd": "llmkernels.bench.specs.sparse_mla",
-    "sparse_mla_attn_dist": "llmkernels.bench.specs.sparse_mla",
-    "xl_paged_decode": "llmkernels.bench.specs.xl_paged_decode",
-    "sparse_mla_bwd": "llmkernels.bench.specs.sparse_mla_bwd",
-}
+SPECS = {op: "llmkernels." + check for op, (check, _) in _MODULES.items()}
+BENCHES = {op: "llmkernels." + bench for op, (_, bench) in _MODULES.items()}
 
 
 # public function names (the README's) -> the ops above whose checks and benchmarks cover them

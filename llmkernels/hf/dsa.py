@@ -171,7 +171,9 @@ def indexer_topk(indexer, hidden_states, q_resid, position_embeddings, valid, ca
 def _forward(self, hidden_states, position_embeddings, attention_mask=None, past_key_values=None, position_ids=None,
              prev_topk_indices=None, **kwargs):
     """DeepseekV32Attention / GlmMoeDsaAttention.forward through sparse_mla (see the module's doc)."""
-    cache = kwargs.pop("cache", None) or past_key_values  # renamed in transformers 5.2x
+    cache = kwargs.pop("cache", None)  # renamed from past_key_values in transformers 5.2x; a Cache's truth is its
+    if cache is None:                  # length, so no `or`
+        cache = past_key_values
     B, S, _ = hidden_states.shape
     H, nope, rope = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim
     q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
