@@ -253,3 +253,105 @@ def test_patch_errors():
         patch_attention(_model("cpu", kv_lora_rank=256))
     with pytest.raises(TypeError, match="indexer_loss must be a bool"):
         patch_attention(_model("cpu"), indexer_loss=1)
+
+
+@pytest.mark.parametrize("arch, over", [("DeepseekV32", {}),
+                                        ("GlmMoeDsa", dict(indexer_types=["full", "shared"]))])
+def test_static_decoder(device, arch, over):
+    """StaticDecoder on a patched model (transformers' StaticCache of latent rows and indexer keys, the rows past the
+    written ones never selected; one CUDA graph a step on the GPU, compiled there): the same tokens as generate on
+    the same model, for two prompts of different lengths through one decoder (its cache reset between)."""
+    from llmkernels.hf import StaticDecoder
+    model = _model(device, arch, **over)
+    patch_attention(model)
+    dec = StaticDecoder(model, batch=2, max_len=40, graph=CUDA, compile=CUDA)
+    for n in (12, 5):
+        ids = torch.randint(0, TINY["vocab_size"], (2, n), device=device)
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True)
+        out = dec.generate(ids, 10)
+        if not torch.equal(out, ref.sequences):  # a GPU graph may round otherwise: then only at a near-tie
+            logits = torch.stack(ref.logits, 1).float()  # [2, 10, V]
+            t = (out[:, n:] != ref.sequences[:, n:]).any(0).nonzero()[0, 0].item()
+            assert torch.equal(out[:, :n + t], ref.sequences[:, :n + t])
+            top = logits[:, t].topk(2).values
+            assert ((top[:, 0] - top[:, 1]) <= 20 * ROUND * logits.abs().max()).any(), t
+    assert dec._counts is not None and dec._counts.numel() == (2 * 2 if arch == "DeepseekV32" else 2 + 1) + 1
+
+
+def test_padded_batch(device):
+    """generate on a left-padded batch: each sequence's logits and tokens as when it runs alone (the 4-d mask keeps
+    the indexer off the padding; positions from the mask). 16 indexer heads: a key scores exactly 0 (a tie the
+    top-k may break either way, moving the logits by O(1)) only where all 16 ReLUs are 0."""
+    model = _model(device, index_n_heads=16)
+    patch_attention(model)
+    a = torch.randint(1, TINY["vocab_size"], (1, 12), device=device)
+    b = torch.randint(1, TINY["vocab_size"], (1, 7), device=device)
+    ids = torch.cat([a, torch.cat([torch.zeros(1, 5, dtype=torch.long, device=device), b], 1)])
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    kw = dict(max_new_tokens=8, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    out = model.generate(ids, attention_mask=mask, **kw)
+    for row, alone in ((0, a), (1, b)):
+        seq = torch.cat([alone, out.sequences[row:row + 1, 12:]], 1)  # its prompt and the batch's new tokens
+        ref = _logits(model, seq)[0, alone.shape[1] - 1:-1]  # [8, V]: the logits each new token was picked from
+        ours = torch.stack(out.logits)[:, row].float()
+        _close(ours, ref)
+        picked = ref.gather(-1, out.sequences[row, 12:, None]).squeeze(-1)
+        assert (picked >= ref.amax(-1) - 20 * ROUND * ref.abs().max()).all()
+
+
+def test_nvfp4_composes(device):
+    """quantize_ then patch_attention (kv_b_proj NVFP4: its dequantized weight absorbed once, refreshed when the
+    weight changes): logits as the same model with each NVFP4Linear replaced by an nn.Linear of its dequantized
+    weight, patched too (the linears' own rounding between: the tolerance above)."""
+    from llmkernels.hf import quantize_
+    from llmkernels.ops.nvfp4_gemv.format import nvfp4_dequantize
+    model = quantize_(_model(device))
+    dense = copy.deepcopy(model)
+    for name, mod in list(dense.named_modules()):
+        if type(mod).__name__ == "NVFP4Linear":
+            lin = torch.nn.Linear(mod.in_features, mod.out_features, bias=False, device=device, dtype=DTYPE)
+            lin.weight.data = nvfp4_dequantize(*mod.plain_weight(), mod.global_scale, dtype=DTYPE)
+            dense.set_submodule(name, lin)
+    assert type(model.model.layers[0].self_attn.kv_b_proj).__name__ == "NVFP4Linear"
+    ids = torch.randint(0, TINY["vocab_size"], (2, 21), device=device)
+    patch_attention(model)
+    patch_attention(dense)
+    _close(_logits(model, ids), _logits(dense, ids))
+    kv_b = model.model.layers[0].self_attn.kv_b_proj
+    key = kv_b._llmk_dense[0]
+    kv_b.set_weight(*(t.clone() for t in kv_b.plain_weight()))  # same values, new buffers: absorbed again
+    _logits(model, ids)
+    assert kv_b._llmk_dense[0] != key
+
+
+def test_indexer_visible_by_position(device):
+    """Without a mask (SDPA without padding, StaticDecoder), the keys a query sees come from its position, chunk by
+    chunk, and key chunks past a query tile's last position are skipped: the same top-k as from the dense causal
+    mask (small chunks, so several tiles and chunks), for positions given or implied."""
+    model = _model(device)
+    attn = model.model.layers[0].self_attn
+    B, S = 2, 23
+    x = torch.randn(B, S, TINY["hidden_size"], device=device, dtype=DTYPE)
+    pos = torch.arange(S, device=device)[None].expand(B, S)
+    emb = model.model.rotary_emb(x, pos)
+    q_resid = attn.q_a_layernorm(attn.q_a_proj(x))
+    dense = torch.ones(S, S, dtype=torch.bool, device=device).tril()[None].expand(B, S, S)
+    run = lambda valid: dsa.indexer_topk(attn.indexer, x, q_resid, emb, valid, chunk_bytes=4 * B * 4 * 3 * 5)  # noqa
+    want = run(dense)
+    assert torch.equal(run(dsa.Visible(None, pos, S, S, device)), want)
+    assert torch.equal(run(dsa.Visible(None, None, S, S, device)), want)
+
+
+def test_index_logits_gradient():
+    """The indexer's logits at the selected keys, tile by tile, and their hand-written backward (recomputing the
+    per-head products per tile): torch.autograd.gradcheck in float64, -1 indices included (logit 0, no gradient)."""
+    g = torch.Generator().manual_seed(0)
+    B, S, T, H, d, K = 2, 9, 13, 4, 8, 5
+    q, k, w = (torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True)
+               for s in ((B, S, H, d), (B, T, d), (B, S, H)))
+    topk = torch.randint(-1, T, (B, S, K), generator=g, dtype=torch.int32)
+    fn = lambda q, k, w: dsa._IndexLogits.apply(q, k, w, topk, 0.3, 8 * B * H * K * 3)  # noqa: E731 (2-row tiles)
+    assert torch.autograd.gradcheck(fn, (q, k, w))
+    assert (fn(q, k, w)[topk < 0] == 0).all()

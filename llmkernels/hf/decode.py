@@ -117,23 +117,31 @@ class StaticDecoder:
             self._decoding = False
 
     def _share_lengths(self) -> None:
-        """Once the cache's layers exist (after the first prefill): every layer's length becomes an element of one
-        tensor with pos, and a decode step writes each layer's new keys and values at pos itself, so one add
-        advances them all (transformers' StaticLayer.update adds to its own length: one 1-element kernel a layer
-        and step, ~36 us of an 8B-shaped step on the H100). Only for layers as transformers' StaticLayer has them
-        (a 0-dim length tensor, 4-d keys and values); any other cache is left as it is."""
+        """Once the cache's layers exist (after the first prefill): every layer's length (and a DSA layer's indexer
+        length) becomes an element of one tensor with pos, and a decode step writes each layer's new rows at pos
+        itself, so one add advances them all (transformers' StaticLayer.update adds to its own length: one 1-element
+        kernel a layer and step, ~36 us of an 8B-shaped step on the H100). Only for layers as transformers'
+        StaticLayer / StaticIndexedLayer have them (0-dim length tensors, 4-d keys and values, a 3-d indexer key
+        cache); any other cache is left as it is."""
         layers = getattr(self.cache, "layers", None)
         known = bool(layers) and all(
-            type(la).__name__ == "StaticLayer" and isinstance(getattr(la, "cumulative_length", None), torch.Tensor)
+            type(la).__name__ in ("StaticLayer", "StaticIndexedLayer")
+            and isinstance(getattr(la, "cumulative_length", None), torch.Tensor)
             and la.cumulative_length.dim() == 0 and isinstance(getattr(la, "keys", None), torch.Tensor)
             and la.keys.dim() == 4 and isinstance(getattr(la, "values", None), torch.Tensor) for la in layers)
         if not known:
             return
-        counts = torch.zeros(len(layers) + 1, dtype=torch.long, device=self.device)
-        for i, la in enumerate(layers):
-            counts[i] = la.cumulative_length
-            la.cumulative_length = counts[i]
-            la.update = self._layer_update(la)
+        owners = [(la, "cumulative_length") for la in layers] + [
+            (la, "indexer_cumulative_length") for la in layers if getattr(la, "is_indexer_initialized", False)
+            and getattr(la, "indexer_keys", None) is not None and la.indexer_keys.dim() == 3]
+        counts = torch.zeros(len(owners) + 1, dtype=torch.long, device=self.device)
+        for i, (la, attr) in enumerate(owners):
+            counts[i] = getattr(la, attr)
+            setattr(la, attr, counts[i])
+            if attr == "cumulative_length":
+                la.update = self._layer_update(la)
+            else:
+                la.update_indexer = self._indexer_update(la)
         counts[-1] = self.pos.view(())
         self.pos, self._counts = counts[-1:].view(1, 1), counts
 
@@ -148,6 +156,16 @@ class StaticDecoder:
             layer.values.index_copy_(2, pos, value_states)
             return layer.keys, layer.values
         return update
+
+    def _indexer_update(self, layer):
+        cls_update = type(layer).update_indexer
+
+        def update_indexer(key_states, *args, **kwargs):
+            if not self._decoding:
+                return cls_update(layer, key_states, *args, **kwargs)
+            layer.indexer_keys.index_copy_(1, self.pos.view(-1), key_states)
+            return layer.indexer_keys
+        return update_indexer
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -91,16 +91,65 @@ def _indexer_qk(indexer, hidden_states, q_resid, position_embeddings):
     return torch.cat([q_rot, q_pass], dim=-1), torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
 
 
-def _index_logits(indexer, hidden_states, q_resid, position_embeddings, topk):
+def _index_logits(indexer, hidden_states, q_resid, position_embeddings, topk, chunk_bytes=CHUNK_BYTES):
     """The indexer's scores [B, S, topk] fp32 at the selected keys (-1: any) of a forward without cached tokens,
-    with gradients to the indexer's weights: sum_h w_h relu(q_h . k * d^-0.5), as it selects."""
-    B, S, _ = hidden_states.shape
+    with gradients to the indexer's weights: sum_h w_h relu(q_h . k * d^-0.5), as it selects. Memory: the inputs
+    and the result; the [B, S, heads, topk] products are recomputed per query tile in the backward."""
     q, k = _indexer_qk(indexer, hidden_states, q_resid, position_embeddings)
-    k = k.float().gather(1, topk.clamp_min(0).long().view(B, -1, 1).expand(-1, -1, k.shape[-1])).view(B, S, -1,
-                                                                                                     k.shape[-1])
-    scores = torch.relu(torch.einsum("bshd,bsjd->bshj", q.float(), k) * indexer.softmax_scale)
-    w = indexer.weights_proj(hidden_states.to(indexer.weights_proj.weight.dtype)).float() * indexer.n_heads ** -0.5
-    return torch.einsum("bsh,bshj->bsj", w, scores)
+    w = _weights_proj(indexer, hidden_states).float() * indexer.n_heads ** -0.5
+    return _IndexLogits.apply(q.float(), k.float(), w, topk, indexer.softmax_scale, chunk_bytes)
+
+
+class _IndexLogits(torch.autograd.Function):
+    """logits[b, s, j] = sum_h w[b, s, h] relu(scale q[b, s, h] . k[b, topk[b, s, j]]), query tile by query tile
+    (fp32; 0 at -1 indices, which read no key)."""
+
+    @staticmethod
+    def _tiles(q, topk, chunk_bytes):
+        B, S, H, _ = q.shape
+        rows = max(1, chunk_bytes // max(1, 4 * B * H * topk.shape[-1] * 2))
+        return [(s0, min(S, s0 + rows)) for s0 in range(0, S, rows)]
+
+    @staticmethod
+    def _keys(k, idx):  # [B, rows, topk, d]: the selected keys of a tile
+        B, r, n = idx.shape
+        return k.gather(1, idx.clamp_min(0).long().view(B, -1, 1).expand(-1, -1, k.shape[-1])).view(B, r, n, -1)
+
+    @staticmethod
+    def forward(ctx, q, k, w, topk, scale, chunk_bytes):
+        out = q.new_empty(topk.shape)
+        for s0, s1 in _IndexLogits._tiles(q, topk, chunk_bytes):
+            kk = _IndexLogits._keys(k, topk[:, s0:s1])
+            sc = torch.relu(torch.einsum("bshd,bsjd->bshj", q[:, s0:s1], kk) * scale)
+            out[:, s0:s1] = torch.einsum("bsh,bshj->bsj", w[:, s0:s1], sc)
+        ctx.save_for_backward(q, k, w, topk)
+        ctx.scale, ctx.chunk_bytes = scale, chunk_bytes
+        return out.masked_fill_(topk < 0, 0)
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, w, topk = ctx.saved_tensors
+        dq, dk, dw = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(w)
+        g = g.masked_fill(topk < 0, 0)  # the -1 entries: constant 0
+        for s0, s1 in _IndexLogits._tiles(q, topk, ctx.chunk_bytes):
+            idx = topk[:, s0:s1]
+            kk = _IndexLogits._keys(k, idx)
+            pre = torch.einsum("bshd,bsjd->bshj", q[:, s0:s1], kk) * ctx.scale
+            gs = g[:, s0:s1]
+            dw[:, s0:s1] = torch.einsum("bsj,bshj->bsh", gs, torch.relu(pre))
+            dpre = (gs.unsqueeze(2) * w[:, s0:s1].unsqueeze(-1)).masked_fill(pre <= 0, 0) * ctx.scale
+            dq[:, s0:s1] = torch.einsum("bshj,bsjd->bshd", dpre, kk)
+            dkk = torch.einsum("bshj,bshd->bsjd", dpre, q[:, s0:s1])
+            B, r, n, d = dkk.shape
+            dk.scatter_add_(1, idx.clamp_min(0).long().view(B, -1, 1).expand(-1, -1, d), dkk.reshape(B, r * n, d))
+        return dq, dk, dw, None, None, None
+
+
+def _weights_proj(indexer, x):
+    """The indexer's per-head weights [B, S, heads] (fp32 as transformers computes them, before n_heads^-0.5); an
+    NVFP4 weights_proj takes x as it is."""
+    lin = indexer.weights_proj
+    return lin(x.to(lin.weight.dtype) if isinstance(lin, torch.nn.Linear) else x).float()
 
 
 def _fn(mod, name):
@@ -123,21 +172,44 @@ def _absorbed(self, dtype):
     return w[:, :self.qk_nope_head_dim], w[:, self.qk_nope_head_dim:]
 
 
-def _valid(attention_mask, B, S, T, device):
-    """[B, S, T] bool: the keys each query may see (causal, padding), from the 4-d mask transformers built."""
-    if attention_mask is None:  # causal, the queries being the last S of T positions
-        i = torch.arange(S, device=device)[:, None] + (T - S)
-        return (torch.arange(T, device=device)[None, :] <= i).expand(B, S, T)
-    m = attention_mask[:, 0]
-    return m if m.dtype == torch.bool else m == 0
+class Visible:
+    """The keys each query may see, chunk by chunk: from the 4-d mask transformers built, or, without one (no
+    padding under SDPA, or StaticDecoder's attention), causal by position: key t for the query at position p when
+    t <= p (a static cache's rows past the written ones are never read); without positions, the queries are the
+    last S of T. Never a [B, S, T] tensor of its own."""
+
+    def __init__(self, attention_mask, position_ids, S, T, device):
+        self.S, self.T, self.device, self._last = S, T, device, None
+        self.mask = self.pos = None
+        if attention_mask is not None:
+            m = attention_mask[:, 0] if attention_mask.dim() == 4 else attention_mask
+            self.mask = m if m.dtype == torch.bool else m == 0
+        elif position_ids is None:
+            self.pos = torch.arange(S, device=device)[None] + (T - S)
+            self._last = list(range(T - S, T))
+        else:
+            self.pos = position_ids.reshape(-1, S)
+
+    def chunk(self, s0, s1, t0, t1) -> torch.Tensor:
+        """[B or 1, s1 - s0, t1 - t0] bool."""
+        if self.mask is not None:
+            return self.mask[:, s0:s1, t0:t1]
+        return torch.arange(t0, t1, device=self.device).view(1, 1, -1) <= self.pos[:, s0:s1, None]
+
+    def last(self, s1):
+        """A host bound on the last key rows :s1 see (None: not known without a sync, or not worth one)."""
+        if self._last is None and self.pos is not None and self.S > 1 and not torch.compiler.is_compiling():
+            self._last = torch.cummax(self.pos.amax(0), 0).values.tolist()  # one sync a prefill layer
+        return None if self._last is None else self._last[s1 - 1]
 
 
 @torch.no_grad()
 def indexer_topk(indexer, hidden_states, q_resid, position_embeddings, valid, cache=None, chunk_bytes=CHUNK_BYTES):
     """The DSA indexer's top-k key positions [B, S, topk] int32 (-1 past the valid keys), as transformers'
     DeepseekV32Indexer selects them (index_score = sum_h w_h relu(q_h . k * d^-0.5)), without its [B, S, T] scores:
-    query tiles against key chunks, a running top-k. valid [B, S, T] bool; the new keys go to `cache`. Equal
-    scores (several keys at 0 from the ReLU) may be broken otherwise than transformers does: either is a top-k."""
+    query tiles against key chunks, a running top-k, key chunks past a tile's last visible key skipped. valid: a
+    Visible, or [B, S, T] bool; the new keys go to `cache`. Equal scores (several keys at 0 from the ReLU) may be
+    broken otherwise than transformers does: either is a top-k."""
     B, S, _ = hidden_states.shape
     nh = indexer.n_heads
     q, k = _indexer_qk(indexer, hidden_states, q_resid, position_embeddings)
@@ -145,25 +217,34 @@ def indexer_topk(indexer, hidden_states, q_resid, position_embeddings, valid, ca
     if cache is not None:
         k = cache.update_indexer(k, indexer.layer_idx)
     T = k.shape[1]
+    if isinstance(valid, torch.Tensor):
+        valid = Visible(valid, None, S, T, k.device)
     kt = k.float().transpose(-1, -2).unsqueeze(1)  # [B, 1, hd, T]
-    w = indexer.weights_proj(hidden_states.to(indexer.weights_proj.weight.dtype)).float() * nh ** -0.5
+    w = _weights_proj(indexer, hidden_states).float() * nh ** -0.5
     topk = min(indexer.index_topk, T)
     rows = max(1, min(S, chunk_bytes // max(1, 4 * B * nh * min(T, 4096))))
     cols = max(topk, min(T, chunk_bytes // max(1, 4 * B * nh * rows)))
     out = torch.empty(B, S, topk, dtype=torch.int32, device=hidden_states.device)
     for s0 in range(0, S, rows):
         s1 = min(S, s0 + rows)
+        last = valid.last(s1)
         best_v = best_i = None
         for t0 in range(0, T, cols):
+            if best_v is not None and last is not None and t0 > last:
+                break  # no row of the tile sees these keys
             t1 = min(T, t0 + cols)
             scores = torch.relu(torch.matmul(q[:, s0:s1], kt[..., t0:t1]) * indexer.softmax_scale)
             sc = torch.matmul(w[:, s0:s1].unsqueeze(-2), scores).squeeze(-2)  # [B, rows, keys]
-            sc = sc.masked_fill(~valid[:, s0:s1, t0:t1], float("-inf"))
+            sc = sc.masked_fill(~valid.chunk(s0, s1, t0, t1), float("-inf"))
             idx = torch.arange(t0, t1, device=sc.device).expand_as(sc)
             if best_v is not None:
                 sc, idx = torch.cat([best_v, sc], -1), torch.cat([best_i, idx], -1)
             best_v, pick = sc.topk(min(topk, sc.shape[-1]), dim=-1)
             best_i = idx.gather(-1, pick)
+        if best_v.shape[-1] < topk:  # chunks skipped before k keys were seen
+            pad = topk - best_v.shape[-1]
+            best_v = torch.nn.functional.pad(best_v, (0, pad), value=float("-inf"))
+            best_i = torch.nn.functional.pad(best_i, (0, pad), value=-1)
         out[:, s0:s1] = torch.where(best_v == float("-inf"), -1, best_i).to(torch.int32)
     return out
 
@@ -186,7 +267,7 @@ def _forward(self, hidden_states, position_embeddings, attention_mask=None, past
     if cache is not None:  # one latent row per token: [B, 1, T, 512] and [B, 1, T, 64]
         c, k_rot = cache.update(c, k_rot, self.layer_idx)
     T = c.shape[2]
-    valid = _valid(attention_mask, B, S, T, hidden_states.device)
+    valid = Visible(attention_mask, position_ids, S, T, hidden_states.device)
     if getattr(self, "indexer", None) is not None:
         topk = indexer_topk(self.indexer, hidden_states, q_resid, position_embeddings, valid, cache)
     elif prev_topk_indices is None:
