@@ -97,15 +97,16 @@ def eager(r: dict) -> bool:
 
 
 def e2e(r: dict) -> bool:
-    """A record of the end-to-end model decode (llmkernels.hf.bench): one step of a whole model, its own table."""
-    return r["op"] == "e2e_decode"
+    """A record of a model-level benchmark, with its own table: the end-to-end decode (llmkernels.hf.bench), the DSA
+    attention block (llmkernels.hf.dsa_bench)."""
+    return r["op"] in ("e2e_decode", "dsa_attention")
 
 
 def e2e_table(records: list[dict]) -> str:
     """Greedy decode of the random-weight model shapes, CUDA-graph steps: bf16 beside NVFP4 where bf16 fits."""
     rows = {}
     for r in records:
-        if e2e(r) and r["shape"].get("graph"):
+        if r["op"] == "e2e_decode" and r["shape"].get("graph"):
             sh = r["shape"]
             model = sh["model"] + (f" (torch.compile {sh['compile']})" if sh.get("compile") else "")
             rows.setdefault((model, sh["batch"]), {})[sh["format"]] = r
@@ -198,12 +199,13 @@ def _device_sections(records: list[dict], body) -> str:
     for dev in sorted({r["device"] for r in records}):
         recs = [r for r in records if r["device"] == dev]
         dates = sorted({r["date"] for r in recs})
-        copy = sorted(r["copy_tbps"] for r in recs)
+        copy = sorted(r["copy_tbps"] for r in recs if r.get("copy_tbps"))
         read = sorted(r["read_tbps"] for r in recs if r.get("read_tbps"))
         gemm = sorted(r["gemm_tflops"] for r in recs if r.get("gemm_tflops"))
         vers = ", ".join(sorted({f"torch {r['torch']}, triton {r['triton']}" for r in recs}))
         parts.append(f"**{dev}**, {dates[0]}" + (f" to {dates[-1]}" if dates[-1] != dates[0] else "") +
-                     f"; {vers}; ceilings measured in each run: copy {copy[0]:.2f}-{copy[-1]:.2f} TB/s"
+                     f"; {vers}; ceilings measured in each run: "
+                     + (f"copy {copy[0]:.2f}-{copy[-1]:.2f} TB/s" if copy else "none")
                      + (f", read {read[0]:.2f}-{read[-1]:.2f} TB/s" if read else "")
                      + (f", bf16 GEMM {gemm[0]:.0f}-{gemm[-1]:.0f} TFLOP/s" if gemm else "") + ".\n\n"
                      + body(recs))
@@ -214,10 +216,12 @@ def _with_eager(body, e2e_rows=False):
     """body(GPU-time records, and with e2e_rows every e2e_decode record), then the eager-call and whole-model tables
     of the same device, if any."""
     def both(recs):
-        timed = [r for r in recs if not eager(r) and (e2e_rows or not e2e(r))]
-        et, mt = eager_table(recs), e2e_table(recs)
+        timed = [r for r in recs if not eager(r) and (r["op"] == "e2e_decode" if e2e(r) else True)
+                 and (e2e_rows or not e2e(r))]
+        et, mt, dt = eager_table(recs), e2e_table(recs), dsa_table(recs)
         return "\n\n".join(t for t in (body(timed) if timed else "", EAGER_HEADER + "\n\n" + et if et else "",
-                                      E2E_HEADER + "\n\n" + mt if mt else "") if t)
+                                      E2E_HEADER + "\n\n" + mt if mt else "",
+                                      DSA_HEADER + "\n\n" + dt if dt else "") if t)
     return both
 
 
@@ -232,6 +236,54 @@ E2E_HEADER = ("Whole models (`python -m llmkernels.hf.bench`): greedy decode wit
               "one CUDA graph per step, through Hugging Face transformers; floor = the step's weight and cache bytes "
               "at the read rate measured in the same run (the copy rate in records without one). Eager steps are in "
               "docs/results.md.")
+
+
+DSA_HEADER = ("DeepSeek sparse attention in transformers (`python -m llmkernels.hf.dsa_bench`): one "
+              "DeepSeek-V3.2-shaped attention block with its indexer (hidden 7168, 128 heads, index_topk 2048; random "
+              "bf16 weights, batch 1), `patch_attention` against transformers' own eager and SDPA paths in the same "
+              "run; decode replayed from a CUDA graph per call (both), training = forward + backward with the indexer "
+              "loss. OOM: ran out of the GPU's memory.")
+
+
+def dsa_table(records: list[dict]) -> str:
+    """Per phase and size: our ms beside transformers' eager and SDPA (speed-up over its fastest), peak memory, and
+    our split (indexer, sparse_mla with its % of floor) or decode's cache bytes per token."""
+    rows = {}
+    for r in records:
+        if r.get("op") == "dsa_attention":
+            sh = r["shape"]
+            rows.setdefault((sh["phase"], sh.get("S", sh.get("L"))), {})[r["impl"]] = r
+    if not rows:
+        return ""
+    order = {"prefill": 0, "decode": 1, "train": 2}
+    lines = ["| phase | S or L | llmkernels ms (peak GB) | transformers eager | transformers SDPA | speed-up over "
+             "transformers' fastest | notes |", "|---|---|---|---|---|---|---|"]
+
+    def cell(r):
+        if r is None:
+            return "-"
+        if r.get("error"):
+            return "OOM" if "out of memory" in r["error"] else "failed"
+        return f"{r['ms']:.3f}" + (f" ({r['peak_mem_gb']:.1f})" if r.get("peak_mem_gb") else "")
+    for (phase, n), by in sorted(rows.items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0][1])):
+        o = by.get("llmkernels")
+        peers = [r for k, r in by.items() if k != "llmkernels" and r.get("ms")]
+        best = min(peers, key=lambda r: r["ms"]) if peers else None
+        up = f"{best['ms'] / o['ms']:.1f}x" if best and o and o.get("ms") else "-"
+        notes = []
+        if o and o.get("split_ms"):
+            sp = o["split_ms"]
+            notes.append(f"indexer {sp['indexer']:.2f} ms, sparse_mla {sp['sparse_mla']:.2f} ms"
+                         + (f" ({o['sparse_mla_pct_of_floor']:.0f} % of floor)" if o.get("sparse_mla_pct_of_floor")
+                            else ""))
+        if o and o.get("cache_bytes_per_token") and best and best.get("cache_bytes_per_token"):
+            notes.append(f"cache {o['cache_bytes_per_token']:.0f} vs {best['cache_bytes_per_token']:.0f} B/token")
+        if o and o.get("ms_eager") and phase == "decode":
+            notes.append(f"eager calls {o['ms_eager']:.3f} vs {best['ms_eager']:.3f} ms" if best and
+                         best.get("ms_eager") else f"eager calls {o['ms_eager']:.3f} ms")
+        lines.append(f"| {phase} | {n} | {cell(o)} | {cell(by.get('transformers-eager'))} | "
+                     f"{cell(by.get('transformers-sdpa'))} | {up} | {'; '.join(notes)} |")
+    return "\n".join(lines)
 
 
 def readme_section(records: list[dict]) -> str:
