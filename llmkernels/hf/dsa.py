@@ -14,6 +14,7 @@ from typing import List
 import torch
 
 from .._validate import check_bool
+from ..ops.dsa_indexer import dsa_index_scores
 from ..ops.nvfp4_gemv.format import nvfp4_dequantize
 from ..ops.nvfp4_gemv.op import NVFP4Linear
 from ..ops.sparse_mla.op import indexer_kl_loss, sparse_mla
@@ -206,46 +207,43 @@ class Visible:
 @torch.no_grad()
 def indexer_topk(indexer, hidden_states, q_resid, position_embeddings, valid, cache=None, chunk_bytes=CHUNK_BYTES):
     """The DSA indexer's top-k key positions [B, S, topk] int32 (-1 past the valid keys), as transformers'
-    DeepseekV32Indexer selects them (index_score = sum_h w_h relu(q_h . k * d^-0.5)), without its [B, S, T] scores:
-    query tiles against key chunks, a running top-k, key chunks past a tile's last visible key skipped. valid: a
-    Visible, or [B, S, T] bool; the new keys go to `cache`. Equal scores (several keys at 0 from the ReLU) may be
-    broken otherwise than transformers does: either is a top-k."""
+    DeepseekV32Indexer selects them (index_score = sum_h w_h relu(q_h . k * d^-0.5)), without its [B, S, heads, T]
+    products or [B, S, T] scores: llmkernels.dsa_index_scores on query tiles against key chunks, a running top-k,
+    keys past a tile's last visible one never scored. valid: a Visible, or [B, S, T] bool; the new keys go to
+    `cache`. Equal scores (several keys at 0 from the ReLU) may be broken otherwise than transformers does: either
+    is a top-k."""
     B, S, _ = hidden_states.shape
-    nh = indexer.n_heads
     q, k = _indexer_qk(indexer, hidden_states, q_resid, position_embeddings)
-    q = q.float()
     if cache is not None:
         k = cache.update_indexer(k, indexer.layer_idx)
     T = k.shape[1]
     if isinstance(valid, torch.Tensor):
         valid = Visible(valid, None, S, T, k.device)
-    kt = k.float().transpose(-1, -2).unsqueeze(1)  # [B, 1, hd, T]
-    w = _weights_proj(indexer, hidden_states).float() * nh ** -0.5
+    w = _weights_proj(indexer, hidden_states) * indexer.n_heads ** -0.5
+    pos = valid.pos if valid.mask is None else None
     topk = min(indexer.index_topk, T)
-    rows = max(1, min(S, chunk_bytes // max(1, 4 * B * nh * min(T, 4096))))
-    cols = max(topk, min(T, chunk_bytes // max(1, 4 * B * nh * rows)))
-    out = torch.empty(B, S, topk, dtype=torch.int32, device=hidden_states.device)
+    rows = max(1, min(S, chunk_bytes // max(1, 4 * B * min(T, 1 << 16))))  # scores [B, rows, cols] fp32
+    cols = max(topk, min(T, chunk_bytes // max(1, 4 * B * rows)))
+    out = torch.full((B, S, topk), -1, dtype=torch.int32, device=hidden_states.device)
     for s0 in range(0, S, rows):
         s1 = min(S, s0 + rows)
         last = valid.last(s1)
+        end = T if last is None else max(0, min(T, last + 1))
         best_v = best_i = None
-        for t0 in range(0, T, cols):
-            if best_v is not None and last is not None and t0 > last:
-                break  # no row of the tile sees these keys
-            t1 = min(T, t0 + cols)
-            scores = torch.relu(torch.matmul(q[:, s0:s1], kt[..., t0:t1]) * indexer.softmax_scale)
-            sc = torch.matmul(w[:, s0:s1].unsqueeze(-2), scores).squeeze(-2)  # [B, rows, keys]
-            sc = sc.masked_fill(~valid.chunk(s0, s1, t0, t1), float("-inf"))
+        for t0 in range(0, end, cols):
+            t1 = min(end, t0 + cols)
+            sc = dsa_index_scores(q[:, s0:s1], k, w[:, s0:s1], indexer.softmax_scale,
+                                  None if pos is None else pos[:, s0:s1], t0, t1)
+            if valid.mask is not None:
+                sc = sc.masked_fill_(~valid.chunk(s0, s1, t0, t1), float("-inf"))
             idx = torch.arange(t0, t1, device=sc.device).expand_as(sc)
             if best_v is not None:
                 sc, idx = torch.cat([best_v, sc], -1), torch.cat([best_i, idx], -1)
             best_v, pick = sc.topk(min(topk, sc.shape[-1]), dim=-1)
             best_i = idx.gather(-1, pick)
-        if best_v.shape[-1] < topk:  # chunks skipped before k keys were seen
-            pad = topk - best_v.shape[-1]
-            best_v = torch.nn.functional.pad(best_v, (0, pad), value=float("-inf"))
-            best_i = torch.nn.functional.pad(best_i, (0, pad), value=-1)
-        out[:, s0:s1] = torch.where(best_v == float("-inf"), -1, best_i).to(torch.int32)
+        if best_v is not None:  # fewer than topk columns where the tile sees fewer keys: the rest stay -1
+            n = best_v.shape[-1]
+            out[:, s0:s1, :n] = torch.where(best_v == float("-inf"), -1, best_i).to(torch.int32)
     return out
 
 

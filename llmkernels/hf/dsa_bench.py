@@ -318,7 +318,6 @@ def model_decode(cfg_kw, layers, L, device, dtype, reps):
                 del cache
             rec["tokens_per_s"] = 1e3 / rec["ms"]
         out.append(rec)
-    del model
     return out
 
 

@@ -1,0 +1,1 @@
+from .op import dsa_index_scores  # noqa: F401

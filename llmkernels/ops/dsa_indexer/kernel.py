@@ -1,0 +1,62 @@
+"""The DSA indexer's scores in one pass: for a tile of queries and all their heads (rows = queries x heads), tensor-core
+dots against blocks of keys, ReLU, the per-head weights, the sum over heads; key blocks past the tile's last position
+are never read (written -inf)."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _index_scores_kernel(q_ptr, k_ptr, w_ptr, pos_ptr, out_ptr, S, H, key_start, n_keys, scale,
+                         sq_b, sq_s, sq_h, sk_b, sk_t, sw_b, sw_s, sp_b, so_b, so_s,
+                         HAS_POS: tl.constexpr, BM: tl.constexpr, HP: tl.constexpr, D: tl.constexpr,
+                         BN: tl.constexpr, NB: tl.constexpr):
+    pid_s, pid_t, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = tl.arange(0, BM * HP)
+    s_row, h_row = pid_s * BM + rows // HP, rows % HP
+    row_ok = (s_row < S) & (h_row < H)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * sq_b + s_row[:, None] * sq_s + h_row[:, None] * sq_h + d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    w = tl.load(w_ptr + b * sw_b + s_row * sw_s + h_row, mask=row_ok, other=0.0) * scale  # relu(x) * s = relu(x * s)
+    qs = pid_s * BM + tl.arange(0, BM)
+    if HAS_POS:
+        pos = tl.load(pos_ptr + b * sp_b + qs, mask=qs < S, other=-1)
+        last = tl.max(pos, 0)
+    for j in range(NB):
+        t = (pid_t * NB + j) * BN + tl.arange(0, BN)  # relative to key_start
+        t_ok = t < n_keys
+        ok = (qs < S)[:, None] & t_ok[None, :]
+        dst = out_ptr + b * so_b + qs[:, None] * so_s + t[None, :]
+        skip = False
+        if HAS_POS:
+            skip = (pid_t * NB + j) * BN + key_start > last
+        if skip:
+            tl.store(dst, tl.full([BM, BN], float("-inf"), tl.float32), mask=ok)
+        else:
+            k = tl.load(k_ptr + b * sk_b + (key_start + t)[:, None] * sk_t + d[None, :], mask=t_ok[:, None],
+                        other=0.0)
+            acc = tl.dot(q, tl.trans(k))  # [BM * HP, BN] fp32
+            acc = tl.maximum(acc, 0.0) * w[:, None]
+            sc = tl.sum(tl.reshape(acc, [BM, HP, BN]), axis=1)
+            if HAS_POS:
+                sc = tl.where((key_start + t)[None, :] <= pos[:, None], sc, float("-inf"))
+            tl.store(dst, sc, mask=ok)
+
+
+def launch(q, k, w, pos, out, scale, key_start, n_keys, sms):
+    """out [B, S, n_keys] fp32 <- the scores of keys key_start..key_start + n_keys (see the module's doc)."""
+    B, S, H, D = q.shape
+    HP = triton.next_power_of_2(H)
+    BM = max(1, min(128 // HP if HP <= 128 else 1, triton.next_power_of_2(S)))
+    BM = max(BM, -(-16 // HP))  # a dot needs 16 rows
+    BN = 128 if BM * HP <= 128 else 64
+    blocks = triton.cdiv(n_keys, BN)
+    tiles = triton.cdiv(S, BM) * B
+    NB = max(1, min(8, blocks * tiles // (4 * sms)))  # key blocks a program: enough programs for 4 waves
+    grid = (triton.cdiv(S, BM), triton.cdiv(blocks, NB), B)
+    has_pos = pos is not None
+    _index_scores_kernel[grid](
+        q, k, w, pos if has_pos else w, out, S, H, key_start, n_keys, scale,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), w.stride(0), w.stride(1),
+        pos.stride(0) if has_pos else 0, out.stride(0), out.stride(1),
+        HAS_POS=has_pos, BM=BM, HP=HP, D=D, BN=BN, NB=NB, num_warps=8 if BM * HP >= 128 else 4, num_stages=2)

@@ -1,0 +1,80 @@
+"""dsa_index_scores: the DSA (DeepSeek-V3.2 / GLM-5) lightning indexer's scores of a chunk of keys, in one kernel."""
+from typing import Optional
+
+import torch
+
+from ..._runtime import interpreting, sm_count
+from ..._validate import check_interpreter_dtype, check_same_device, check_tensor
+from .kernel import launch
+
+_IN = (torch.float16, torch.bfloat16)
+
+
+@torch.library.custom_op("llmkernels::dsa_index_scores", mutates_args=())
+def _op(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, positions: Optional[torch.Tensor],
+        sm_scale: float, key_start: int, key_end: int) -> torch.Tensor:
+    B, S = q.shape[:2]
+    out = torch.empty(B, S, key_end - key_start, dtype=torch.float32, device=q.device)
+    if out.numel():
+        sms = 1 if q.device.type != "cuda" else sm_count(q.device.index or 0)
+        launch(q, k, weights, positions, out, sm_scale, key_start, key_end - key_start, sms)
+    return out
+
+
+@_op.register_fake
+def _(q, k, weights, positions, sm_scale, key_start, key_end):
+    return q.new_empty(q.shape[0], q.shape[1], key_end - key_start, dtype=torch.float32)
+
+
+def dsa_index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, sm_scale: float,
+                     positions: Optional[torch.Tensor] = None, key_start: int = 0,
+                     key_end: Optional[int] = None) -> torch.Tensor:
+    """The DSA indexer's scores of keys key_start..key_end: fp32 [B, S, key_end - key_start],
+
+        scores[b, s, t] = sum_h weights[b, s, h] * relu(sm_scale * q[b, s, h] . k[b, t]),
+
+    and -inf where t > positions[b, s] (causal by position; key blocks past a query tile's last position are never
+    read). As transformers' DeepseekV32Indexer / GlmMoeDsaIndexer score before their top-k, without its [B, S, heads, T]
+    fp32 products: fp16 / bf16 products summed in fp32 (bf16 x bf16 products are exact in fp32; the sums' order
+    differs from a fp32 matmul's by rounding).
+
+    q [B, S, H, D] and k [B, T, D] fp16 / bf16 (one dtype; D a power of two, 16-256; unit stride in D); weights
+    [B, S, H] fp32 (transformers' weights_proj output times H^-0.5); positions [B or 1, S] int32 / int64, or None (no
+    mask). NaN in q, k or weights gives NaN scores where they reach (a NaN key: that key's column; the top-k over them
+    is then torch.topk's). Differentiable: no (the indexer selects under no_grad)."""
+    check_tensor("q", q, dtypes=_IN, ndim=4)
+    check_tensor("k", k, dtypes=_IN, ndim=3)
+    check_tensor("weights", weights, dtypes=(torch.float32,), ndim=3)
+    B, S, H, D = q.shape
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
+    if k.shape[0] != B or k.shape[2] != D:
+        raise ValueError(f"k must be [B={B}, T, D={D}] like q [B, S, H, D], got {tuple(k.shape)}")
+    if tuple(weights.shape) != (B, S, H):
+        raise ValueError(f"weights must be [B, S, H] = {(B, S, H)}, got {tuple(weights.shape)}")
+    if D & (D - 1) or not 16 <= D <= 256:
+        raise ValueError(f"the head dim D must be a power of two in 16..256, got {D}")
+    if q.stride(3) != 1 or k.stride(2) != 1 or weights.stride(2) != 1:
+        raise ValueError("q, k and weights must have unit stride in their last dim")
+    if H > 128:
+        raise ValueError(f"at most 128 indexer heads, got {H}")
+    T = k.shape[1]
+    if isinstance(key_start, bool) or not isinstance(key_start, int) or not 0 <= key_start <= T:
+        raise ValueError(f"key_start must be an int in [0, T={T}], got {key_start!r}")
+    key_end = T if key_end is None else key_end
+    if isinstance(key_end, bool) or not isinstance(key_end, int) or not key_start <= key_end <= T:
+        raise ValueError(f"key_end must be an int in [key_start={key_start}, T={T}], got {key_end!r}")
+    if not isinstance(sm_scale, (int, float)) or isinstance(sm_scale, bool) or not sm_scale > 0:
+        raise ValueError(f"sm_scale must be a positive float, got {sm_scale!r}")
+    if positions is not None:
+        check_tensor("positions", positions, dtypes=(torch.int32, torch.int64), ndim=2)
+        if positions.shape[0] not in (1, B) or positions.shape[1] != S or positions.stride(1) != 1:
+            raise ValueError(f"positions must be [B={B} or 1, S={S}] with unit stride in S, got "
+                             f"{tuple(positions.shape)}")
+        if positions.shape[0] == 1 and B > 1:
+            positions = positions.expand(B, S)
+    check_same_device(q=q, k=k, weights=weights, positions=positions)
+    check_interpreter_dtype(q=q)
+    if interpreting():
+        q, k = q.contiguous(), k.contiguous()
+    return _op(q, k, weights, positions, float(sm_scale), key_start, key_end)
