@@ -239,7 +239,7 @@ def indexer_topk(indexer, hidden_states, q_resid, position_embeddings, valid, ca
             idx = torch.arange(t0, t1, device=sc.device).expand_as(sc)
             if best_v is not None:
                 sc, idx = torch.cat([best_v, sc], -1), torch.cat([best_i, idx], -1)
-            best_v, pick = sc.topk(min(topk, sc.shape[-1]), dim=-1)
+            best_v, pick = sc.topk(min(topk, sc.shape[-1]), dim=-1, sorted=False)
             best_i = idx.gather(-1, pick)
         if best_v is not None:  # fewer than topk columns where the tile sees fewer keys: the rest stay -1
             n = best_v.shape[-1]

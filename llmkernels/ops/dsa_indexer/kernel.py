@@ -19,28 +19,25 @@ def _index_scores_kernel(q_ptr, k_ptr, w_ptr, pos_ptr, out_ptr, S, H, key_start,
                 mask=row_ok[:, None], other=0.0)
     w = tl.load(w_ptr + b * sw_b + s_row * sw_s + h_row, mask=row_ok, other=0.0) * scale  # relu(x) * s = relu(x * s)
     qs = pid_s * BM + tl.arange(0, BM)
+    live = NB  # key blocks of this program some query of the tile sees; the rest are written -inf unread
     if HAS_POS:
         pos = tl.load(pos_ptr + b * sp_b + qs, mask=qs < S, other=-1)
-        last = tl.max(pos, 0)
-    for j in range(NB):
+        first = key_start + pid_t * NB * BN
+        live = tl.minimum(NB, tl.maximum(0, tl.cdiv(tl.max(pos, 0) + 1 - first, BN)))
+    for j in range(0, live):  # a plain loop (no branch inside): the loads pipeline
         t = (pid_t * NB + j) * BN + tl.arange(0, BN)  # relative to key_start
         t_ok = t < n_keys
-        ok = (qs < S)[:, None] & t_ok[None, :]
-        dst = out_ptr + b * so_b + qs[:, None] * so_s + t[None, :]
-        skip = False
+        k = tl.load(k_ptr + b * sk_b + (key_start + t)[:, None] * sk_t + d[None, :], mask=t_ok[:, None], other=0.0)
+        acc = tl.dot(q, tl.trans(k))  # [BM * HP, BN] fp32
+        acc = tl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[:, None]  # NaN stays NaN
+        sc = tl.sum(tl.reshape(acc, [BM, HP, BN]), axis=1)
         if HAS_POS:
-            skip = (pid_t * NB + j) * BN + key_start > last
-        if skip:
-            tl.store(dst, tl.full([BM, BN], float("-inf"), tl.float32), mask=ok)
-        else:
-            k = tl.load(k_ptr + b * sk_b + (key_start + t)[:, None] * sk_t + d[None, :], mask=t_ok[:, None],
-                        other=0.0)
-            acc = tl.dot(q, tl.trans(k))  # [BM * HP, BN] fp32
-            acc = tl.maximum(acc, 0.0) * w[:, None]
-            sc = tl.sum(tl.reshape(acc, [BM, HP, BN]), axis=1)
-            if HAS_POS:
-                sc = tl.where((key_start + t)[None, :] <= pos[:, None], sc, float("-inf"))
-            tl.store(dst, sc, mask=ok)
+            sc = tl.where((key_start + t)[None, :] <= pos[:, None], sc, float("-inf"))
+        tl.store(out_ptr + b * so_b + qs[:, None] * so_s + t[None, :], sc, mask=(qs < S)[:, None] & t_ok[None, :])
+    for j in range(live, NB):
+        t = (pid_t * NB + j) * BN + tl.arange(0, BN)
+        tl.store(out_ptr + b * so_b + qs[:, None] * so_s + t[None, :], tl.full([BM, BN], float("-inf"), tl.float32),
+                 mask=(qs < S)[:, None] & (t < n_keys)[None, :])
 
 
 def launch(q, k, w, pos, out, scale, key_start, n_keys, sms):
