@@ -52,12 +52,12 @@ def recorded(monkeypatch):
 
 def _eager_fp32(model, selections):
     """transformers' eager path in fp32 on the model's weights, each indexer forced to return the selections the
-    patched model made (so both attend to the same keys; a -1 becomes a repeat of the row's first index)."""
+    patched model made (so both attend to the same keys; a -1 becomes a repeat of the row's largest index)."""
     ref = copy.deepcopy(model).float()
     unpatch_attention(ref)
     for mod in ref.modules():
         if type(mod).__name__.endswith("Indexer") and mod.layer_idx in selections:
-            queue = [torch.where(s >= 0, s, s[..., :1]) for s in selections[mod.layer_idx]]
+            queue = [torch.where(s >= 0, s, s.amax(-1, keepdim=True)) for s in selections[mod.layer_idx]]
             mod.forward = lambda *a, _q=queue, **k: _q.pop(0)
     return ref
 
@@ -126,7 +126,7 @@ def test_indexer_matches_transformers(device, arch):
         for s in range(S):
             n = min(int(valid[b, s].sum()), 8)
             mine = ours[b, s][ours[b, s] >= 0].long()
-            assert mine.numel() == n and (ours[b, s, n:] == -1).all(), (b, s)
+            assert mine.numel() == n and (ours[b, s] >= -1).all(), (b, s)  # -1s anywhere in the row
             if n:
                 want = scores[b, s, theirs[b, s, :n].long()]
                 assert torch.equal(scores[b, s, mine].sort().values, want.sort().values), (b, s)
@@ -162,7 +162,7 @@ def test_greedy_decode_matches_eager(device, recorded, arch, over):
     assert (picked >= ref.amax(-1) - 20 * ROUND * ref.abs().max()).all()
     cache = transformers.DynamicCache(config=model.config)
     model(ids, **{name: cache})
-    assert cache.layers[0].keys.shape[1:] == (1, 12, 512) and cache.layers[0].values.shape[-1] == 64  # latent rows
+    assert cache.layers[0].keys.shape[1:] == (1, 12, 576) and cache.layers[0].values.shape[-1] == 0  # latent rows
 
 
 @pytest.mark.parametrize("arch", ["DeepseekV32", "GlmMoeDsa"])

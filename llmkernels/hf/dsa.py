@@ -3,9 +3,10 @@
 The patched attention runs MLA in its absorbed form: each head's no-rope query is taken into the 512-wide latent
 through the kv up-projection (W_UK), attention runs over the 576-wide latent rows (512 normalised latent + 64 rope)
 with `sparse_mla` on the indexer's top-k, and the output is taken back through W_UV. The cache holds one latent row
-per token and layer (plus the indexer's key), never the per-head expanded keys and values, and the indexer keeps a
-running top-k over key chunks instead of an S x T score tensor. Shapes: kv_lora_rank 512, qk_rope_head_dim 64 (the
-kernel's row); any head count, nope / v head dims and index_topk.
+per token and layer (as the cache layer's keys, its values zero-wide; plus the indexer's key), never the per-head
+expanded keys and values, and the indexer keeps a running top-k over key chunks (dsa_index_scores) instead of an
+S x T score tensor. Shapes: kv_lora_rank 512, qk_rope_head_dim 64 (the kernel's row); any head count, nope / v head
+dims and index_topk.
 """
 import sys
 import types
@@ -206,12 +207,12 @@ class Visible:
 
 @torch.no_grad()
 def indexer_topk(indexer, hidden_states, q_resid, position_embeddings, valid, cache=None, chunk_bytes=CHUNK_BYTES):
-    """The DSA indexer's top-k key positions [B, S, topk] int32 (-1 past the valid keys), as transformers'
-    DeepseekV32Indexer selects them (index_score = sum_h w_h relu(q_h . k * d^-0.5)), without its [B, S, heads, T]
-    products or [B, S, T] scores: llmkernels.dsa_index_scores on query tiles against key chunks, a running top-k,
-    keys past a tile's last visible one never scored. valid: a Visible, or [B, S, T] bool; the new keys go to
-    `cache`. Equal scores (several keys at 0 from the ReLU) may be broken otherwise than transformers does: either
-    is a top-k."""
+    """The DSA indexer's top-k key positions [B, S, topk] int32, unordered (-1 in place of the missing where a query
+    sees fewer than topk keys), as transformers' DeepseekV32Indexer selects them (index_score = sum_h w_h relu(q_h .
+    k * d^-0.5)), without its [B, S, heads, T] products or [B, S, T] scores: llmkernels.dsa_index_scores on query
+    tiles against key chunks, a running top-k, keys past a tile's last visible one never scored. valid: a Visible,
+    or [B, S, T] bool; the new keys go to `cache`. Equal scores (several keys at 0 from the ReLU) may be broken
+    otherwise than transformers does: either is a top-k."""
     B, S, _ = hidden_states.shape
     q, k = _indexer_qk(indexer, hidden_states, q_resid, position_embeddings)
     if cache is not None:
@@ -262,9 +263,10 @@ def _forward(self, hidden_states, position_embeddings, attention_mask=None, past
     c = self.kv_a_layernorm(c).view(B, 1, S, LATENT)
     cos, sin = position_embeddings
     q_rot, k_rot = _fn(self, "apply_rotary_pos_emb_interleave")(q_rot, k_rot.view(B, 1, S, rope), cos, sin)
-    if cache is not None:  # one latent row per token: [B, 1, T, 512] and [B, 1, T, 64]
-        c, k_rot = cache.update(c, k_rot, self.layer_idx)
-    T = c.shape[2]
+    kv = torch.cat([c, k_rot], dim=-1)  # [B, 1, S, 576]: sparse_mla's row
+    if cache is not None:  # the rows as the layer's keys (its values zero-wide): read in place, never concatenated
+        kv = cache.update(kv, kv[..., :0], self.layer_idx)[0]
+    T = kv.shape[2]
     valid = Visible(attention_mask, position_ids, S, T, hidden_states.device)
     if getattr(self, "indexer", None) is not None:
         topk = indexer_topk(self.indexer, hidden_states, q_resid, position_embeddings, valid, cache)
@@ -275,7 +277,7 @@ def _forward(self, hidden_states, position_embeddings, attention_mask=None, past
     w_uk, w_uv = _absorbed(self, q_nope.dtype)
     q_lat = torch.einsum("bhsd,hdc->bshc", q_nope, w_uk)
     q_abs = torch.cat([q_lat, q_rot.transpose(1, 2)], dim=-1).reshape(B * S, H, LATENT + rope)
-    kv = torch.cat([c, k_rot], dim=-1).reshape(B * T, 1, LATENT + rope)
+    kv = kv.reshape(B * T, 1, LATENT + rope)
     offset = (torch.arange(B, device=topk.device, dtype=torch.int32) * T).view(B, 1, 1)
     indices = torch.where(topk >= 0, topk + offset, -1).reshape(B * S, -1)
     o_lat, _, lse = sparse_mla(q_abs, kv, indices, self.scaling)
