@@ -348,16 +348,3 @@ def test_indexer_visible_by_position(device):
     want = picked(run(dense))
     assert torch.equal(picked(run(dsa.Visible(None, pos, S, S, device))), want)
     assert torch.equal(picked(run(dsa.Visible(None, None, S, S, device))), want)
-
-
-def test_index_logits_gradient():
-    """The indexer's logits at the selected keys, tile by tile, and their hand-written backward (recomputing the
-    per-head products per tile): torch.autograd.gradcheck in float64, -1 indices included (logit 0, no gradient)."""
-    g = torch.Generator().manual_seed(0)
-    B, S, T, H, d, K = 2, 9, 13, 4, 8, 5
-    q, k, w = (torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True)
-               for s in ((B, S, H, d), (B, T, d), (B, S, H)))
-    topk = torch.randint(-1, T, (B, S, K), generator=g, dtype=torch.int32)
-    fn = lambda q, k, w: dsa._IndexLogits.apply(q, k, w, topk, 0.3, 8 * B * H * K * 3)  # noqa: E731 (2-row tiles)
-    assert torch.autograd.gradcheck(fn, (q, k, w))
-    assert (fn(q, k, w)[topk < 0] == 0).all()

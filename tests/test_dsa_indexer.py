@@ -1,9 +1,10 @@
-"""dsa_index_scores (the DSA indexer's scores in one kernel) against its fp32 reference."""
+"""dsa_index_scores (the DSA indexer's scores of a key chunk) and dsa_topk_logits (its scores at the selected keys,
+differentiable) against their fp32 references."""
 import pytest
 import torch
 
-from llmkernels import dsa_index_scores
-from llmkernels.ops.dsa_indexer.reference import dsa_index_scores_ref
+from llmkernels import dsa_index_scores, dsa_topk_logits
+from llmkernels.ops.dsa_indexer.reference import dsa_index_scores_ref, dsa_topk_logits_ref
 
 CUDA = torch.cuda.is_available()
 DTYPES = [torch.float16, torch.bfloat16] if CUDA else [torch.float16]  # the interpreter's bf16 dot is wrong
@@ -99,3 +100,53 @@ def test_compile_and_graph():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B, S, T, H, D, K", [(2, 5, 37, 4, 32, 7), (1, 3, 300, 64, 128, 130), (2, 4, 19, 3, 16, 5)])
+def test_topk_logits_and_gradients(device, dtype, B, S, T, H, D, K):
+    """Logits and the gradients of q, k and weights against autograd through the fp32 reference, indices with -1,
+    out-of-range and repeated keys (k's gradient summed over them). Tolerance: the logits as above; the backward
+    multiplies in the input dtype (the per-key gradient rounded to it, as flash attention's backward rounds dS):
+    4 of its roundings of the largest gradient."""
+    q, k, w = _inputs(B, S, T, H, D, dtype, device)
+    q, k, w = (t.requires_grad_() for t in (q, k, w))
+    idx = torch.randint(-1, T + 2, (B, S, K), dtype=torch.int32, device=device)
+    idx[:, :, 0] = idx[:, :, 1]  # a repeat
+    out, ref = dsa_topk_logits(q, k, w, idx, 0.1), dsa_topk_logits_ref(q, k, w, idx, 0.1)
+    _check(out, ref)
+    assert (out[(idx < 0) | (idx >= T)] == 0).all()
+    g = torch.randn_like(ref)
+    ours, theirs = torch.autograd.grad(out, (q, k, w), g), torch.autograd.grad(ref, (q, k, w), g)
+    eps = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+    for name, a, b in zip("qkw", ours, theirs):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert (a.float() - b.float()).abs().max() <= 4 * eps * b.float().abs().max(), name
+
+
+def test_topk_logits_errors(device):
+    q, k, w = _inputs(1, 3, 10, 4, 32, torch.float16, device)
+    idx = torch.zeros(1, 3, 4, dtype=torch.int32, device=device)
+    with pytest.raises(TypeError, match="indices must have dtype"):
+        dsa_topk_logits(q, k, w, idx.long(), 0.1)
+    with pytest.raises(ValueError, match="indices must be"):
+        dsa_topk_logits(q, k, w, idx[:, :2], 0.1)
+    with pytest.raises(ValueError, match="weights must be"):
+        dsa_topk_logits(q, k, w[:, :2], idx, 0.1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="torch.compile needs a GPU here")
+def test_topk_logits_compiled_backward():
+    q, k, w = _inputs(1, 64, 512, 64, 128, torch.bfloat16, "cuda")
+    idx = torch.randint(-1, 512, (1, 64, 256), dtype=torch.int32, device="cuda")
+    g = torch.randn(1, 64, 256, device="cuda")
+
+    def grads(fn):
+        qq, kk, ww = (t.clone().requires_grad_() for t in (q, k, w))
+        (fn(qq, kk, ww, idx) * g).sum().backward()
+        return qq.grad, kk.grad, ww.grad
+    eager = grads(lambda *a: dsa_topk_logits(*a, 0.1))
+    compiled = grads(torch.compile(lambda *a: dsa_topk_logits(*a, 0.1), fullgraph=True))
+    for a, b in zip(eager, compiled):  # k's gradient is added atomically: equal up to the order of its sums
+        assert (a.float() - b.float()).abs().max() <= 2.0 ** -7 * b.float().abs().max()

@@ -15,7 +15,7 @@ from typing import List
 import torch
 
 from .._validate import check_bool
-from ..ops.dsa_indexer import dsa_index_scores
+from ..ops.dsa_indexer import dsa_index_scores, dsa_topk_logits
 from ..ops.nvfp4_gemv.format import nvfp4_dequantize
 from ..ops.nvfp4_gemv.op import NVFP4Linear
 from ..ops.sparse_mla.op import indexer_kl_loss, sparse_mla
@@ -93,58 +93,13 @@ def _indexer_qk(indexer, hidden_states, q_resid, position_embeddings):
     return torch.cat([q_rot, q_pass], dim=-1), torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
 
 
-def _index_logits(indexer, hidden_states, q_resid, position_embeddings, topk, chunk_bytes=CHUNK_BYTES):
-    """The indexer's scores [B, S, topk] fp32 at the selected keys (-1: any) of a forward without cached tokens,
-    with gradients to the indexer's weights: sum_h w_h relu(q_h . k * d^-0.5), as it selects. Memory: the inputs
-    and the result; the [B, S, heads, topk] products are recomputed per query tile in the backward."""
+def _index_logits(indexer, hidden_states, q_resid, position_embeddings, topk):
+    """The indexer's scores [B, S, topk] fp32 at the selected keys (0 at -1) of a forward without cached tokens,
+    with gradients to the indexer's weights: sum_h w_h relu(q_h . k * d^-0.5), as it selects (dsa_topk_logits:
+    nothing [S, heads, topk] held for the backward)."""
     q, k = _indexer_qk(indexer, hidden_states, q_resid, position_embeddings)
-    w = _weights_proj(indexer, hidden_states).float() * indexer.n_heads ** -0.5
-    return _IndexLogits.apply(q.float(), k.float(), w, topk, indexer.softmax_scale, chunk_bytes)
-
-
-class _IndexLogits(torch.autograd.Function):
-    """logits[b, s, j] = sum_h w[b, s, h] relu(scale q[b, s, h] . k[b, topk[b, s, j]]), query tile by query tile
-    (fp32; 0 at -1 indices, which read no key)."""
-
-    @staticmethod
-    def _tiles(q, topk, chunk_bytes):
-        B, S, H, _ = q.shape
-        rows = max(1, chunk_bytes // max(1, 4 * B * H * topk.shape[-1] * 2))
-        return [(s0, min(S, s0 + rows)) for s0 in range(0, S, rows)]
-
-    @staticmethod
-    def _keys(k, idx):  # [B, rows, topk, d]: the selected keys of a tile
-        B, r, n = idx.shape
-        return k.gather(1, idx.clamp_min(0).long().view(B, -1, 1).expand(-1, -1, k.shape[-1])).view(B, r, n, -1)
-
-    @staticmethod
-    def forward(ctx, q, k, w, topk, scale, chunk_bytes):
-        out = q.new_empty(topk.shape)
-        for s0, s1 in _IndexLogits._tiles(q, topk, chunk_bytes):
-            kk = _IndexLogits._keys(k, topk[:, s0:s1])
-            sc = torch.relu(torch.einsum("bshd,bsjd->bshj", q[:, s0:s1], kk) * scale)
-            out[:, s0:s1] = torch.einsum("bsh,bshj->bsj", w[:, s0:s1], sc)
-        ctx.save_for_backward(q, k, w, topk)
-        ctx.scale, ctx.chunk_bytes = scale, chunk_bytes
-        return out.masked_fill_(topk < 0, 0)
-
-    @staticmethod
-    def backward(ctx, g):
-        q, k, w, topk = ctx.saved_tensors
-        dq, dk, dw = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(w)
-        g = g.masked_fill(topk < 0, 0)  # the -1 entries: constant 0
-        for s0, s1 in _IndexLogits._tiles(q, topk, ctx.chunk_bytes):
-            idx = topk[:, s0:s1]
-            kk = _IndexLogits._keys(k, idx)
-            pre = torch.einsum("bshd,bsjd->bshj", q[:, s0:s1], kk) * ctx.scale
-            gs = g[:, s0:s1]
-            dw[:, s0:s1] = torch.einsum("bsj,bshj->bsh", gs, torch.relu(pre))
-            dpre = (gs.unsqueeze(2) * w[:, s0:s1].unsqueeze(-1)).masked_fill(pre <= 0, 0) * ctx.scale
-            dq[:, s0:s1] = torch.einsum("bshj,bsjd->bshd", dpre, kk)
-            dkk = torch.einsum("bshj,bshd->bsjd", dpre, q[:, s0:s1])
-            B, r, n, d = dkk.shape
-            dk.scatter_add_(1, idx.clamp_min(0).long().view(B, -1, 1).expand(-1, -1, d), dkk.reshape(B, r * n, d))
-        return dq, dk, dw, None, None, None
+    w = _weights_proj(indexer, hidden_states) * indexer.n_heads ** -0.5
+    return dsa_topk_logits(q, k, w, topk, indexer.softmax_scale)
 
 
 def _weights_proj(indexer, x):

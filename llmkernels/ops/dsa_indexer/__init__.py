@@ -1,1 +1,1 @@
-from .op import dsa_index_scores  # noqa: F401
+from .op import dsa_index_scores, dsa_topk_logits  # noqa: F401

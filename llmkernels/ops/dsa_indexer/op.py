@@ -1,11 +1,12 @@
-"""dsa_index_scores: the DSA (DeepSeek-V3.2 / GLM-5) lightning indexer's scores of a chunk of keys, in one kernel."""
-from typing import Optional
+"""The DSA (DeepSeek-V3.2 / GLM-5) lightning indexer in kernels: dsa_index_scores (the scores of a chunk of keys, for
+the top-k) and dsa_topk_logits (the scores at the selected keys, differentiable: the indexer loss's input)."""
+from typing import Optional, Tuple
 
 import torch
 
 from ..._runtime import interpreting, sm_count
 from ..._validate import check_interpreter_dtype, check_same_device, check_tensor
-from .kernel import launch
+from .kernel import launch, topk_logits_launch
 
 _IN = (torch.float16, torch.bfloat16)
 
@@ -78,3 +79,81 @@ def dsa_index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, sm
     if interpreting():
         q, k = q.contiguous(), k.contiguous()
     return _op(q, k, weights, positions, float(sm_scale), key_start, key_end)
+
+
+@torch.library.custom_op("llmkernels::dsa_topk_logits", mutates_args=())
+def _logits_op(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
+               sm_scale: float) -> torch.Tensor:
+    out = torch.empty(indices.shape, dtype=torch.float32, device=q.device)
+    if out.numel():
+        topk_logits_launch(q, k, weights, indices, sm_scale, out=out)
+    return out
+
+
+@_logits_op.register_fake
+def _(q, k, weights, indices, sm_scale):
+    return q.new_empty(indices.shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("llmkernels::dsa_topk_logits_bwd", mutates_args=())
+def _logits_bwd_op(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
+                   sm_scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
+    dw = torch.zeros(weights.shape, dtype=torch.float32, device=q.device)
+    if indices.numel():
+        topk_logits_launch(q, k, weights, indices, sm_scale, g=g.contiguous(), dq=dq, dk=dk, dw=dw)
+    return dq.to(q.dtype), dk.to(k.dtype), dw
+
+
+@_logits_bwd_op.register_fake
+def _(g, q, k, weights, indices, sm_scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(weights)
+
+
+def _setup(ctx, inputs, output):
+    q, k, weights, indices, sm_scale = inputs
+    ctx.save_for_backward(q, k, weights, indices)
+    ctx.sm_scale = sm_scale
+
+
+def _backward(ctx, g):
+    q, k, weights, indices = ctx.saved_tensors
+    dq, dk, dw = _logits_bwd_op(g, q, k, weights, indices, ctx.sm_scale)
+    return dq, dk, dw, None, None
+
+
+_logits_op.register_autograd(_backward, setup_context=_setup)
+
+
+def dsa_topk_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
+                    sm_scale: float) -> torch.Tensor:
+    """The DSA indexer's scores at the selected keys: fp32 [B, S, topk],
+
+        logits[b, s, j] = sum_h weights[b, s, h] * relu(sm_scale * q[b, s, h] . k[b, indices[b, s, j]]),
+
+    0 where indices[b, s, j] is not a key (-1, or >= T). Differentiable w.r.t. q, k and weights (the indexer loss's
+    gradient to the indexer, llmkernels.indexer_kl_loss taking these logits): the backward recomputes the products
+    (nothing [S, H, topk] is kept), its per-key sums fp16 / bf16 operands with fp32 accumulation, k's gradient added
+    atomically (summation order varies from run to run). Shapes and dtypes as dsa_index_scores; indices int32."""
+    check_tensor("q", q, dtypes=_IN, ndim=4)
+    check_tensor("k", k, dtypes=_IN, ndim=3)
+    check_tensor("weights", weights, dtypes=(torch.float32,), ndim=3)
+    check_tensor("indices", indices, dtypes=(torch.int32,), ndim=3)
+    B, S, H, D = q.shape
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
+    if k.shape[0] != B or k.shape[2] != D:
+        raise ValueError(f"k must be [B={B}, T, D={D}] like q [B, S, H, D], got {tuple(k.shape)}")
+    if tuple(weights.shape) != (B, S, H):
+        raise ValueError(f"weights must be [B, S, H] = {(B, S, H)}, got {tuple(weights.shape)}")
+    if tuple(indices.shape[:2]) != (B, S):
+        raise ValueError(f"indices must be [B={B}, S={S}, topk], got {tuple(indices.shape)}")
+    if D & (D - 1) or not 16 <= D <= 256 or H > 128:
+        raise ValueError(f"the head dim D must be a power of two in 16..256 and H <= 128, got D={D}, H={H}")
+    if not isinstance(sm_scale, (int, float)) or isinstance(sm_scale, bool) or not sm_scale > 0:
+        raise ValueError(f"sm_scale must be a positive float, got {sm_scale!r}")
+    check_same_device(q=q, k=k, weights=weights, indices=indices)
+    check_interpreter_dtype(q=q)
+    q, k, weights, indices = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, weights, indices))
+    return _logits_op(q, k, weights, indices, float(sm_scale))

@@ -17,3 +17,12 @@ def dsa_index_scores_ref(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor
         t = torch.arange(key_start, key_end, device=k.device)
         out = out.masked_fill(t.view(1, 1, -1) > positions.view(positions.shape[0], -1, 1), float("-inf"))
     return out
+
+
+def dsa_topk_logits_ref(q, k, weights, indices, sm_scale):
+    """fp32 [B, S, topk]: sum_h weights * relu(sm_scale q_h . k[indices]) at the selected keys, 0 where not a key."""
+    B, S, K = indices.shape
+    ok = (indices >= 0) & (indices < k.shape[1])
+    kk = k.float().gather(1, torch.where(ok, indices, 0).long().view(B, -1, 1).expand(-1, -1, k.shape[-1]))
+    s = torch.relu(torch.einsum("bshd,bsjd->bshj", q.float(), kk.view(B, S, K, -1)) * sm_scale)
+    return torch.einsum("bsh,bshj->bsj", weights.float(), s).masked_fill(~ok, 0)
