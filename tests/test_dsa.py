@@ -253,6 +253,10 @@ def test_patch_errors():
         patch_attention(_model("cpu", kv_lora_rank=256))
     with pytest.raises(TypeError, match="indexer_loss must be a bool"):
         patch_attention(_model("cpu"), indexer_loss=1)
+    model = _model("cpu", attention_dropout=0.1).train()
+    patch_attention(model)
+    with pytest.raises(ValueError, match="attention_dropout=0.1"):
+        model(torch.zeros(1, 3, dtype=torch.long))
 
 
 @pytest.mark.parametrize("arch, over", [("DeepseekV32", {}),

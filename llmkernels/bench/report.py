@@ -281,7 +281,9 @@ def dsa_table(records: list[dict]) -> str:
         if o and o.get("ms_eager") and phase == "decode":
             notes.append(f"eager calls {o['ms_eager']:.3f} vs {best['ms_eager']:.3f} ms" if best and
                          best.get("ms_eager") else f"eager calls {o['ms_eager']:.3f} ms")
-        lines.append(f"| {phase} | {n} | {cell(o)} | {cell(by.get('transformers-eager'))} | "
+        layers = next((r["shape"]["layers"] for r in by.values() if "layers" in r["shape"]), None)
+        label = f"{phase} ({layers} layers)" if layers else phase
+        lines.append(f"| {label} | {n} | {cell(o)} | {cell(by.get('transformers-eager'))} | "
                      f"{cell(by.get('transformers-sdpa'))} | {up} | {'; '.join(notes)} |")
     return "\n".join(lines)
 

@@ -154,9 +154,18 @@ class Visible:
         return torch.arange(t0, t1, device=self.device).view(1, 1, -1) <= self.pos[:, s0:s1, None]
 
     def last(self, s1):
-        """A host bound on the last key rows :s1 see (None: not known without a sync, or not worth one)."""
-        if self._last is None and self.pos is not None and self.S > 1 and not torch.compiler.is_compiling():
-            self._last = torch.cummax(self.pos.amax(0), 0).values.tolist()  # one sync a prefill layer
+        """A host bound on the last key rows :s1 see (None: not known without a sync, or not worth one: a decode
+        step, or under torch.compile). Once a prefill layer: from the positions, or the mask's last visible key per
+        row (row chunks, one sync)."""
+        if self._last is None and self.S > 1 and not torch.compiler.is_compiling():
+            if self.mask is not None:
+                m = self.mask.any(0) if self.mask.shape[0] > 1 else self.mask[0]  # [S, T]
+                idx = torch.arange(m.shape[-1], device=m.device, dtype=torch.int32)
+                rows = max(1, (64 << 20) // (4 * m.shape[-1]))
+                per_row = torch.cat([torch.where(m[r:r + rows], idx, -1).amax(-1) for r in range(0, self.S, rows)])
+            else:
+                per_row = self.pos.amax(0)
+            self._last = torch.cummax(per_row, 0).values.tolist()
         return None if self._last is None else self._last[s1 - 1]
 
 
@@ -206,6 +215,9 @@ def indexer_topk(indexer, hidden_states, q_resid, position_embeddings, valid, ca
 def _forward(self, hidden_states, position_embeddings, attention_mask=None, past_key_values=None, position_ids=None,
              prev_topk_indices=None, **kwargs):
     """DeepseekV32Attention / GlmMoeDsaAttention.forward through sparse_mla (see the module's doc)."""
+    if self.training and getattr(self, "attention_dropout", 0.0) > 0:
+        raise ValueError(f"attention_dropout={self.attention_dropout}: the patched DSA attention has no dropout "
+                         "(DeepSeek-V3.2 and GLM-5 train with 0); set config.attention_dropout = 0.0")
     cache = kwargs.pop("cache", None)  # renamed from past_key_values in transformers 5.2x; a Cache's truth is its
     if cache is None:                  # length, so no `or`
         cache = past_key_values
