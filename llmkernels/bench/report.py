@@ -98,8 +98,8 @@ def eager(r: dict) -> bool:
 
 def e2e(r: dict) -> bool:
     """A record of a model-level benchmark, with its own table: the end-to-end decode (llmkernels.hf.bench), the DSA
-    attention block (llmkernels.hf.dsa_bench)."""
-    return r["op"] in ("e2e_decode", "dsa_attention")
+    attention block (llmkernels.hf.dsa_bench), kvpress's presses (llmkernels.kvpress_bench)."""
+    return r["op"] in ("e2e_decode", "dsa_attention", "kvpress_decode")
 
 
 def e2e_table(records: list[dict]) -> str:
@@ -218,10 +218,11 @@ def _with_eager(body, e2e_rows=False):
     def both(recs):
         timed = [r for r in recs if not eager(r) and (r["op"] == "e2e_decode" if e2e(r) else True)
                  and (e2e_rows or not e2e(r))]
-        et, mt, dt = eager_table(recs), e2e_table(recs), dsa_table(recs)
+        et, mt, dt, kt = eager_table(recs), e2e_table(recs), dsa_table(recs), kvpress_table(recs)
         return "\n\n".join(t for t in (body(timed) if timed else "", EAGER_HEADER + "\n\n" + et if et else "",
                                       E2E_HEADER + "\n\n" + mt if mt else "",
-                                      DSA_HEADER + "\n\n" + dt if dt else "") if t)
+                                      DSA_HEADER + "\n\n" + dt if dt else "",
+                                      KVPRESS_HEADER + "\n\n" + kt if kt else "") if t)
     return both
 
 
@@ -285,6 +286,33 @@ def dsa_table(records: list[dict]) -> str:
         label = f"{phase} ({layers} layers)" if layers else phase
         lines.append(f"| {label} | {n} | {cell(o)} | {cell(by.get('transformers-eager'))} | "
                      f"{cell(by.get('transformers-sdpa'))} | {up} | {'; '.join(notes)} |")
+    return "\n".join(lines)
+
+
+KVPRESS_HEADER = ("kvpress's head-wise presses (`python -m llmkernels.kvpress_bench`): decode steps of a "
+                  "Llama-3.1-8B-shaped model (random bf16 weights) after a prefill under AdaKVPress, eager, ms a step "
+                  "(median, CUDA events); the last column: one layer's decode attention with the press's mask over "
+                  "the same without one, beside the kept fraction.")
+
+
+def kvpress_table(records: list[dict]) -> str:
+    """Per (context, batch, ratio): each impl's ms a step, ours over no-press and kvpress, the attention's scaling."""
+    rows = {}
+    for r in records:
+        if r.get("op") == "kvpress_decode":
+            sh = r["shape"]
+            rows.setdefault((sh["model"], sh["press"], sh["context"], sh["batch"], sh["ratio"]), {})[r["impl"]] = r
+    if not rows:
+        return ""
+    lines = ["| model | press | context | batch | ratio | llmkernels ms | no-press | kvpress | transformers | "
+             "speed-up vs no-press / kvpress | attention with / without mask (kept) |", "|---|" * 1 + "---|" * 10]
+    for (model, press, ctx, b, ratio), by in sorted(rows.items()):
+        o, n, k, t = (by.get(i) for i in ("llmkernels", "no-press", "kvpress", "transformers"))
+        ms = lambda r: f"{r['ms']:.2f}" if r else "-"  # noqa: E731
+        up = f"{n['ms'] / o['ms']:.2f}x / {k['ms'] / o['ms']:.2f}x" if o and n and k else "-"
+        att = f"{o['attn_ms'] / n['attn_ms']:.2f} ({o['kept']:.2f})" if o and n and n.get("attn_ms") else "-"
+        lines.append(f"| {model} | {press} | {ctx} | {b} | {ratio} | {ms(o)} | {ms(n)} | {ms(k)} | {ms(t)} | {up} | "
+                     f"{att} |")
     return "\n".join(lines)
 
 

@@ -1,0 +1,157 @@
+"""Decode steps of a Llama-3.1-8B-shaped model (random bf16 weights) under a kvpress head-wise press: llmkernels'
+masked_decode path against kvpress's own, the same model without a press, and transformers' own attention.
+
+    python -m llmkernels.kvpress_bench --out DIR           # batch 1 at 128K, batch 8 at 32K; AdaKV 0.5 and 0.75
+    python -m llmkernels.kvpress_bench --quick             # a tiny model (CPU works)
+
+One prefill per (context, batch, ratio) under the press (kvpress's AdaKVPress over KnormPress), then each impl decodes
+from that cache (cropped back after it), eager steps timed with CUDA events (median): `llmkernels` (the press's
+indices as masked_decode's drop mask, the rows in a GrowingCache), `kvpress` (kvpress 0.5.5's fake keys, SDPA,
+transformers' DynamicCache), `no-press` (the llmkernels path and cache with nothing dropped), `transformers` (no
+press, SDPA, DynamicCache). Records op "kvpress_decode"; each also carries attn_ms, one
+layer's decode attention on the same cache alone (masked_decode with the press's mask, or with none for no-press).
+"""
+import argparse
+import datetime
+import os
+import sys
+import time
+
+import torch
+import triton
+
+LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=500000.0,
+                max_position_embeddings=131072 + 64)
+TINY = dict(vocab_size=256, hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=64, max_position_embeddings=256)
+
+
+def _timed(fn, steps, device):
+    times = []
+    for _ in range(steps):
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=print):
+    import kvpress
+    from transformers import DynamicCache
+    from .kvpress import GrowingCache, drop_mask, masked_decode_attention
+    from .ops.masked_decode.op import masked_decode
+    attns = [la.self_attn for la in model.model.layers]
+    ids = torch.randint(0, model.config.vocab_size, (batch, context), device=device)
+    press = press_cls(kvpress.KnormPress(compression_ratio=ratio))
+    cache = DynamicCache(config=model.config)
+    t0 = time.perf_counter()
+    with torch.no_grad(), press(model):
+        out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    indices = [a.masked_key_indices for a in attns]
+    log(f"[kvpress] prefill B={batch} L={context} ratio={ratio}: {time.perf_counter() - t0:.1f} s")
+    nxt = out.logits[:, -1:].argmax(-1)
+    del out
+    grow = GrowingCache(config=model.config)  # ours: the same rows, with headroom (no per-step concatenation)
+    for mine, la in zip(grow.layers, cache.layers):
+        mine.update(la.keys, la.values)
+    recs = []
+    for impl in ("llmkernels", "no-press", "kvpress", "transformers"):
+        pressed = impl in ("llmkernels", "kvpress")
+        ours = impl in ("llmkernels", "no-press")
+        for a, idx in zip(attns, indices):
+            a.masked_key_indices = idx if pressed else None
+            a.__dict__.pop("_llmk_drop", None)
+        pos = torch.full((batch, 1), context, device=device)
+        kv = grow if ours else cache
+
+        def step():
+            with torch.no_grad():
+                model(nxt, past_key_values=kv, position_ids=pos, use_cache=True, logits_to_keep=1)
+            pos.add_(1)
+        with (masked_decode_attention(model) if ours else _Null()):
+            for _ in range(warm):
+                step()
+            ms = _timed(step, steps, device)
+        kv.crop(context)
+        k, v = kv.layers[0].keys, kv.layers[0].values
+        q = torch.randn(batch, model.config.num_attention_heads, 1, k.shape[-1], device=device, dtype=k.dtype)
+        for a, idx in zip(attns, indices):
+            a.masked_key_indices = idx if pressed else None
+        dm = drop_mask(attns[0], k) if pressed else None
+        attn_ms = _timed(lambda: masked_decode(q, k, v, drop_mask=dm), 20, device)
+        kept = 1.0 - (float(dm.float().mean()) if dm is not None else 0.0)
+        recs.append({"op": "kvpress_decode", "impl": impl, "shape": {
+            "model": "llama-3.1-8b-shaped" if model.config.hidden_size == 4096 else "tiny", "press": "AdaKV-Knorm",
+            "ratio": ratio, "context": context, "batch": batch}, "ms": ms, "attn_ms": attn_ms, "kept": kept,
+            "timing": "eager"})
+        log(f"[kvpress] {impl:<12} B={batch} L={context} ratio={ratio}: {ms:.2f} ms a step; one layer's attention "
+            f"{attn_ms * 1e3:.1f} us (kept {kept:.2f})")
+    for a in attns:
+        a.masked_key_indices = None
+    return recs
+
+
+class _Null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m llmkernels.kvpress_bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    import kvpress
+    import transformers
+    from .bench.harness import _git_commit, merge_records
+    from .bench.report import device_slug
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+    cfg = transformers.LlamaConfig(**(TINY if args.quick else LLAMA_8B))
+    cfg._attn_implementation = "sdpa"
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    with torch.device(device):
+        model = transformers.LlamaForCausalLM(cfg).eval()
+    torch.set_default_dtype(prev)
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    cases = [(64, 2)] if args.quick else [(32768, 8), (131072, 1)]
+    ceil = {}
+    if device.type == "cuda":
+        from .bench.ceilings import copy_bandwidth, read_bandwidth
+        ceil = dict(copy_tbps=copy_bandwidth() / 1e12, read_tbps=read_bandwidth() / 1e12)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    from importlib.metadata import version
+    recs = []
+    for context, batch in cases:
+        for ratio in (0.5, 0.75):
+            new = run(model, kvpress.AdaKVPress, ratio, context, batch, device, log=log)
+            for r in new:
+                r.update(ceil, device=name, torch=torch.__version__, triton=triton.__version__,
+                         kvpress=version("kvpress"), transformers=transformers.__version__,
+                         date=datetime.date.today().isoformat(), commit=_git_commit(), dtype=str(dtype)[6:])
+            recs += new
+            if args.out:  # after each case: a run cut short keeps what it measured
+                os.makedirs(args.out, exist_ok=True)
+                merge_records(os.path.join(args.out, f"{device_slug(name)}.json"), new)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    from .bench.report import kvpress_table
+    print(kvpress_table(recs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
