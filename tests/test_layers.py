@@ -1,11 +1,11 @@
 """The package's layers, read from its import statements (function-level ones too): no import cycle between modules,
-and no import from a lower layer up to a higher one. Base (llmkernels._*, checking) < ops < bench < hf, distributed
-< registry, cli; the package root is the facade over all of them."""
+and no import from a lower layer up to a higher one. Base (llmkernels._*, checking) < ops < bench < hf, distributed,
+kvpress (and its bench) < registry, cli; the package root is the facade over all of them."""
 import ast
 import os
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "llmkernels")
-LAYERS = {"ops": 1, "bench": 2, "hf": 3, "distributed": 3, "registry": 4, "cli": 4}
+LAYERS = {"ops": 1, "bench": 2, "hf": 3, "distributed": 3, "kvpress": 3, "kvpress_bench": 3, "registry": 4, "cli": 4}
 
 
 def _modules():
