@@ -352,3 +352,22 @@ def test_indexer_visible_by_position(device):
     want = picked(run(dense))
     assert torch.equal(picked(run(dsa.Visible(None, pos, S, S, device))), want)
     assert torch.equal(picked(run(dsa.Visible(None, None, S, S, device))), want)
+
+
+def test_one_token_prompt(device, recorded):
+    """A prompt of one token (the indexer sees one key; top-k 8 holds seven -1s), then 4 greedy steps: the fp32
+    eager path on the same keys gives the same logits."""
+    model = _model(device)
+    ids = torch.randint(0, TINY["vocab_size"], (1, 1), device=device)
+    patch_attention(model)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+                         output_logits=True, return_dict_in_generate=True)
+    assert (recorded[0][0] >= 0).sum() == 1
+    ref_model = _eager_fp32(model, dict(recorded))
+    name = "cache" if "cache" in inspect.signature(ref_model.forward).parameters else "past_key_values"
+    cache, ref, step = transformers.DynamicCache(config=ref_model.config), [], ids
+    with torch.no_grad():
+        for t in range(4):
+            ref.append(ref_model(step, **{name: cache}).logits[0, -1].float())
+            step = out.sequences[:, 1 + t:2 + t]
+    _close(torch.stack([g[0].float() for g in out.logits]), torch.stack(ref))
