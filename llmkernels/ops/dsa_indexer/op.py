@@ -27,6 +27,27 @@ def _(q, k, weights, positions, sm_scale, key_start, key_end):
     return q.new_empty(q.shape[0], q.shape[1], key_end - key_start, dtype=torch.float32)
 
 
+def _check_qkw(q, k, weights, sm_scale):
+    """The checks both ops make of q [B, S, H, D], k [B, T, D], weights [B, S, H] and sm_scale; returns (B, S, H, D)."""
+    check_tensor("q", q, dtypes=_IN, ndim=4)
+    check_tensor("k", k, dtypes=_IN, ndim=3)
+    check_tensor("weights", weights, dtypes=(torch.float32,), ndim=3)
+    B, S, H, D = q.shape
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
+    if k.shape[0] != B or k.shape[2] != D:
+        raise ValueError(f"k must be [B={B}, T, D={D}] like q [B, S, H, D], got {tuple(k.shape)}")
+    if tuple(weights.shape) != (B, S, H):
+        raise ValueError(f"weights must be [B, S, H] = {(B, S, H)}, got {tuple(weights.shape)}")
+    if D & (D - 1) or not 16 <= D <= 256:
+        raise ValueError(f"the head dim D must be a power of two in 16..256, got {D}")
+    if H > 128:
+        raise ValueError(f"at most 128 indexer heads, got {H}")
+    if not isinstance(sm_scale, (int, float)) or isinstance(sm_scale, bool) or not sm_scale > 0:
+        raise ValueError(f"sm_scale must be a positive float, got {sm_scale!r}")
+    return B, S, H, D
+
+
 def dsa_index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, sm_scale: float,
                      positions: Optional[torch.Tensor] = None, key_start: int = 0,
                      key_end: Optional[int] = None) -> torch.Tensor:
@@ -43,30 +64,15 @@ def dsa_index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, sm
     [B, S, H] fp32 (transformers' weights_proj output times H^-0.5); positions [B or 1, S] int32 / int64, or None (no
     mask). NaN in q, k or weights gives NaN scores where they reach (a NaN key: that key's column; the top-k over them
     is then torch.topk's). Differentiable: no (the indexer selects under no_grad)."""
-    check_tensor("q", q, dtypes=_IN, ndim=4)
-    check_tensor("k", k, dtypes=_IN, ndim=3)
-    check_tensor("weights", weights, dtypes=(torch.float32,), ndim=3)
-    B, S, H, D = q.shape
-    if k.dtype != q.dtype:
-        raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
-    if k.shape[0] != B or k.shape[2] != D:
-        raise ValueError(f"k must be [B={B}, T, D={D}] like q [B, S, H, D], got {tuple(k.shape)}")
-    if tuple(weights.shape) != (B, S, H):
-        raise ValueError(f"weights must be [B, S, H] = {(B, S, H)}, got {tuple(weights.shape)}")
-    if D & (D - 1) or not 16 <= D <= 256:
-        raise ValueError(f"the head dim D must be a power of two in 16..256, got {D}")
+    B, S, H, D = _check_qkw(q, k, weights, sm_scale)
     if q.stride(3) != 1 or k.stride(2) != 1 or weights.stride(2) != 1:
         raise ValueError("q, k and weights must have unit stride in their last dim")
-    if H > 128:
-        raise ValueError(f"at most 128 indexer heads, got {H}")
     T = k.shape[1]
     if isinstance(key_start, bool) or not isinstance(key_start, int) or not 0 <= key_start <= T:
         raise ValueError(f"key_start must be an int in [0, T={T}], got {key_start!r}")
     key_end = T if key_end is None else key_end
     if isinstance(key_end, bool) or not isinstance(key_end, int) or not key_start <= key_end <= T:
         raise ValueError(f"key_end must be an int in [key_start={key_start}, T={T}], got {key_end!r}")
-    if not isinstance(sm_scale, (int, float)) or isinstance(sm_scale, bool) or not sm_scale > 0:
-        raise ValueError(f"sm_scale must be a positive float, got {sm_scale!r}")
     if positions is not None:
         check_tensor("positions", positions, dtypes=(torch.int32, torch.int64), ndim=2)
         if positions.shape[0] not in (1, B) or positions.shape[1] != S or positions.stride(1) != 1:
@@ -136,23 +142,10 @@ def dsa_topk_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, ind
     gradient to the indexer, llmkernels.indexer_kl_loss taking these logits): the backward recomputes the products
     (nothing [S, H, topk] is kept), its per-key sums fp16 / bf16 operands with fp32 accumulation, k's gradient added
     atomically (summation order varies from run to run). Shapes and dtypes as dsa_index_scores; indices int32."""
-    check_tensor("q", q, dtypes=_IN, ndim=4)
-    check_tensor("k", k, dtypes=_IN, ndim=3)
-    check_tensor("weights", weights, dtypes=(torch.float32,), ndim=3)
+    B, S, H, D = _check_qkw(q, k, weights, sm_scale)
     check_tensor("indices", indices, dtypes=(torch.int32,), ndim=3)
-    B, S, H, D = q.shape
-    if k.dtype != q.dtype:
-        raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
-    if k.shape[0] != B or k.shape[2] != D:
-        raise ValueError(f"k must be [B={B}, T, D={D}] like q [B, S, H, D], got {tuple(k.shape)}")
-    if tuple(weights.shape) != (B, S, H):
-        raise ValueError(f"weights must be [B, S, H] = {(B, S, H)}, got {tuple(weights.shape)}")
     if tuple(indices.shape[:2]) != (B, S):
         raise ValueError(f"indices must be [B={B}, S={S}, topk], got {tuple(indices.shape)}")
-    if D & (D - 1) or not 16 <= D <= 256 or H > 128:
-        raise ValueError(f"the head dim D must be a power of two in 16..256 and H <= 128, got D={D}, H={H}")
-    if not isinstance(sm_scale, (int, float)) or isinstance(sm_scale, bool) or not sm_scale > 0:
-        raise ValueError(f"sm_scale must be a positive float, got {sm_scale!r}")
     check_same_device(q=q, k=k, weights=weights, indices=indices)
     check_interpreter_dtype(q=q)
     q, k, weights, indices = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, weights, indices))
