@@ -20,28 +20,13 @@ import time
 import torch
 import triton
 
+from .bench.harness import median_ms
+
 LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=500000.0,
                 max_position_embeddings=131072 + 64)
 TINY = dict(vocab_size=256, hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64, max_position_embeddings=256)
-
-
-def _timed(fn, steps, device):
-    times = []
-    for _ in range(steps):
-        if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[len(times) // 2]
 
 
 def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=print):
@@ -80,14 +65,14 @@ def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=pr
         with (masked_decode_attention(model) if ours else _Null()):
             for _ in range(warm):
                 step()
-            ms = _timed(step, steps, device)
+            ms = median_ms(step, steps, device, warm=0)
         kv.crop(context)
         k, v = kv.layers[0].keys, kv.layers[0].values
         q = torch.randn(batch, model.config.num_attention_heads, 1, k.shape[-1], device=device, dtype=k.dtype)
         for a, idx in zip(attns, indices):
             a.masked_key_indices = idx if pressed else None
         dm = drop_mask(attns[0], k) if pressed else None
-        attn_ms = _timed(lambda: masked_decode(q, k, v, drop_mask=dm), 20, device)
+        attn_ms = median_ms(lambda: masked_decode(q, k, v, drop_mask=dm), 20, device, warm=0)
         kept = 1.0 - (float(dm.float().mean()) if dm is not None else 0.0)
         recs.append({"op": "kvpress_decode", "impl": impl, "shape": {
             "model": "llama-3.1-8b-shaped" if model.config.hidden_size == 4096 else "tiny", "press": "AdaKV-Knorm",

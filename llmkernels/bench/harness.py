@@ -62,6 +62,27 @@ def _git_commit() -> str:
         return "unknown"
 
 
+def median_ms(fn: Callable[[], object], reps: int, device: torch.device, warm: int = 1) -> float:
+    """Median ms of fn() over reps calls after warm ones, each timed alone (CUDA events around it; the CPU's clock
+    elsewhere): for calls long enough that a launch's host cost does not matter (model blocks, whole steps)."""
+    for _ in range(warm):
+        fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
 def _capture(fns: List[Callable[[], object]], calls: int) -> "torch.cuda.CUDAGraph":
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

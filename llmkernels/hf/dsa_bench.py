@@ -25,6 +25,7 @@ import torch
 import triton
 
 from . import dsa
+from ..bench.harness import median_ms
 
 V32 = dict(hidden_size=7168, num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
            qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, index_n_heads=64, index_head_dim=128,
@@ -73,26 +74,6 @@ def causal_mask(impl, S, T, device, dtype):
     return torch.zeros(ok.shape, dtype=dtype, device=device).masked_fill_(~ok, torch.finfo(dtype).min)
 
 
-def timed(fn, reps, device, warm=1):
-    """Median ms of fn() over reps calls after warm ones (CUDA events around each; the CPU's clock elsewhere)."""
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def graph_ms(fn, reps, device):
     """Median ms of one replay of a CUDA graph holding one fn() call (None off CUDA)."""
     if device.type != "cuda":
@@ -105,7 +86,7 @@ def graph_ms(fn, reps, device):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
-    return timed(g.replay, reps, device, warm=3)
+    return median_ms(g.replay, reps, device, warm=3)
 
 
 @contextlib.contextmanager
@@ -137,11 +118,11 @@ def prefill(attn, rope, S, impl, device, dtype, reps):
     with measured(rec, device), torch.no_grad():
         x, emb, _ = _inputs(attn, rope, S, device, dtype)
         if impl == "llmkernels":
-            rec["ms"] = timed(lambda: ours(attn, x, emb), reps, device)
+            rec["ms"] = median_ms(lambda: ours(attn, x, emb), reps, device)
             rec.update(split(attn, x, emb, reps, device))
         else:
             mask = causal_mask(impl.split("-")[1], S, S, device, dtype)
-            rec["ms"] = timed(lambda: theirs(attn, impl.split("-")[1], x, emb, mask), reps, device)
+            rec["ms"] = median_ms(lambda: theirs(attn, impl.split("-")[1], x, emb, mask), reps, device)
     return rec
 
 
@@ -151,13 +132,13 @@ def split(attn, x, emb, reps, device):
     q_resid = attn.q_a_layernorm(attn.q_a_proj(x))
     visible = dsa.Visible(None, None, S, S, x.device)
     topk = dsa.indexer_topk(attn.indexer, x, q_resid, emb, visible)
-    ms_index = timed(lambda: dsa.indexer_topk(attn.indexer, x, q_resid, emb, dsa.Visible(None, None, S, S,
+    ms_index = median_ms(lambda: dsa.indexer_topk(attn.indexer, x, q_resid, emb, dsa.Visible(None, None, S, S,
                                                                                            x.device)), reps, device)
     H = attn.num_heads
     q_abs = torch.randn(S, H, dsa.LATENT + dsa.ROPE, device=x.device, dtype=x.dtype)
     kv = torch.randn(S, 1, dsa.LATENT + dsa.ROPE, device=x.device, dtype=x.dtype)
     idx = topk.reshape(S, -1)
-    ms_attn = timed(lambda: dsa.sparse_mla(q_abs, kv, idx, attn.scaling), reps, device)
+    ms_attn = median_ms(lambda: dsa.sparse_mla(q_abs, kv, idx, attn.scaling), reps, device)
     flops = 2 * int((idx >= 0).sum()) * H * (dsa.LATENT + dsa.ROPE + dsa.LATENT)
     return {"split_ms": {"indexer": ms_index, "sparse_mla": ms_attn}, "sparse_mla_flops": flops}
 
@@ -196,7 +177,7 @@ def decode(attn, rope, L, impl, device, dtype, reps):
             layer.cumulative_length.fill_(L)
             layer.indexer_cumulative_length.fill_(L)
             return step()
-        rec["ms_eager"] = timed(call, reps, device, warm=2)
+        rec["ms_eager"] = median_ms(call, reps, device, warm=2)
         try:
             rec["ms"], rec["timing"] = graph_ms(call, reps, device), "graph"
         except Exception as e:  # a path that cannot be captured keeps its eager time
@@ -245,7 +226,7 @@ def train(attn, rope, S, impl, device, dtype, reps):
                 loss = (out.float() * g).sum() + _dense_indexer_loss(attn, x.detach(), emb, weights, seen["topk"])
                 loss.backward()
         try:
-            rec["ms"] = timed(step, reps, device)
+            rec["ms"] = median_ms(step, reps, device)
         finally:
             attn.eval()
             attn.zero_grad(set_to_none=True)
@@ -292,7 +273,7 @@ def model_decode(cfg_kw, layers, L, device, dtype, reps):
                     torch.cuda.synchronize()
                 rec["prefill_s"] = time.perf_counter() - t0
                 dec.step()  # captures the graph
-                rec["ms"] = timed(dec.step, reps, device, warm=2)
+                rec["ms"] = median_ms(dec.step, reps, device, warm=2)
                 rec["timing"] = "graph" if dec.graph else "eager"
                 del dec
                 dsa.unpatch_attention(model)
@@ -314,7 +295,7 @@ def model_decode(cfg_kw, layers, L, device, dtype, reps):
                         la.cumulative_length.fill_(L)
                         la.indexer_cumulative_length.fill_(L)
                     return model(ids, position_ids=pos, **kw).logits
-                rec["ms"], rec["timing"] = timed(step, reps, device, warm=2), "eager"
+                rec["ms"], rec["timing"] = median_ms(step, reps, device, warm=2), "eager"
                 del cache
             rec["tokens_per_s"] = 1e3 / rec["ms"]
         out.append(rec)
