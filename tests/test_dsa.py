@@ -92,6 +92,16 @@ def test_prefill_matches_eager(device, recorded, arch, over):
     assert unpatch_attention(model) == names and unpatch_attention(model) == []
 
 
+def _indexer_inputs(device, arch, B, S):
+    """Layer 0's attention of a tiny model and its indexer's inputs for random hidden states at positions 0..S-1:
+    (attn, x, pos, (cos, sin), q_resid)."""
+    model = _model(device, arch)
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(B, S, TINY["hidden_size"], device=device, dtype=DTYPE)
+    pos = torch.arange(S, device=device)[None].expand(B, S)
+    return attn, x, pos, model.model.rotary_emb(x, pos), attn.q_a_layernorm(attn.q_a_proj(x))
+
+
 def _index_scores(indexer, x, q_resid, emb, valid):
     """transformers' index scores [B, S, T] (its DeepseekV32Indexer.forward up to the top-k), -inf where not valid."""
     B, S, _ = x.shape
@@ -110,13 +120,8 @@ def test_indexer_matches_transformers(device, arch):
     """The running top-k picks keys whose scores are transformers' top-k scores, from the same inputs (a small
     chunk_bytes: one query row at a time against 10-key chunks, so the running top-k merges). Equal scores (several
     keys at 0, the ReLU's) may be broken differently: the selected scores are compared, and keys above the k-th."""
-    model = _model(device, arch)
-    attn = model.model.layers[0].self_attn
     B, S = 2, 19
-    x = torch.randn(B, S, TINY["hidden_size"], device=device, dtype=DTYPE)
-    pos = torch.arange(S, device=device)[None].expand(B, S)
-    emb = model.model.rotary_emb(x, pos)
-    q_resid = attn.q_a_layernorm(attn.q_a_proj(x))
+    attn, x, pos, emb, q_resid = _indexer_inputs(device, arch, B, S)
     valid = torch.ones(S, S, dtype=torch.bool, device=device).tril()[None].expand(B, S, S).clone()
     valid[1, :, :3] = False  # the second sequence left-padded by 3
     theirs = attn.indexer(x, q_resid, emb, valid, pos)
@@ -335,13 +340,8 @@ def test_indexer_visible_by_position(device):
     """Without a mask (SDPA without padding, StaticDecoder), the keys a query sees come from its position, chunk by
     chunk, and key chunks past a query tile's last position are skipped: the same top-k as from the dense causal
     mask (one query row a tile, 10-key chunks), for positions given or implied."""
-    model = _model(device)
-    attn = model.model.layers[0].self_attn
     B, S = 2, 23
-    x = torch.randn(B, S, TINY["hidden_size"], device=device, dtype=DTYPE)
-    pos = torch.arange(S, device=device)[None].expand(B, S)
-    emb = model.model.rotary_emb(x, pos)
-    q_resid = attn.q_a_layernorm(attn.q_a_proj(x))
+    attn, x, pos, emb, q_resid = _indexer_inputs(device, "DeepseekV32", B, S)
     dense = torch.ones(S, S, dtype=torch.bool, device=device).tril()[None].expand(B, S, S)
     run = lambda valid: dsa.indexer_topk(attn.indexer, x, q_resid, emb, valid, chunk_bytes=4 * B * 10)  # noqa
     scores = _index_scores(attn.indexer, x, q_resid, emb, dense)
