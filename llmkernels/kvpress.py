@@ -5,11 +5,12 @@ DuoAttentionPress, DMSPress, KVzipPress, ...) choose different tokens per KV hea
 tokens per head, so kvpress keeps them all and, at each decode step, overwrites the dropped keys with a fake key
 whose attention weight underflows to zero: a compressed model decodes no faster. Here the press's
 `module.masked_key_indices` become a per-(batch, KV head, token) drop mask on the device (rebuilt when the press
-changes them, grown with the cache), and every one-token decode step runs masked_decode, whose time follows the kept
-tokens. Prefill and every other attention call run transformers' SDPA, as under kvpress.
+changes them, grown with the cache), and every one-token decode step runs masked_decode, which never reads the
+dropped rows (its time does not yet fall in proportion for tokens dropped one by one: docs/kvpress.md). Prefill and
+every other attention call run transformers' SDPA, as under kvpress.
 
+    from llmkernels.kvpress import GrowingCache, masked_decode_attention
     import kvpress
-    from llmkernels.kvpress import masked_decode_attention
     press = kvpress.AdaKVPress(kvpress.KnormPress(compression_ratio=0.5))
     with press(model), masked_decode_attention(model):
         out = model.generate(ids, max_new_tokens=64, past_key_values=GrowingCache(config=model.config))

@@ -24,7 +24,7 @@ KNOWN = ("DeepseekV32Attention", "GlmMoeDsaAttention")  # transformers' DSA atte
 # the rotary each indexer applies to its q / k (transformers 5.17-5.24): half-split, or GLM's interleaved pairs
 INDEXER_ROPE = {"DeepseekV32Indexer": "apply_rotary_pos_emb", "GlmMoeDsaIndexer": "apply_rotary_pos_emb_interleave"}
 LATENT, ROPE = 512, 64  # sparse_mla's 576-wide kv row: the normalised latent, then the rope key
-CHUNK_BYTES = 256 << 20  # the indexer's fp32 scores of one (query tile, key chunk): [B, rows, heads, keys]
+CHUNK_BYTES = 256 << 20  # the indexer's fp32 scores of one (query tile, key chunk): [B, rows, keys]
 
 
 def patch_attention(model: torch.nn.Module, indexer_loss: bool = False) -> List[str]:
