@@ -11,6 +11,7 @@ _MODULES = {
     "sparse_mla_attn_dist": ("ops.sparse_mla.spec", "bench.specs.sparse_mla"),
     "xl_paged_decode": ("ops.xl_paged_decode.spec", "bench.specs.xl_paged_decode"),
     "sparse_mla_bwd": ("ops.sparse_mla.spec_bwd", "bench.specs.sparse_mla_bwd"),
+    "inkling_decode": ("ops.inkling_decode.spec", "bench.specs.inkling_decode"),
 }
 SPECS = {op: "llmkernels." + check for op, (check, _) in _MODULES.items()}
 BENCHES = {op: "llmkernels." + bench for op, (_, bench) in _MODULES.items()}

@@ -28,20 +28,28 @@ def _legacy_k_tile(k_base, kv_blk, off, tok_ok, s_kb, D: tl.constexpr, BLOCK_D: 
 
 
 @triton.jit
-def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt,
-          s_tb, s_bt, gmask, offs_d, dmask, D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
+def _tile(n0, end, lo, qpos, rel_e, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale, s_kb,
+          s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d, dmask, D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
           BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr, K_NATIVE: tl.constexpr,
-          HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr, TAIL: tl.constexpr):
+          HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr, TAIL: tl.constexpr, PAGED: tl.constexpr = True,
+          REL: tl.constexpr = False, HAS_LO: tl.constexpr = False):
     """One tile of BLOCK_N tokens (runs of BSUB tokens, each inside one cache block) into the online softmax.
-    TAIL: the tile may end inside a run (context end); otherwise every token of a live run is < end."""
+    TAIL: the tile may end inside a run (context end); otherwise every token of a live run is < end.
+    HAS_LO: tokens below lo are not attended (a window, left padding). REL / PAGED: see the kernel."""
     offs_n = tl.arange(0, BLOCK_N)
     tok = n0 + offs_n
     live = n0 + (offs_n // BSUB) * BSUB < end  # runs past the context: their table entries are never read
-    blk = _table(n0, end, tbl_base, s_tb, BS, BSUB, BLOCK_N)
-    live = live & (blk >= 0) & (blk < num_blocks)  # out-of-range ids: never read, tokens skipped
+    if PAGED:
+        blk = _table(n0, end, tbl_base, s_tb, BS, BSUB, BLOCK_N)
+        live = live & (blk >= 0) & (blk < num_blocks)  # out-of-range ids: never read, tokens skipped
+        kv_blk1 = tl.where(live, blk, 0).to(tl.int64)
+        off1 = tok % BS
+    else:  # one sequence's cache [L, D] rows: k_base / v_base are the sequence's
+        kv_blk1 = tl.zeros([BLOCK_N], tl.int64)
+        off1 = tok
     valid = live & (tok < end) if TAIL else live
-    kv_blk1 = tl.where(live, blk, 0).to(tl.int64)
-    off1 = tok % BS
+    if HAS_LO:
+        valid = valid & (tok >= lo)
     kv_blk = kv_blk1[:, None]
     off = off1[:, None]
     kmask = valid[:, None] & dmask[None, :]
@@ -62,14 +70,20 @@ def _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_bloc
         v_off = kv_blk * s_vb + offs_d[None, :] * BS + off
         v_off = tl.max_contiguous(tl.multiple_of(v_off, [BSUB, 1]), [BSUB, 1])
         v = tl.load(v_base + v_off, mask=tl.max_constancy(live, [BSUB])[:, None] & dmask[None, :], other=0.0)
-        if TAIL:
+        if TAIL or HAS_LO:
             v = tl.where(valid[:, None], v, 0.0)
     else:
         v = tl.load(v_base + kv_blk * s_vb + off * s_vt + offs_d[None, :], mask=kmask, other=0.0)
     sc = tl.dot(q, kt, input_precision=DOT_PREC)
-    if HAS_BD:  # positional term, inside the scale: scale * (ac + bd)
-        sc += tl.load(bd_base + tok[None, :] * s_bt, mask=gmask[:, None] & valid[None, :], other=0.0).to(tl.float32)
-    sc = tl.where(valid[None, :], sc * qk_scale, float("-inf"))
+    if REL:  # compact relative bias outside the scale: scale * q.k + rel[qpos - tok] inside the band
+        dist = qpos - tok
+        b = tl.load(bd_base + dist[None, :] * s_bt, mask=gmask[:, None] & (valid & (dist < rel_e))[None, :], other=0.0)
+        sc = tl.where(valid[None, :], sc * qk_scale + b.to(tl.float32) * LOG2E, float("-inf"))
+    else:
+        if HAS_BD:  # positional term, inside the scale: scale * (ac + bd)
+            sc += tl.load(bd_base + tok[None, :] * s_bt, mask=gmask[:, None] & valid[None, :],
+                          other=0.0).to(tl.float32)
+        sc = tl.where(valid[None, :], sc * qk_scale, float("-inf"))
     p, alpha, m_new, l_i = softmax_step(sc, m_i, l_i, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
     return m_new, l_i, acc
@@ -84,10 +98,11 @@ def _table(n0, end, tbl_base, s_tb, BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def _tile_mha(n0, end, blk, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb,
-              s_vt, s_tb, s_bt, offs_d, dmask, D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
-              BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr,
-              HAS_BD: tl.constexpr, TAIL: tl.constexpr, HAVE_BLK: tl.constexpr):
+def _tile_mha(n0, end, lo, qpos, rel_e, blk, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale,
+              s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, offs_d, dmask, D: tl.constexpr, BLOCK_D: tl.constexpr,
+              BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr,
+              HAS_BD: tl.constexpr, TAIL: tl.constexpr, HAVE_BLK: tl.constexpr, PAGED: tl.constexpr = True,
+              REL: tl.constexpr = False, HAS_LO: tl.constexpr = False):
     """G == 1: one head per program, so no padded dot. Scores and P.V as fp32 multiply + reductions on the K and
     V tiles in their memory order (no shared-memory transposition): q [BLOCK_D] fp32, m_i and l_i scalars,
     acc [BLOCK_D]. Same masking contract as _tile (whole live runs loaded; the tail zeroes V past the context).
@@ -95,12 +110,18 @@ def _tile_mha(n0, end, blk, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base,
     offs_n = tl.arange(0, BLOCK_N)
     tok = n0 + offs_n
     live = n0 + (offs_n // BSUB) * BSUB < end  # runs past the context: their table entries are never read
-    if not HAVE_BLK:
-        blk = _table(n0, end, tbl_base, s_tb, BS, BSUB, BLOCK_N)
-    live = live & (blk >= 0) & (blk < num_blocks)  # out-of-range ids: never read, tokens skipped
+    if PAGED:
+        if not HAVE_BLK:
+            blk = _table(n0, end, tbl_base, s_tb, BS, BSUB, BLOCK_N)
+        live = live & (blk >= 0) & (blk < num_blocks)  # out-of-range ids: never read, tokens skipped
+        kv_blk = tl.where(live, blk, 0).to(tl.int64)
+        off = tok % BS
+    else:
+        kv_blk = tl.zeros([BLOCK_N], tl.int64)
+        off = tok
     valid = live & (tok < end) if TAIL else live
-    kv_blk = tl.where(live, blk, 0).to(tl.int64)
-    off = tok % BS
+    if HAS_LO:
+        valid = valid & (tok >= lo)
     lrun = tl.max_constancy(live, [BSUB])
     if LEGACY:
         k = _legacy_k_tile(k_base, kv_blk, off, lrun, s_kb, D, BLOCK_D, BS, KX)
@@ -110,21 +131,26 @@ def _tile_mha(n0, end, blk, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base,
         k = tl.load(k_base + kv_blk[:, None] * s_kb + off[:, None] * s_kt + offs_d[None, :],
                     mask=lrun[:, None] & dmask[None, :], other=0.0)
         sc = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
-    if HAS_BD:  # positional term, inside the scale: scale * (ac + bd)
-        sc += tl.load(bd_base + tok * s_bt, mask=valid, other=0.0).to(tl.float32)
-    sc = tl.where(valid, sc * qk_scale, float("-inf"))  # also drops K slots past the context (maybe NaN)
+    if REL:  # compact relative bias outside the scale (see _tile)
+        dist = qpos - tok
+        b = tl.load(bd_base + dist * s_bt, mask=valid & (dist < rel_e), other=0.0).to(tl.float32)
+        sc = tl.where(valid, sc * qk_scale + b * LOG2E, float("-inf"))
+    else:
+        if HAS_BD:  # positional term, inside the scale: scale * (ac + bd)
+            sc += tl.load(bd_base + tok * s_bt, mask=valid, other=0.0).to(tl.float32)
+        sc = tl.where(valid, sc * qk_scale, float("-inf"))  # also drops K slots past the context (maybe NaN)
     p, alpha, m_new, l_i = softmax_step(sc, m_i, l_i, 0)
     if LEGACY:  # v [nb, Hkv, D, BS]: per d a run of BSUB contiguous tokens starting at a multiple of BSUB
         v_off = kv_blk[None, :] * s_vb + offs_d[:, None] * BS + off[None, :]
         v_off = tl.max_contiguous(tl.multiple_of(v_off, [1, BSUB]), [1, BSUB])
         v = tl.load(v_base + v_off, mask=dmask[:, None] & lrun[None, :], other=0.0)
-        if TAIL:  # slots past the context may hold NaN (0 * NaN = NaN): zero them
+        if TAIL or HAS_LO:  # slots past the context (or below lo) may hold NaN (0 * NaN = NaN): zero them
             v = tl.where(valid[None, :], v, 0.0)
         pv = tl.sum(v.to(tl.float32) * p[None, :], axis=1)
     else:
         v = tl.load(v_base + kv_blk[:, None] * s_vb + off[:, None] * s_vt + offs_d[None, :],
                     mask=lrun[:, None] & dmask[None, :], other=0.0)
-        if TAIL:
+        if TAIL or HAS_LO:
             v = tl.where(valid[:, None], v, 0.0)
         pv = tl.sum(v.to(tl.float32) * p[:, None], axis=0)
     acc = acc * alpha + pv
@@ -133,34 +159,49 @@ def _tile_mha(n0, end, blk, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base,
 
 @triton.jit
 def _xl_decode_split_kernel(
-    q_ptr, u_ptr, bd_ptr, k_ptr, v_ptr, tbl_ptr, lens_ptr, o_ptr, lse_ptr, cnt_ptr, out_ptr, lse_out_ptr,
+    q_ptr, u_ptr, bd_ptr, k_ptr, v_ptr, tbl_ptr, lens_ptr, starts_ptr, o_ptr, lse_ptr, cnt_ptr, out_ptr, lse_out_ptr,
     Hkv, num_blocks, max_len, chunk, qk_scale,
     s_qs, s_qh, s_us, s_uh, s_bs, s_bh, s_bt,
-    s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_ts, s_tb, s_or, s_os, s_lr,
+    s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_ts, s_tb, s_or, s_os, s_lr, window, rel_e,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr,
     HAS_U: tl.constexpr, HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr, K_NATIVE: tl.constexpr, MHA_REDUCE: tl.constexpr,
     PREFETCH_TBL: tl.constexpr, USE_GDC: tl.constexpr,
     FUSED: tl.constexpr = False, MB_S: tl.constexpr = 1, MB_D: tl.constexpr = 1, MB_ONE: tl.constexpr = True,
-    TRIGGER: tl.constexpr = True,
+    TRIGGER: tl.constexpr = True, PAGED: tl.constexpr = True, REL: tl.constexpr = False,
+    HAS_WINDOW: tl.constexpr = False, HAS_STARTS: tl.constexpr = False,
 ):
-    """Grid (splits, S * Hkv): the G heads of kv head hk of sequence s over tokens [split * chunk, + chunk), stored as
-    a part (with one split: out / lse). FUSED: the last program of the row merges (see masked_decode's kernel)."""
+    """Grid (splits, S * Hkv): the G heads of kv head hk of sequence s over tokens [base + split * chunk, + chunk),
+    stored as a part (with one split: out / lse). FUSED: the last program of the row merges (see masked_decode's
+    kernel). PAGED False: k / v are [S, Hkv, L, D] (s_kb / s_vb the sequence strides), no table. REL: bd is a
+    compact bias [S, H, rel_e] (s_bt its distance stride): the query sits at position length - 1 and token t gets
+    bd[length - 1 - t] inside the band, outside the scale. Tokens below lo = max(starts[s], length - window) are not
+    attended (HAS_STARTS, HAS_WINDOW) and not read below base, lo rounded down to BLOCK_N."""
     pdl_enter(USE_GDC, TRIGGER)
     split = tl.program_id(0)
     sh = tl.program_id(1)
     s = (sh // Hkv).to(tl.int64)
     hk = (sh % Hkv).to(tl.int64)
     length = tl.minimum(tl.maximum(tl.load(lens_ptr + s), 0), max_len)
-    start = split * chunk
+    lo = 0
+    if HAS_STARTS:
+        lo = tl.minimum(tl.maximum(tl.load(starts_ptr + s), 0), length)
+    if HAS_WINDOW:
+        lo = tl.maximum(lo, length - window)
+    qpos = length - 1
+    start = lo // BLOCK_N * BLOCK_N + split * chunk
     end = tl.minimum(start + chunk, length)
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
     TAIL_N: tl.constexpr = 16
+    HAS_LO: tl.constexpr = HAS_STARTS or HAS_WINDOW
 
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < D
     k_base = k_ptr + hk * s_kh
     v_base = v_ptr + hk * s_vh
+    if not PAGED:
+        k_base += s * s_kb
+        v_base += s * s_vb
     tbl_base = tbl_ptr + s * s_ts
     if MHA_REDUCE:  # G == 1: (q + u) stays fp32; scalar softmax state
         q = tl.load(q_ptr + s * s_qs + hk * s_qh + offs_d, mask=dmask, other=0.0).to(tl.float32)
@@ -175,21 +216,23 @@ def _xl_decode_split_kernel(
             for n0 in tl.range(start, full_end, BLOCK_N):
                 n0 = tl.multiple_of(n0, BLOCK_N)
                 blk_next = _table(n0 + BLOCK_N, full_end, tbl_base, s_tb, BS, BSUB, BLOCK_N)
-                m_i, l_i, acc = _tile_mha(n0, end, blk, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base,
-                                          num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, offs_d, dmask, D,
-                                          BLOCK_D, BS, BSUB, BLOCK_N, KX, LEGACY, HAS_BD, False, True)
+                m_i, l_i, acc = _tile_mha(n0, end, lo, qpos, rel_e, blk, m_i, l_i, acc, q, k_base, v_base, tbl_base,
+                                          bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, offs_d,
+                                          dmask, D, BLOCK_D, BS, BSUB, BLOCK_N, KX, LEGACY, HAS_BD, False, True,
+                                          PAGED, REL, HAS_LO)
                 blk = blk_next
         else:
             for n0 in tl.range(start, full_end, BLOCK_N):
                 n0 = tl.multiple_of(n0, BLOCK_N)
-                m_i, l_i, acc = _tile_mha(n0, end, 0, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base,
-                                          num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, offs_d, dmask, D,
-                                          BLOCK_D, BS, BSUB, BLOCK_N, KX, LEGACY, HAS_BD, False, False)
+                m_i, l_i, acc = _tile_mha(n0, end, lo, qpos, rel_e, 0, m_i, l_i, acc, q, k_base, v_base, tbl_base,
+                                          bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, offs_d,
+                                          dmask, D, BLOCK_D, BS, BSUB, BLOCK_N, KX, LEGACY, HAS_BD, False, False,
+                                          PAGED, REL, HAS_LO)
         for n0 in tl.range(full_end, end, TAIL_N):
-            m_i, l_i, acc = _tile_mha(tl.multiple_of(n0, TAIL_N), end, 0, m_i, l_i, acc, q, k_base, v_base, tbl_base,
-                                      bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, offs_d,
-                                      dmask, D, BLOCK_D, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, HAS_BD, True,
-                                      False)
+            m_i, l_i, acc = _tile_mha(tl.multiple_of(n0, TAIL_N), end, lo, qpos, rel_e, 0, m_i, l_i, acc, q, k_base,
+                                      v_base, tbl_base, bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb,
+                                      s_bt, offs_d, dmask, D, BLOCK_D, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY,
+                                      HAS_BD, True, False, PAGED, REL, HAS_LO)
         o = acc / tl.where(l_i == 0, 1.0, l_i)  # l == 0: nothing attended; NaN l (a NaN logit) stays NaN
         lse = tl.where(l_i == 0, float("-inf"), (m_i + tl.log2(l_i)) * LN2_C)
         row = s * Hkv + hk
@@ -212,15 +255,16 @@ def _xl_decode_split_kernel(
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
         for n0 in tl.range(start, full_end, BLOCK_N):
             n0 = tl.multiple_of(n0, BLOCK_N)  # start is a multiple of chunk, itself a multiple of BLOCK_N
-            m_i, l_i, acc = _tile(n0, end, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale,
-                                  s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d, dmask,
-                                  D, BLOCK_D, BS, BSUB, BLOCK_N, KX, LEGACY, K_NATIVE, HAS_BD, DOT_PREC, False)
+            m_i, l_i, acc = _tile(n0, end, lo, qpos, rel_e, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base,
+                                  num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d, dmask,
+                                  D, BLOCK_D, BS, BSUB, BLOCK_N, KX, LEGACY, K_NATIVE, HAS_BD, DOT_PREC, False,
+                                  PAGED, REL, HAS_LO)
         # the last, partial tile, in 16-token steps (a small loop: the main loop's registers stay as they are)
         for n0 in tl.range(full_end, end, TAIL_N):
-            m_i, l_i, acc = _tile(tl.multiple_of(n0, TAIL_N), end, m_i, l_i, acc, q, k_base, v_base, tbl_base,
-                                  bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d,
-                                  dmask, D, BLOCK_D, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, K_NATIVE, HAS_BD,
-                                  DOT_PREC, True)
+            m_i, l_i, acc = _tile(tl.multiple_of(n0, TAIL_N), end, lo, qpos, rel_e, m_i, l_i, acc, q, k_base, v_base,
+                                  tbl_base, bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask,
+                                  offs_d, dmask, D, BLOCK_D, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, K_NATIVE,
+                                  HAS_BD, DOT_PREC, True, PAGED, REL, HAS_LO)
         o = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]
         lse = tl.where(l_i == 0, float("-inf"), (m_i + tl.log2(l_i)) * LN2_C)
         rows = (s * Hkv + hk) * G + offs_g
@@ -283,18 +327,21 @@ def _plan(S: int, Hkv: int, span: int, device: torch.device, block_n: int, progr
 
 
 class XLPlan:
-    """The launches of one xl_paged_decode call shape (the split kernel; its merge: SplitParts), everything but the
-    tensors fixed.
+    """The launches of one xl_paged_decode (or inkling_decode) call shape (the split kernel; its merge: SplitParts),
+    everything but the tensors fixed.
 
     q [S, H, D] unit last stride; u None, [S, H, D] or [H, D]; bd None or [S, H, >= 1] any strides; k/v caches in
-    either layout (see op.py); block_tables [S, max_blocks] int32; context_lens [S] int32 contiguous; out [S, H, D]
-    and lse [S, H] contiguous."""
+    either paged layout (see op.py), or with block_tables None [S, Hkv, L, D] (unit last stride); block_tables
+    [S, max_blocks] int32; context_lens [S] int32 contiguous; out [S, H, D] and lse [S, H] contiguous.
+    rel: bd is inkling_decode's compact bias [S, H, E] (E = bd.shape[-1]); window (0: none) and starts (whether a
+    starts tensor comes): the keys attended (see the kernel)."""
 
-    def __init__(self, q, k_cache, v_cache, block_tables, u, bd, scale: float, config=None):
+    def __init__(self, q, k_cache, v_cache, block_tables, u, bd, scale: float, config=None, rel: bool = False,
+                 window: int = 0, starts: bool = False):
         S, H, D = q.shape
+        paged = block_tables is not None
         legacy = k_cache.dim() == 5
-        Hkv = k_cache.shape[1] if legacy else k_cache.shape[2]
-        bs = k_cache.shape[3] if legacy else k_cache.shape[1]
+        Hkv = k_cache.shape[1] if legacy or not paged else k_cache.shape[2]
         self.empty = S == 0 or H == 0
         if self.empty:
             return
@@ -302,37 +349,46 @@ class XLPlan:
         cfg = default_config(D, q.element_size(), legacy, G).with_(config)
         block_n = cfg.block_n
         pdl = pdl_enabled(q.device)  # split kernel waits on its predecessor and releases the merge (see combine)
-        max_len = block_tables.shape[1] * bs
-        if bd is not None:
+        if paged:
+            bs = k_cache.shape[3] if legacy else k_cache.shape[1]
+            max_len = block_tables.shape[1] * bs
+        else:
+            bs, max_len = block_n, k_cache.shape[2]
+        if bd is not None and not rel:
             max_len = min(max_len, bd.shape[-1])
-        splits, chunk = _plan(S, Hkv, max_len, q.device, block_n, cfg.programs_per_sm)
+        span = min(max_len, window + block_n) if window else max_len  # lo rounds down to a tile
+        splits, chunk = _plan(S, Hkv, span, q.device, block_n, cfg.programs_per_sm)
         us = (0, 0) if u is None else ((0, u.stride(0)) if u.dim() == 2 else (u.stride(0), u.stride(1)))
         bds = (0, 0, 0) if bd is None else tuple(bd.stride())
         if legacy:
             ks = (k_cache.stride(0), k_cache.stride(1), 0)
             vs = (v_cache.stride(0), v_cache.stride(1), 0)
-        else:
+        elif paged:
             ks = (k_cache.stride(0), k_cache.stride(2), k_cache.stride(1))
             vs = (v_cache.stride(0), v_cache.stride(2), v_cache.stride(1))
+        else:  # [S, Hkv, L, D]: the sequence stride in the block's place
+            ks, vs = k_cache.stride()[:3], v_cache.stride()[:3]
+        tbs = block_tables.stride() if paged else (0, 0)
         self.parts = SplitParts(S * H, splits, D, S * Hkv, G * splits <= cfg.fuse_merge, q.device)
         self.ints = (Hkv, k_cache.shape[0], max_len, chunk, scale * LOG2E, q.stride(0), q.stride(1),
-                     *us, *bds, *ks, *vs, block_tables.stride(0), block_tables.stride(1),
-                     *self.parts.strides)
+                     *us, *bds, *ks, *vs, *tbs, *self.parts.strides, window, bd.shape[-1] if rel else 0)
         consts = dict(
             G=G, BLOCK_G=max(16, next_pow2(G)), D=D, BLOCK_D=next_pow2(D),
             BS=bs, BSUB=min(bs, block_n), BLOCK_N=block_n, KX=k_cache.shape[4] if legacy else 1, LEGACY=legacy,
             HAS_U=u is not None, HAS_BD=bd is not None, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
             K_NATIVE=legacy and cfg.legacy_k == "native", MHA_REDUCE=G == 1 and cfg.mha_path == "reduce",
-            PREFETCH_TBL=bool(cfg.prefetch_table), USE_GDC=pdl, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl and cfg.pdl else {}))
+            PREFETCH_TBL=bool(cfg.prefetch_table) and paged, USE_GDC=pdl, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, PAGED=paged, REL=rel, HAS_WINDOW=window > 0, HAS_STARTS=starts,
+            **({"launch_pdl": True} if pdl and cfg.pdl else {}))
         self.split, self.fused = self.parts.launches(_xl_decode_split_kernel, (splits, S * Hkv), consts)
 
-    def __call__(self, q, k_cache, v_cache, block_tables, context_lens, u, bd, out, lse) -> None:
+    def __call__(self, q, k_cache, v_cache, block_tables, context_lens, u, bd, out, lse, starts=None) -> None:
         if self.empty:
             return
         go, fused = self.parts.pick(self.split, self.fused, q.device)
         self.parts.launch(go, fused, (q, u if u is not None else q, bd if bd is not None else q, k_cache, v_cache,
-                                      block_tables, context_lens), self.ints, out, lse, q)
+                                      block_tables if block_tables is not None else context_lens, context_lens,
+                                      starts if starts is not None else context_lens), self.ints, out, lse, q)
 
 
 _PLANS = PlanCache()

@@ -24,6 +24,29 @@ def attended(block_tables, context_lens, num_blocks: int, block_size: int, max_l
     return torch.where(ok, blk, torch.zeros_like(blk)), ok
 
 
+def gather_cache(k_cache, v_cache, block_tables, context_lens, max_len: int):
+    """(k, v [S, max_len, Hkv, D] fp32, attended [S, max_len]) of a paged cache (see `attended`); unattended V
+    slots are 0 (never read)."""
+    k, v = cache_as_nhd(k_cache, v_cache)
+    blk, ok = attended(block_tables, context_lens, k.shape[0], k.shape[1], max_len)
+    off = (torch.arange(max_len, device=k.device) % k.shape[1])[None, :].expand_as(blk)
+    return k[blk, off].float(), v[blk, off].float().masked_fill(~ok[:, :, None, None], 0.0), ok
+
+
+def attend(qf, kg, vg, ok, logits_fn):
+    """softmax attention of qf [S, H, D] fp32 over kg / vg [S, L, Hkv, D] (GQA), logits = logits_fn(q.k [S, H, L]),
+    keys where ok [S, L]. Returns (out [S, H, D], lse [S, H]); a row with nothing attended gets 0 and -inf."""
+    S, H, D = qf.shape
+    L, hkv = kg.shape[1], kg.shape[2]
+    G = H // hkv
+    logits = torch.einsum("skgd,slkd->skgl", qf.reshape(S, hkv, G, D), kg).reshape(S, H, L)
+    logits = logits_fn(logits).masked_fill(~ok[:, None, :], float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)  # -inf where nothing is attended
+    p = torch.exp(logits - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
+    out = torch.einsum("skgl,slkd->skgd", p.reshape(S, hkv, G, L), vg).reshape(S, H, D)
+    return out, lse
+
+
 def xl_paged_decode_ref(q, k_cache, v_cache, block_tables, context_lens, u=None, bd=None, scale=None):
     """fp32 reference. Returns (out [S, H, D] fp32, lse [S, H] fp32, natural log).
 
@@ -31,24 +54,12 @@ def xl_paged_decode_ref(q, k_cache, v_cache, block_tables, context_lens, u=None,
     lengths are clamped to [0, max_blocks * block_size] and to bd's last dim when bd is given. A row
     with no attended token gets out 0 and lse -inf; a NaN in an attended token's inputs makes its row NaN.
     """
-    S, H, D = q.shape
-    k, v = cache_as_nhd(k_cache, v_cache)
-    nb, bs, hkv = k.shape[0], k.shape[1], k.shape[2]
-    G = H // hkv
+    D = q.shape[2]
+    bs = k_cache.shape[3] if k_cache.dim() == 5 else k_cache.shape[1]
     scale = D ** -0.5 if scale is None else scale
     max_len = block_tables.shape[1] * bs
     if bd is not None:
         max_len = min(max_len, bd.shape[-1])
-    blk, ok = attended(block_tables, context_lens, nb, bs, max_len)
-    off = (torch.arange(max_len, device=q.device) % bs)[None, :].expand_as(blk)
-    kg = k[blk, off].float()  # [S, L, Hkv, D]
-    vg = v[blk, off].float().masked_fill(~ok[:, :, None, None], 0.0)  # unattended slots are never read
+    kg, vg, ok = gather_cache(k_cache, v_cache, block_tables, context_lens, max_len)
     qf = q.float() if u is None else q.float() + u.float()
-    logits = torch.einsum("skgd,slkd->skgl", qf.reshape(S, hkv, G, D), kg).reshape(S, H, max_len)
-    if bd is not None:
-        logits = logits + bd[:, :, :max_len].float()
-    logits = (logits * scale).masked_fill(~ok[:, None, :], float("-inf"))
-    lse = torch.logsumexp(logits, dim=-1)  # -inf where nothing is attended
-    p = torch.exp(logits - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
-    out = torch.einsum("skgl,slkd->skgd", p.reshape(S, hkv, G, max_len), vg).reshape(S, H, D)
-    return out, lse
+    return attend(qf, kg, vg, ok, lambda x: (x if bd is None else x + bd[:, :, :max_len].float()) * scale)
