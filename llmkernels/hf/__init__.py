@@ -10,8 +10,9 @@ except ImportError as e:  # pragma: no cover - depends on the environment
                       "pip install -e \".[hf]\"") from e
 
 from .decode import StaticDecoder  # noqa: E402
-from .dsa import indexer_loss, patch_attention, unpatch_attention  # noqa: E402
+from .dsa import indexer_loss  # noqa: E402
 from .load import load_nvfp4  # noqa: E402
+from .patch import patch_attention, unpatch_attention  # noqa: E402
 from .save import quantize_, save_nvfp4  # noqa: E402
 
 __all__ = ["load_nvfp4", "quantize_", "save_nvfp4", "StaticDecoder", "patch_attention", "unpatch_attention",

@@ -9,6 +9,7 @@ from .._validate import check_bool, check_int
 from .._pdl import pdl_enabled
 from ..ops.masked_decode.op import masked_decode
 from ..ops.nvfp4_gemv.op import NVFP4Linear
+from .inkling import static_cache_config
 
 ATTN_NAME = "llmkernels_decode"
 
@@ -61,11 +62,12 @@ class StaticDecoder:
     sequence; with graph=True (CUDA only) step() replays one CUDA graph captured on its first call. The decode
     attention is llmkernels.masked_decode over the valid cache positions (head dims 64, 128, 256): the model's
     attention implementation is switched to it during the decoder's own calls only. Sliding windows are not applied
-    (contexts up to the window). compile: True (inductor) or a torch.compile backend name: the decode step's forward
-    is compiled on the first step, fusing the norms, rotary, residual adds and the MLP's activation (a Llama-3.1-8B
-    shape, NVFP4, batch 1: 5.35 -> 3.65 ms a graph step on the H100; inductor's programmatic dependent launch on
-    where the GPU has it, and its combo kernels for NVFP4 models); the prefill stays eager. The next token is the
-    argmax of the last logits (greedy).
+    (contexts up to the window), except by attention patch_attention routes (Inkling: inkling_decode reads the
+    window of full-length sliding layers). compile: True (inductor) or a torch.compile backend name: the decode
+    step's forward is compiled on the first step, fusing the norms, rotary, residual adds and the MLP's activation
+    (a Llama-3.1-8B shape, NVFP4, batch 1: 5.35 -> 3.65 ms a graph step on the H100; inductor's programmatic
+    dependent launch on where the GPU has it, and its combo kernels for NVFP4 models); the prefill stays eager.
+    The next token is the argmax of the last logits (greedy).
     """
 
     def __init__(self, model, batch: int, max_len: int, graph: bool = True, compile=False):
@@ -77,7 +79,7 @@ class StaticDecoder:
         self.graph = graph and torch.cuda.is_available()
         self.device = model.get_input_embeddings().weight.device
         _register()
-        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+        self.cache = StaticCache(config=static_cache_config(model), max_cache_len=max_len)
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.2x
         self.ids = torch.zeros(batch, 1, dtype=torch.long, device=self.device)

@@ -9,12 +9,9 @@ S x T score tensor. Shapes: kv_lora_rank 512, qk_rope_head_dim 64 (the kernel's 
 dims and index_topk.
 """
 import sys
-import types
-from typing import List
 
 import torch
 
-from .._validate import check_bool
 from ..ops.dsa_indexer import dsa_index_scores, dsa_topk_logits
 from ..ops.nvfp4_gemv.format import nvfp4_dequantize
 from ..ops.nvfp4_gemv.op import NVFP4Linear
@@ -27,43 +24,15 @@ LATENT, ROPE = 512, 64  # sparse_mla's 576-wide kv row: the normalised latent, t
 CHUNK_BYTES = 256 << 20  # the indexer's fp32 scores of one (query tile, key chunk): [B, rows, keys]
 
 
-def patch_attention(model: torch.nn.Module, indexer_loss: bool = False) -> List[str]:
-    """Route every DSA attention module of `model` (transformers' DeepseekV32 and GlmMoeDsa) through llmkernels:
-    absorbed MLA on `sparse_mla`, a latent cache, a chunked indexer. Returns the names of the modules (idempotent:
-    a second call changes nothing and returns the same names). ValueError for a model with no attention llmkernels
-    knows, or dims the kernel does not take; undo with unpatch_attention.
-
-    indexer_loss: in training (grad enabled), each layer with an indexer also computes the DSA indexer objective of
-    its forward, KL(main attention distribution over the selected keys, summed over heads and L1-normalised ||
-    softmax of the indexer's scores there), summed over tokens; the indexer's inputs are detached, so the loss
-    trains the indexer alone. `indexer_loss(model)` returns the sum over layers of the last forward."""
-    check_bool("indexer_loss", indexer_loss)
-    names = []
-    for name, mod in model.named_modules():
-        if type(mod).__name__ not in KNOWN:
-            continue
-        if mod.kv_lora_rank != LATENT or mod.qk_rope_head_dim != ROPE:
-            raise ValueError(f"{name}: kv_lora_rank={mod.kv_lora_rank}, qk_rope_head_dim={mod.qk_rope_head_dim}; "
-                             f"sparse_mla attends over {LATENT} + {ROPE}-wide latent rows")
-        if getattr(mod, "q_a_proj", None) is None:
-            raise ValueError(f"{name}: no q_a_proj (q_lora_rank None); the indexer reads the q_a latent")
-        mod.forward = types.MethodType(_forward, mod)
-        mod.llmk_indexer_loss, mod.llmk_loss = indexer_loss, None
-        names.append(name)
-    if not names:
-        raise ValueError(f"patch_attention: {type(model).__name__} has no attention module llmkernels knows "
-                         f"(classes {', '.join(KNOWN)})")
-    return names
-
-
-def unpatch_attention(model: torch.nn.Module) -> List[str]:
-    """Restore transformers' own forward of every module patch_attention changed; returns their names."""
-    names = []
-    for name, mod in model.named_modules():
-        if getattr(mod.__dict__.get("forward"), "__func__", None) is _forward:
-            del mod.forward, mod.llmk_indexer_loss, mod.llmk_loss
-            names.append(name)
-    return names
+def patch_module(name: str, mod, indexer_loss: bool = False) -> None:
+    """Route one DSA attention module through llmkernels (ValueError where its dims do not fit sparse_mla's row).
+    indexer_loss: see patch_attention."""
+    if mod.kv_lora_rank != LATENT or mod.qk_rope_head_dim != ROPE:
+        raise ValueError(f"{name}: kv_lora_rank={mod.kv_lora_rank}, qk_rope_head_dim={mod.qk_rope_head_dim}; "
+                         f"sparse_mla attends over {LATENT} + {ROPE}-wide latent rows")
+    if getattr(mod, "q_a_proj", None) is None:
+        raise ValueError(f"{name}: no q_a_proj (q_lora_rank None); the indexer reads the q_a latent")
+    mod.llmk_indexer_loss, mod.llmk_loss = indexer_loss, None
 
 
 def indexer_loss(model: torch.nn.Module) -> torch.Tensor:

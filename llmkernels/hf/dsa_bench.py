@@ -25,6 +25,7 @@ import torch
 import triton
 
 from . import dsa
+from .patch import patch_attention, unpatch_attention
 from ..bench.harness import median_ms
 
 V32 = dict(hidden_size=7168, num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
@@ -265,7 +266,7 @@ def model_decode(cfg_kw, layers, L, device, dtype, reps):
                "dsa_attention"}
         with measured(rec, device), torch.no_grad():
             if impl == "llmkernels":
-                dsa.patch_attention(model)
+                patch_attention(model)
                 dec = StaticDecoder(model, 1, L + reps + 8, graph=device.type == "cuda")
                 t0 = time.perf_counter()
                 dec.prefill(torch.randint(0, model.config.vocab_size, (1, L), device=device))
@@ -276,7 +277,7 @@ def model_decode(cfg_kw, layers, L, device, dtype, reps):
                 rec["ms"] = median_ms(dec.step, reps, device, warm=2)
                 rec["timing"] = "graph" if dec.graph else "eager"
                 del dec
-                dsa.unpatch_attention(model)
+                unpatch_attention(model)
             else:
                 from transformers import StaticCache
                 cache = StaticCache(config=model.config, max_cache_len=L + 1)
