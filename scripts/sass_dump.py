@@ -94,6 +94,24 @@ def xl(layout, dtype=torch.float16, D=128, bs=16, H=16, Hkv=16, bd=True, u=True)
     return go
 
 
+def inkling(layout, dtype=torch.bfloat16, D=128, H=64, Hkv=8, E=1024, window=None, starts=False, bs=16):
+    """inkling_decode's plans (the xl split kernel's REL / window / dense-layout variants)."""
+    def go():
+        S = 2
+        q = e(S, H, D, dtype=dtype)
+        if layout == "dense":
+            kc, vc, bt = e(S, Hkv, 4096, D, dtype=dtype), e(S, Hkv, 4096, D, dtype=dtype), None
+        else:
+            kc, vc, bt = e(64, bs, Hkv, D, dtype=dtype), e(64, bs, Hkv, D, dtype=dtype), torch.zeros(S, 32,
+                                                                                                   dtype=torch.int32)
+        plan = XL.XLPlan(q, kc, vc, bt, None, e(S, H, E, dtype=dtype), 1 / D, rel=True, window=window or 0,
+                         starts=starts)
+        lens = torch.zeros(S, dtype=torch.int32)
+        plan(q, kc, vc, bt, lens, None, e(S, H, E, dtype=dtype), e(S, H, D, dtype=dtype),
+             e(S, H, dtype=torch.float32), lens if starts else None)
+    return go
+
+
 def gemv(M, K, L, static):
     def go():
         u8 = torch.uint8
@@ -190,6 +208,10 @@ CONFIGS = {
     "xl legacy fp16 D80 bs16 MHA": xl("legacy", D=80),
     "xl nhd bf16 D256 bs8 MHA no-u no-bd": xl("nhd", dtype=bf16, D=256, bs=8, u=False, bd=False),
     "xl legacy fp32 D96 bs256 G2": xl("legacy", dtype=f32, D=96, bs=256, H=8, Hkv=4),
+    "inkling dense bf16 D128 G8": inkling("dense"),
+    "inkling dense bf16 D128 G4 window starts": inkling("dense", Hkv=16, E=512, window=512, starts=True),
+    "inkling dense fp16 D64 MHA": inkling("dense", dtype=f16, D=64, H=4, Hkv=4, E=7),
+    "inkling nhd fp32 D256 G2 window": inkling("nhd", dtype=f32, D=256, H=4, Hkv=2, window=300),
     "gemv 7168x16384 L1": gemv(7168, 16384, 1, False),
     "gemv 7168x16384 L1 static": gemv(7168, 16384, 1, True),
     "gemv 4096x7168 L8": gemv(4096, 7168, 8, False),

@@ -87,6 +87,21 @@ def _xl():
                    [Impl("llmkernels-eager", lambda x: lambda: spec.run(x))])
 
 
+def _inkling():
+    from ..ops.inkling_decode import spec
+    from .peers import flex_available
+    from .specs.inkling_decode import _flex
+    B, Hq, Hkv, D, L, E = 4, 16, 2, 128, 1024, 512
+
+    def make():
+        return spec.make_inputs(B, Hq, Hkv, D, L, E, "dense", torch.bfloat16, "cuda", window=256, L=L)
+
+    return OpBench("inkling_decode", lambda quick: [_case({"B": B, "Hq": Hq, "Hkv": Hkv, "D": D, "L": L,
+                                                           "rel_extent": E, "window": 256}, make)],
+                   [Impl("llmkernels-eager", lambda x: lambda: spec.run(x, scale=1 / D)),
+                    Impl("flex-attention-eager", _flex, flex_available)])
+
+
 def _sparse_mla():
     from ..ops.sparse_mla import spec
     from ..ops.sparse_mla.autograd import sparse_mla_bwd
@@ -160,7 +175,7 @@ def _nvfp4():
 
 def benches(ops=None):
     """The eager benches of the given registry op names (all when None)."""
-    out = [_masked_decode(), _merge(), _xl(), *_sparse_mla(), *_nvfp4()]
+    out = [_masked_decode(), _merge(), _xl(), _inkling(), *_sparse_mla(), *_nvfp4()]
     if ops is not None:
         wanted = set(ops) | ({"merge_attention_states"} if "masked_decode" in ops else set())
         out = [b for b in out if b.op in wanted]

@@ -37,7 +37,8 @@ def plot(records: list[dict], path: str) -> bool:
     except ImportError:
         print("matplotlib is not installed (pip install 'llmkernels[plot]'): no plot written")
         return False
-    records = [r for r in records if not eager(r)]  # % of floor is a GPU-time figure
+    # % of floor is a GPU-time figure; the model-level records (DSA block, kvpress, Inkling model) carry none
+    records = [r for r in records if not eager(r) and "pct_of_floor" in r]
     ops = sorted({r["op"] for r in records})
     if not ops:
         return False

@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._constants import LN2_C, LOG2E
+from ..._constants import LN2_C, LOG2E, LOG2E_C
 from ..._launch import PlanCache, current_device, tkey
 from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
@@ -78,7 +78,7 @@ def _tile(n0, end, lo, qpos, rel_e, m_i, l_i, acc, q, k_base, v_base, tbl_base, 
     if REL:  # compact relative bias outside the scale: scale * q.k + rel[qpos - tok] inside the band
         dist = qpos - tok
         b = tl.load(bd_base + dist[None, :] * s_bt, mask=gmask[:, None] & (valid & (dist < rel_e))[None, :], other=0.0)
-        sc = tl.where(valid[None, :], sc * qk_scale + b.to(tl.float32) * LOG2E, float("-inf"))
+        sc = tl.where(valid[None, :], sc * qk_scale + b.to(tl.float32) * LOG2E_C, float("-inf"))
     else:
         if HAS_BD:  # positional term, inside the scale: scale * (ac + bd)
             sc += tl.load(bd_base + tok[None, :] * s_bt, mask=gmask[:, None] & valid[None, :],
@@ -134,7 +134,7 @@ def _tile_mha(n0, end, lo, qpos, rel_e, blk, m_i, l_i, acc, q, k_base, v_base, t
     if REL:  # compact relative bias outside the scale (see _tile)
         dist = qpos - tok
         b = tl.load(bd_base + dist * s_bt, mask=valid & (dist < rel_e), other=0.0).to(tl.float32)
-        sc = tl.where(valid, sc * qk_scale + b * LOG2E, float("-inf"))
+        sc = tl.where(valid, sc * qk_scale + b * LOG2E_C, float("-inf"))
     else:
         if HAS_BD:  # positional term, inside the scale: scale * (ac + bd)
             sc += tl.load(bd_base + tok * s_bt, mask=valid, other=0.0).to(tl.float32)
