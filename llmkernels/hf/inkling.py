@@ -141,7 +141,11 @@ def forward(self, hidden_states, attention_mask=None, conv_mask=None, cache=None
             kv_offset = cache.get_mask_sizes(S, self.layer_idx)[1]
             q_offset = cache.get_query_offset(self.layer_idx)
         k, v = cache.update(k, v, self.layer_idx)
-    rel = rel_states @ self.rel_logits_proj.proj  # [B, S, H, E]: the compact bias
+    proj = self.rel_logits_proj.proj
+    if S == 1:  # [B, 1, H, E]: a products-and-sum (inductor finds no GEMM template for d_rel-long rows, e.g. 4)
+        rel = (rel_states.float()[..., None] * proj.float()).sum(-2).to(rel_states.dtype)
+    else:
+        rel = rel_states @ proj  # [B, S, H, E]: the compact bias, as transformers computes it
     if S == 1:
         if kv_len is not None:
             lengths = kv_len.to(torch.int32)

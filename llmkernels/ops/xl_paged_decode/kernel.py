@@ -295,6 +295,7 @@ class XLConfig(KernelConfig):
     prefetch_table: bool = False
     pdl: bool = True
     fuse_merge: int = 64
+    min_tiles: int = 4  # a split's chunk holds at least this many tiles
 
     def __post_init__(self):
         if self.mha_path not in ("dot", "reduce") or self.legacy_k not in ("v2", "native"):
@@ -318,10 +319,10 @@ LAYOUT_DEFAULTS = {("legacy", "mha"): {"mha_path": "reduce", "prefetch_table": T
                                         "block_n": 16, "num_warps": 2}}
 
 
-def _plan(S: int, Hkv: int, span: int, device: torch.device, block_n: int, programs_per_sm: int):
-    """Split the table span so that S * Hkv * splits reaches the target, with chunks of >= 4 tiles."""
+def _plan(S: int, Hkv: int, span: int, device: torch.device, block_n: int, programs_per_sm: int, min_tiles: int = 4):
+    """Split the table span so that S * Hkv * splits reaches the target, with chunks of >= min_tiles tiles."""
     target = programs_per_sm * num_sms(device)
-    splits = max(1, min(cdiv(target, max(S * Hkv, 1)), cdiv(span, 4 * block_n)))
+    splits = max(1, min(cdiv(target, max(S * Hkv, 1)), cdiv(span, min_tiles * block_n)))
     chunk = cdiv(cdiv(max(span, 1), splits), block_n) * block_n
     return cdiv(max(span, 1), chunk), chunk
 
@@ -357,7 +358,7 @@ class XLPlan:
         if bd is not None and not rel:
             max_len = min(max_len, bd.shape[-1])
         span = min(max_len, window + block_n) if window else max_len  # lo rounds down to a tile
-        splits, chunk = _plan(S, Hkv, span, q.device, block_n, cfg.programs_per_sm)
+        splits, chunk = _plan(S, Hkv, span, q.device, block_n, cfg.programs_per_sm, cfg.min_tiles)
         us = (0, 0) if u is None else ((0, u.stride(0)) if u.dim() == 2 else (u.stride(0), u.stride(1)))
         bds = (0, 0, 0) if bd is None else tuple(bd.stride())
         if legacy:
