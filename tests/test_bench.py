@@ -118,3 +118,13 @@ def test_registry_resolves_public_names():
         assert resolve([name]) == [name]
     with pytest.raises(ValueError, match="unknown op"):
         resolve(["sparse_mla", "nosuch"])
+
+
+def test_eager_benches_build_on_cpu():
+    """Every eager bench and its peers can be constructed without a GPU (the peers' builders resolve); a stale
+    reference to a moved peer once stopped `llmkernels bench --eager` before any timing."""
+    from llmkernels.bench import eager
+    benches = eager.benches()
+    assert {"masked_decode", "inkling_decode", "sparse_mla_fwd", "xl_paged_decode"} <= {b.op for b in benches}
+    assert all(callable(i.build) and callable(i.available) for b in benches for i in b.impls)
+    assert [b.op for b in eager.benches(["inkling_decode"])] == ["inkling_decode"]

@@ -111,15 +111,17 @@ def test_errors():
 
 @pytest.mark.gpu
 @torch.no_grad()
-def test_gpu_bf16_static_decoder_graph_and_compile():
+def test_gpu_bf16_static_decoder_graph():
     """bf16: logits near transformers' fp32 eager path on the same weights (bf16 rounding through 3 layers), and the
-    graph-replayed, compiled StaticDecoder emits the tokens of the patched model's own generate."""
+    graph-replayed StaticDecoder emits the tokens of the patched model's own generate; compile is refused on CUDA
+    (inductor failed to lower the step on torch 2.11: a clear error, not its traceback)."""
     model, ids = _model(torch.bfloat16), _ids(T=40)
     ref = model.float()(ids).logits
     model.bfloat16()
     patch_attention(model)
     _close(model(ids).logits.float(), ref, tol=3e-2)
     want = model.generate(ids, max_new_tokens=24, do_sample=False)
-    for compile in (False, True):
-        dec = StaticDecoder(model, batch=2, max_len=80, graph=True, compile=compile)
-        assert torch.equal(dec.generate(ids, 24), want)
+    dec = StaticDecoder(model, batch=2, max_len=80, graph=True)
+    assert torch.equal(dec.generate(ids, 24), want)
+    with pytest.raises(ValueError, match="compile is not supported for a patched Inkling"):
+        StaticDecoder(model, batch=2, max_len=80, compile=True)

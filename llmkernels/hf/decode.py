@@ -9,7 +9,7 @@ from .._validate import check_bool, check_int
 from .._pdl import pdl_enabled
 from ..ops.masked_decode.op import masked_decode
 from ..ops.nvfp4_gemv.op import NVFP4Linear
-from .inkling import static_cache_config
+from . import inkling
 
 ATTN_NAME = "llmkernels_decode"
 
@@ -79,7 +79,7 @@ class StaticDecoder:
         self.graph = graph and torch.cuda.is_available()
         self.device = model.get_input_embeddings().weight.device
         _register()
-        self.cache = StaticCache(config=static_cache_config(model), max_cache_len=max_len)
+        self.cache = StaticCache(config=inkling.static_cache_config(model), max_cache_len=max_len)
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.2x
         self.ids = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
@@ -91,6 +91,10 @@ class StaticDecoder:
         self._graph: Optional[torch.cuda.CUDAGraph] = None
         if not isinstance(compile, (bool, str)):
             raise TypeError(f"compile must be a bool or a torch.compile backend name, got {type(compile).__name__}")
+        if compile and self.device.type == "cuda" and inkling.patched(model):
+            # inductor (torch 2.11, H200) found no GEMM choice lowering this step (NoValidChoicesError); CPU compiles
+            raise ValueError("compile is not supported for a patched Inkling model on CUDA yet: use graph=True "
+                             "without compile")
         # the decode step's forward under torch.compile (its own fusions of norms, rotary, residuals and the MLP's
         # activation; compiled on the first step); the prefill stays eager. Inductor's kernels launch with PDL on
         # Hopper+, as llmkernels' do (8B-shaped step, H100: bf16 6.86 -> 6.47 ms, NVFP4 2.95 -> 2.77)

@@ -26,13 +26,18 @@ def patch_module(name: str, mod) -> None:
     mod.llmk_cache_kw = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.2x
 
 
+def patched(model) -> bool:
+    """Whether patch_attention routed some InklingAttention of `model`."""
+    return any(getattr(m.__dict__.get("forward"), "__func__", None) is forward for m in model.modules())
+
+
 def static_cache_config(model):
     """The config StaticDecoder builds its StaticCache from: for a model with patched Inkling attention, a copy whose
     sliding layers are full-length ("hybrid"): transformers' static sliding layer rolls its buffer on a host-side
     count (a CUDA graph would replay one branch), while inkling_decode reads only the window of a full-length
     layer. Other models: their own config."""
     cfg = model.config
-    if not any(getattr(m.__dict__.get("forward"), "__func__", None) is forward for m in model.modules()):
+    if not patched(model):
         return cfg
     cfg = copy.copy(cfg)
     cfg.layer_types = ["hybrid" if t == "hybrid_sliding" else t for t in cfg.layer_types]

@@ -319,6 +319,22 @@ LAYOUT_DEFAULTS = {("legacy", "mha"): {"mha_path": "reduce", "prefetch_table": T
                                         "block_n": 16, "num_warps": 2}}
 
 
+def rel_overrides(rows: int, span: int, window: int, block_n: int) -> dict:
+    """inkling_decode's launch knobs by regime (rows = S * Hkv, span = the tokens a row may read, block_n the
+    default's 16 KiB tile), from the H200 sweep of benchmarks/notes/inkling.md (bf16, D 128: default tiles of 64):
+    one or two rows (a tensor-parallel shard at batch 1) are latency-bound: tiles twice as long; a few rows or a short
+    window: 3 stages, unsplit chunks down to a tile; many tokens over fewer than 128 rows, or any window: tiles half
+    as long, 3 stages, ~2 programs an SM (the default's finer splits read 53 % of the floor at B 1, Hkv 8, 64K,
+    these 85 %); many long rows keep the default (90-96 %)."""
+    if rows <= 2:
+        return dict(block_n=2 * block_n, num_stages=3 if span >= 32768 else 2, min_tiles=4 if span >= 32768 else 1)
+    if rows * span >= 65536 and (window or rows < 128):
+        return dict(block_n=max(16, block_n // 2), num_stages=3, programs_per_sm=2)
+    if rows * span < 65536:
+        return dict(num_stages=3, min_tiles=1)
+    return {}
+
+
 def _plan(S: int, Hkv: int, span: int, device: torch.device, block_n: int, programs_per_sm: int, min_tiles: int = 4):
     """Split the table span so that S * Hkv * splits reaches the target, with chunks of >= min_tiles tiles."""
     target = programs_per_sm * num_sms(device)
@@ -347,16 +363,20 @@ class XLPlan:
         if self.empty:
             return
         G = H // Hkv
-        cfg = default_config(D, q.element_size(), legacy, G).with_(config)
-        block_n = cfg.block_n
-        pdl = pdl_enabled(q.device)  # split kernel waits on its predecessor and releases the merge (see combine)
+        cfg = default_config(D, q.element_size(), legacy, G)
         if paged:
             bs = k_cache.shape[3] if legacy else k_cache.shape[1]
             max_len = block_tables.shape[1] * bs
         else:
-            bs, max_len = block_n, k_cache.shape[2]
+            bs, max_len = None, k_cache.shape[2]
         if bd is not None and not rel:
             max_len = min(max_len, bd.shape[-1])
+        if rel:
+            cfg = cfg.with_(rel_overrides(S * Hkv, min(max_len, window) if window else max_len, window, cfg.block_n))
+        cfg = cfg.with_(config)
+        block_n = cfg.block_n
+        bs = bs or block_n
+        pdl = pdl_enabled(q.device)  # split kernel waits on its predecessor and releases the merge (see combine)
         span = min(max_len, window + block_n) if window else max_len  # lo rounds down to a tile
         splits, chunk = _plan(S, Hkv, span, q.device, block_n, cfg.programs_per_sm, cfg.min_tiles)
         us = (0, 0) if u is None else ((0, u.stride(0)) if u.dim() == 2 else (u.stride(0), u.stride(1)))
