@@ -78,6 +78,7 @@ HEADLINES = [
     ("masked_decode", {"B": 1, "L": 65536, "kept": 1.0}),
     ("masked_decode", {"B": 1, "L": 65536, "kept": 0.5}),
     ("xl_paged_decode", {"num_seqs": 64, "layout": "nhd"}),
+    ("inkling_decode", {"B": 1, "Hkv": 8, "L": 65536}),
     ("sparse_mla_fwd", {"h_q": 128, "topk": 2048, "d_qk": 576}),
     ("sparse_mla_attn_dist", {"h_q": 128, "topk": 2048, "d_qk": 576}),
     ("sparse_mla_bwd", {"h_q": 128, "topk": 2048, "d_qk": 576}),
@@ -99,8 +100,9 @@ def eager(r: dict) -> bool:
 
 def e2e(r: dict) -> bool:
     """A record of a model-level benchmark, with its own table: the end-to-end decode (llmkernels.hf.bench), the DSA
-    attention block (llmkernels.hf.dsa_bench), kvpress's presses (llmkernels.kvpress_bench)."""
-    return r["op"] in ("e2e_decode", "dsa_attention", "kvpress_decode")
+    attention block (llmkernels.hf.dsa_bench), kvpress's presses (llmkernels.kvpress_bench), the Inkling-shaped model
+    (llmkernels.hf.inkling_bench)."""
+    return r["op"] in ("e2e_decode", "dsa_attention", "kvpress_decode", "inkling_model_decode")
 
 
 def e2e_table(records: list[dict]) -> str:
@@ -220,10 +222,12 @@ def _with_eager(body, e2e_rows=False):
         timed = [r for r in recs if not eager(r) and (r["op"] == "e2e_decode" if e2e(r) else True)
                  and (e2e_rows or not e2e(r))]
         et, mt, dt, kt = eager_table(recs), e2e_table(recs), dsa_table(recs), kvpress_table(recs)
+        it = inkling_table(recs)
         return "\n\n".join(t for t in (body(timed) if timed else "", EAGER_HEADER + "\n\n" + et if et else "",
                                       E2E_HEADER + "\n\n" + mt if mt else "",
                                       DSA_HEADER + "\n\n" + dt if dt else "",
-                                      KVPRESS_HEADER + "\n\n" + kt if kt else "") if t)
+                                      KVPRESS_HEADER + "\n\n" + kt if kt else "",
+                                      INKLING_HEADER + "\n\n" + it if it else "") if t)
     return both
 
 
@@ -314,6 +318,33 @@ def kvpress_table(records: list[dict]) -> str:
         att = f"{o['attn_ms'] / n['attn_ms']:.2f} ({o['kept']:.2f})" if o and n and n.get("attn_ms") else "-"
         lines.append(f"| {model} | {press} | {ctx} | {b} | {ratio} | {ms(o)} | {ms(n)} | {ms(k)} | {ms(t)} | {up} | "
                      f"{att} |")
+    return "\n".join(lines)
+
+
+INKLING_HEADER = ("Inkling in transformers (`python -m llmkernels.hf.inkling_bench`): a small Inkling-shaped random "
+                  "text model (12 layers, 10 sliding with window 512 and 2 full with rel_extent 1024; hidden 2048, 16 "
+                  "query heads of 128; bf16), greedy decode at batch 1 after a prompt of L tokens: `patch_attention` "
+                  "+ `StaticDecoder` (one CUDA graph a step) and the patched model's eager steps on transformers' "
+                  "DynamicCache, beside transformers' own eager path in the same run.")
+
+
+def inkling_table(records: list[dict]) -> str:
+    """Per context: each impl's ms a step and tokens/s, speed-up over transformers' own path, prefill seconds."""
+    rows = {}
+    for r in records:
+        if r.get("op") == "inkling_model_decode":
+            rows.setdefault((r["shape"]["L"], r["shape"]["B"]), {})[r["impl"]] = r
+    if not rows:
+        return ""
+    lines = ["| L | batch | impl | timing | ms / token | tokens/s | vs transformers | prefill s | commit |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for (L, B), by in sorted(rows.items()):
+        base = by.get("transformers-eager")
+        for impl, r in by.items():
+            up = f"{base['ms'] / r['ms']:.2f}x" if base else "-"
+            pre = f"{r['prefill_s']:.1f}" if r.get("prefill_s") is not None else "-"
+            lines.append(f"| {L} | {B} | {impl} | {r['timing']} | {r['ms']:.2f} | {r['tokens_per_s']:.0f} | {up} | "
+                         f"{pre} | {r.get('commit', '')} |")
     return "\n".join(lines)
 
 
