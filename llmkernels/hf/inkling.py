@@ -115,8 +115,10 @@ def _prefill(self, q, k, v, rel, attention_mask, q_offset: int, kv_offset: int):
     block_mask = create_block_mask(mask_mod, mb, None, S, T, device=q.device, _compile=cuda)  # CUDA: in tiles
     with warnings.catch_warnings():  # the CPU runs flex unfused (tests, tiny models): its warning is expected
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        # the main flex kernel for short prompts too: its decoding kernel (taken below 128 queries) found no valid
+        # configuration for a bf16, head-dim-64 tiny model on the H200 (inductor's NoValidChoicesError)
         out = _flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=self.scaling,
-                      enable_gqa=H != k.shape[1])
+                      enable_gqa=H != k.shape[1], kernel_options={"FORCE_USE_FLEX_ATTENTION": True})
     return out.transpose(1, 2)
 
 
