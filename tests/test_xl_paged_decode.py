@@ -325,8 +325,8 @@ def _nan_unwritten_slots(x, layout, bs):
 
 
 # v4 candidate variants (selected through the launcher's config; see kernel.default_config)
-VARIANTS = [{"mha_path": "reduce"}, {"mha_path": "reduce", "prefetch_table": True}, {"legacy_k": "native"},
-            {"mha_path": "reduce", "legacy_k": "native", "block_n": 16}]
+VARIANTS = [{"mha_path": "reduce"}, {"mha_path": "reduce", "prefetch_table": True},
+            {"mha_path": "reduce", "block_n": 16}]
 # S, H, Hkv, D, block_size, contexts, layout, dtype, u, bd: G == 1 and G > 1, tails, both layouts
 VARIANT_CASES = [
     (3, 4, 4, 64, 16, [37, 1, 0], "legacy", torch.float16, "head", "strided"),

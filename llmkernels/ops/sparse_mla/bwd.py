@@ -191,16 +191,24 @@ class BwdConfig(KernelConfig):
     g_ws: Optional[object] = None
 
 
+# The H100 sweep's winners by head block (the v2 sweep, benchmarks/notes/sparse_mla_bwd.md)
+TUNED = {
+    128: BwdConfig(p_bh=64, p_bn=32, p_warps=4, p_stages=3, g_bh=128, g_bn=64, g_dc=64, g_warps=4, g_stages=3,
+                   hints=False),
+    64: BwdConfig(p_bh=64, p_bn=32, p_warps=4, p_stages=3, g_bh=64, g_bn=64, g_dc=128, g_warps=4, g_stages=3,
+                  hints=False),
+}
+
+
 def default_config(h_q: int, d_qk: int) -> BwdConfig:
-    """Block shapes and launch options of both passes: the H100 sweep's winners (bwd_tuned.py) by head
-    block, else a heuristic; tiny blocks under the interpreter."""
-    from .bwd_tuned import TUNED
+    """Block shapes and launch options of both passes: the H100 sweep's winners (TUNED) by head block, else a
+    heuristic; tiny blocks under the interpreter."""
     bh = min(max(16, next_pow2(h_q)), 128)
     if interpreting():
         return BwdConfig(p_bh=min(bh, 64), p_bn=16, p_warps=4, p_stages=1, g_bh=min(bh, 64), g_bn=16, g_dc=128,
                          g_warps=4, g_stages=1, hints=False)
     if bh in TUNED:
-        return BwdConfig(**TUNED[bh])
+        return TUNED[bh]
     # smaller head counts: 4 warps and 3 stages let two programs share an SM (hides gather latency)
     return BwdConfig(p_bh=min(bh, 64), p_bn=32, p_warps=4, p_stages=3, g_bh=bh, g_bn=64, g_dc=128,
                      g_warps=4, g_stages=3, hints=False)

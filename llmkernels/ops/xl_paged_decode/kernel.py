@@ -30,9 +30,9 @@ def _legacy_k_tile(k_base, kv_blk, off, tok_ok, s_kb, D: tl.constexpr, BLOCK_D: 
 @triton.jit
 def _tile(n0, end, lo, qpos, rel_e, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base, num_blocks, qk_scale, s_kb,
           s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d, dmask, D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr,
-          BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr, K_NATIVE: tl.constexpr,
-          HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr, TAIL: tl.constexpr, PAGED: tl.constexpr = True,
-          REL: tl.constexpr = False, HAS_LO: tl.constexpr = False):
+          BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr, HAS_BD: tl.constexpr,
+          DOT_PREC: tl.constexpr, TAIL: tl.constexpr, PAGED: tl.constexpr = True, REL: tl.constexpr = False,
+          HAS_LO: tl.constexpr = False):
     """One tile of BLOCK_N tokens (runs of BSUB tokens, each inside one cache block) into the online softmax.
     TAIL: the tile may end inside a run (context end); otherwise every token of a live run is < end.
     HAS_LO: tokens below lo are not attended (a window, left padding). REL / PAGED: see the kernel."""
@@ -53,15 +53,11 @@ def _tile(n0, end, lo, qpos, rel_e, m_i, l_i, acc, q, k_base, v_base, tbl_base, 
     kv_blk = kv_blk1[:, None]
     off = off1[:, None]
     kmask = valid[:, None] & dmask[None, :]
-    if LEGACY and K_NATIVE:  # load in memory order [D/KX, BLOCK_N, KX], then kT [D, BLOCK_N] for the dot
-        k3 = _legacy_k_tile(k_base, kv_blk1, off1, valid, s_kb, D, BLOCK_D, BS, KX)
-        kt = tl.reshape(tl.permute(k3, (0, 2, 1)), (BLOCK_D, BLOCK_N))
-    else:
-        if LEGACY:  # k [nb, Hkv, D/KX, BS, KX], each (block, head) slab contiguous: KX-wide runs along d
-            k_off = (offs_d[None, :] // KX) * (BS * KX) + off * KX + offs_d[None, :] % KX
-        else:  # NHD [nb, BS, Hkv, D]
-            k_off = off * s_kt + offs_d[None, :]
-        kt = tl.trans(tl.load(k_base + kv_blk * s_kb + k_off, mask=kmask, other=0.0))
+    if LEGACY:  # k [nb, Hkv, D/KX, BS, KX], each (block, head) slab contiguous: KX-wide runs along d
+        k_off = (offs_d[None, :] // KX) * (BS * KX) + off * KX + offs_d[None, :] % KX
+    else:  # NHD [nb, BS, Hkv, D]
+        k_off = off * s_kt + offs_d[None, :]
+    kt = tl.trans(tl.load(k_base + kv_blk * s_kb + k_off, mask=kmask, other=0.0))
     if LEGACY:
         # v [nb, Hkv, D, BS] is contiguous along tokens: per d, a run is BSUB consecutive elements starting at
         # a multiple of BSUB (the host checks the block/head strides). The table lookup hides this from the
@@ -165,7 +161,7 @@ def _xl_decode_split_kernel(
     s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_ts, s_tb, s_or, s_os, s_lr, window, rel_e,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BS: tl.constexpr, BSUB: tl.constexpr, BLOCK_N: tl.constexpr, KX: tl.constexpr, LEGACY: tl.constexpr,
-    HAS_U: tl.constexpr, HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr, K_NATIVE: tl.constexpr, MHA_REDUCE: tl.constexpr,
+    HAS_U: tl.constexpr, HAS_BD: tl.constexpr, DOT_PREC: tl.constexpr, MHA_REDUCE: tl.constexpr,
     PREFETCH_TBL: tl.constexpr, USE_GDC: tl.constexpr,
     FUSED: tl.constexpr = False, MB_S: tl.constexpr = 1, MB_D: tl.constexpr = 1, MB_ONE: tl.constexpr = True,
     TRIGGER: tl.constexpr = True, PAGED: tl.constexpr = True, REL: tl.constexpr = False,
@@ -257,13 +253,13 @@ def _xl_decode_split_kernel(
             n0 = tl.multiple_of(n0, BLOCK_N)  # start is a multiple of chunk, itself a multiple of BLOCK_N
             m_i, l_i, acc = _tile(n0, end, lo, qpos, rel_e, m_i, l_i, acc, q, k_base, v_base, tbl_base, bd_base,
                                   num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask, offs_d, dmask,
-                                  D, BLOCK_D, BS, BSUB, BLOCK_N, KX, LEGACY, K_NATIVE, HAS_BD, DOT_PREC, False,
+                                  D, BLOCK_D, BS, BSUB, BLOCK_N, KX, LEGACY, HAS_BD, DOT_PREC, False,
                                   PAGED, REL, HAS_LO)
         # the last, partial tile, in 16-token steps (a small loop: the main loop's registers stay as they are)
         for n0 in tl.range(full_end, end, TAIL_N):
             m_i, l_i, acc = _tile(tl.multiple_of(n0, TAIL_N), end, lo, qpos, rel_e, m_i, l_i, acc, q, k_base, v_base,
                                   tbl_base, bd_base, num_blocks, qk_scale, s_kb, s_kt, s_vb, s_vt, s_tb, s_bt, gmask,
-                                  offs_d, dmask, D, BLOCK_D, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY, K_NATIVE,
+                                  offs_d, dmask, D, BLOCK_D, BS, min(BSUB, TAIL_N), TAIL_N, KX, LEGACY,
                                   HAS_BD, DOT_PREC, True, PAGED, REL, HAS_LO)
         o = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]
         lse = tl.where(l_i == 0, float("-inf"), (m_i + tl.log2(l_i)) * LN2_C)
@@ -283,23 +279,20 @@ class XLConfig(KernelConfig):
         reductions on K and V tiles in memory order, no padded dot); ignored when G > 1.
       prefetch_table: reduce path only: load the next tile's block ids one iteration ahead (Triton does not
         cp.async-pipeline loads that feed no dot, so the table -> K/V latency chain is otherwise exposed).
-      legacy_k: "v2" (K tile [BLOCK_N, D] gathered along d) or "native" (loaded [D/x, BLOCK_N, x] in memory
-        order, permuted to K^T for the dot); dot path, legacy layout only.
     fuse_merge: eager calls merge the parts in the split kernel while G x splits <= this (masked_decode's knob)."""
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
     programs_per_sm: int = 16
     mha_path: str = "dot"
-    legacy_k: str = "v2"
     prefetch_table: bool = False
     pdl: bool = True
     fuse_merge: int = 64
     min_tiles: int = 4  # a split's chunk holds at least this many tiles
 
     def __post_init__(self):
-        if self.mha_path not in ("dot", "reduce") or self.legacy_k not in ("v2", "native"):
-            raise ValueError(f"unknown variant mha_path={self.mha_path!r} legacy_k={self.legacy_k!r}")
+        if self.mha_path not in ("dot", "reduce"):
+            raise ValueError(f"unknown variant mha_path={self.mha_path!r}")
 
 
 def default_config(D: int, esize: int, legacy: bool = False, G: int = 1) -> XLConfig:
@@ -397,7 +390,7 @@ class XLPlan:
             G=G, BLOCK_G=max(16, next_pow2(G)), D=D, BLOCK_D=next_pow2(D),
             BS=bs, BSUB=min(bs, block_n), BLOCK_N=block_n, KX=k_cache.shape[4] if legacy else 1, LEGACY=legacy,
             HAS_U=u is not None, HAS_BD=bd is not None, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-            K_NATIVE=legacy and cfg.legacy_k == "native", MHA_REDUCE=G == 1 and cfg.mha_path == "reduce",
+            MHA_REDUCE=G == 1 and cfg.mha_path == "reduce",
             PREFETCH_TBL=bool(cfg.prefetch_table) and paged, USE_GDC=pdl, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, PAGED=paged, REL=rel, HAS_WINDOW=window > 0, HAS_STARTS=starts,
             **({"launch_pdl": True} if pdl and cfg.pdl else {}))
