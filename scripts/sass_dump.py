@@ -27,6 +27,8 @@ from llmkernels.ops.masked_decode import kernel as MD  # noqa: E402
 from llmkernels.ops.nvfp4_gemv import gemv as NG  # noqa: E402
 from llmkernels.ops.nvfp4_gemv import linear as NL  # noqa: E402
 from llmkernels.ops.nvfp4_gemv import tiled as NT  # noqa: E402
+from llmkernels.ops.nvfp4_gemv import tiled_layout as NTL  # noqa: E402
+from llmkernels.ops.nvfp4_gemv import tiled_prefill as NTP  # noqa: E402
 from llmkernels.ops.nvfp4_gemv import prefill_wgmma as NW  # noqa: E402
 from llmkernels.ops.sparse_mla import attn_dist as SD  # noqa: E402
 from llmkernels.ops.sparse_mla import wgmma_common as W  # noqa: E402
@@ -134,13 +136,13 @@ def linear(T, N, K, dtype, kernel, bias=False):
         elif kernel == "glu":  # gate / up of N rows each, silu(gate) * up in the epilogue
             NT.tiled_launch(x, w, s, gs, b, y, parts=[(w, s, gs, b)], glu=True)
         elif kernel == "prefill":  # NVFP4Linear above 16 tokens
-            NT.prefill_launch(x, w, s, gs, b, y)
+            NTP.prefill_launch(x, w, s, gs, b, y)
         elif kernel.startswith("wgmma"):  # the Gluon prefill kernel (above 128 tokens); "wgmma BT": its token tile
             NW.wgmma_prefill_launch(x, w, s, gs, b, y, cfg={"BT": int(kernel[6:])} if kernel[6:] else None)
         elif kernel == "dequant":
             NL.dequant_launch(w, s, gs, e(N, K, dtype=dtype))
         elif kernel == "dequant tiled":
-            NT.dequant_tiled_launch(w, s, gs, e(N, K, dtype=dtype))
+            NTL.dequant_tiled_launch(w, s, gs, e(N, K, dtype=dtype))
         else:  # the dot kernel, with the inline-PTX decode sm_90 uses for fp16 and bf16
             NL.linear_launch(x, w, s, gs, b, y, cfg={"kernel": "dot"}, use_asm=True)
     return go

@@ -1,5 +1,5 @@
-"""NVFP4Linear's tiled weight layout (ops/nvfp4_gemv/tiled.py): the layout itself, the module's plain-layout state,
-and (GPU) the tiled mma kernel against the fp32 reference."""
+"""NVFP4Linear's tiled weight layout (ops/nvfp4_gemv/tiled_layout.py; the mma kernel in tiled.py): the layout itself,
+the module's plain-layout state, and (GPU) the tiled mma kernel against the fp32 reference."""
 import pytest
 import torch
 
@@ -7,8 +7,9 @@ from llmkernels import NVFP4Linear, nvfp4_quantize
 from llmkernels.checking import graph_replay, rel_err
 from llmkernels.ops.nvfp4_gemv.reference import nvfp4_linear_ref
 from llmkernels.ops.nvfp4_gemv.spec import LINEAR_TOL, random_scales
-from llmkernels.ops.nvfp4_gemv.tiled import (PAIR_MASK, REST_MASK, REST_MUL, code_bits, tile_packed, tile_scales,
-                                             tileable, tiled_launch, untile_packed, untile_scales)
+from llmkernels.ops.nvfp4_gemv.tiled import tiled_launch
+from llmkernels.ops.nvfp4_gemv.tiled_layout import (PAIR_MASK, REST_MASK, REST_MUL, code_bits, tile_packed,
+                                                    tile_scales, tileable, untile_packed, untile_scales)
 
 
 def _weights(N, K, dev):
@@ -329,7 +330,7 @@ def test_wgmma_prefill_plan():
                                             (300, "wgmma", {"split": 2})])
 def test_gpu_nan_scale_and_input(T, kernel, cfg):
     from llmkernels.ops.nvfp4_gemv.prefill_wgmma import wgmma_prefill_launch
-    from llmkernels.ops.nvfp4_gemv.tiled import prefill_launch
+    from llmkernels.ops.nvfp4_gemv.tiled_prefill import prefill_launch
     dev = torch.device("cuda")
     w, s = _weights(32, 512, dev)
     s = s.view(torch.uint8).clone()
@@ -393,13 +394,13 @@ def test_gpu_module_prefill_plan(T, pad, off, dtype):
                                        (20, 4096, 14336, {}), (129, 32, 256, {"BKW": 8, "num_warps": 4})])
 def test_gpu_prefill_kernel(dtype, T, N, K, cfg):
     # full-range codes and scales, NaN-poisoned output, strided x, bias, rows and tokens past the tiles, K splits
-    from llmkernels.ops.nvfp4_gemv.tiled import prefill_launch
+    from llmkernels.ops.nvfp4_gemv.tiled_prefill import prefill_launch
     _check_tiled_launch(lambda *a: prefill_launch(*a, cfg), dtype, T, N, K, 32)
 
 
 def test_dequant_reads_the_tiled_layout(device):
     from llmkernels.ops.nvfp4_gemv.linear import dequant_launch
-    from llmkernels.ops.nvfp4_gemv.tiled import dequant_tiled_launch
+    from llmkernels.ops.nvfp4_gemv.tiled_layout import dequant_tiled_launch
     N, K = 48, 768
     w, s = _weights(N, K, device)
     s = s.view(torch.uint8).clone()

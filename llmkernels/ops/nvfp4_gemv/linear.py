@@ -434,7 +434,7 @@ def linear_launch(x, w8, s8, gs, bias, y, cfg=None, use_asm=None):
 
 def dequant_launch(w8, s8, gs, out):
     """w8 uint8 [N, K/2], s8 uint8 [N, K/16], gs fp32 [1] -> out [N, K] (e2m1 * scale * gs, rounded once). The
-    tiled layout's twin: tiled.dequant_tiled_launch."""
+    tiled layout's twin: tiled_layout.dequant_tiled_launch."""
     N, KH = w8.shape
     if N == 0 or KH == 0:
         return out

@@ -10,8 +10,9 @@ from .format import BLOCK, SCALE_DTYPES, as_bytes, check_k, nvfp4_quantize, u8
 from .gemv import gemv_kept_call, gemv_kept_plan, gemv_launch
 from .linear import MAX_FUSED_T, MmaPlan, dequant_launch, linear_launch
 from .prefill_wgmma import WgmmaPrefillPlan, wgmma_prefill_launch, wgmma_prefill_usable
-from .tiled import (TiledPlan, dequant_tiled_launch, prefill_launch, prefill_usable, tile_packed, tile_scales,
-                    tileable, tiled_launch, tiled_usable, untile_packed, untile_scales)
+from .tiled import TiledPlan, tiled_launch, tiled_usable
+from .tiled_layout import dequant_tiled_launch, tile_packed, tile_scales, tileable, untile_packed, untile_scales
+from .tiled_prefill import prefill_launch, prefill_usable
 
 _X_DTYPES = (torch.float16, torch.bfloat16)
 

@@ -21,7 +21,7 @@ from ..._gluon import HAVE_GLUON, TensorDescriptor, gl, gluon, mbarrier, tma, wa
 from ..._launch import Launch, launch
 from ..._runtime import capability, cdiv, interpreting, planned_sms
 from .linear import MMA_MAX_T, _reduce_linear, reduce_plan
-from .tiled import TILE_K, _u8, asm_chunk
+from .tiled_layout import TILE_K, _u8, asm_chunk
 
 
 def _asm_step(bf16: bool, u: int) -> str:
