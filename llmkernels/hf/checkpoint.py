@@ -8,6 +8,7 @@ import torch
 from safetensors import safe_open
 
 from .formats import KV_SCALES, QuantSpec, read_json
+from .moe import renames, to_checkpoint_name
 
 # safetensors dtype names (the header's "dtype")
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
@@ -17,10 +18,12 @@ ST_DTYPES = {"U8": torch.uint8, "F8_E4M3": torch.float8_e4m3fn, "F16": torch.flo
 
 class Checkpoint:
     """The tensors of a checkpoint directory (model.safetensors, or shards listed by model.safetensors.index.json),
-    known from their headers alone: name -> (safetensors dtype, shape, file)."""
+    known from their headers alone: name -> (safetensors dtype, shape, file). rename: checkpoint name -> the model's
+    name for it (MoE families whose checkpoints spell a block otherwise, hf.moe); `source` maps back."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, rename=None):
         self.path = path
+        self.source: Dict[str, str] = {}
         index = os.path.join(path, "model.safetensors.index.json")
         single = os.path.join(path, "model.safetensors")
         if os.path.exists(index):
@@ -44,19 +47,23 @@ class Checkpoint:
                     header = {n: (f.get_slice(n).get_dtype(), tuple(f.get_slice(n).get_shape())) for n in f.keys()}
             except Exception as e:  # safetensors' SafetensorError (truncated, not safetensors), OSError
                 raise ValueError(f"{full} is not a readable safetensors file: {type(e).__name__}: {e}") from e
-            for name, (dt, shape) in header.items():
+            names = []
+            for raw, (dt, shape) in header.items():
+                name = rename(raw) if rename is not None else raw
                 if name in self.meta:
-                    raise ValueError(f"tensor {name} is stored twice ({self.meta[name][2]} and {fn})")
-                self.meta[name] = (dt, shape, fn)
-            self.files[fn] = list(header)
+                    raise ValueError(f"tensor {raw} is stored twice ({self.meta[name][2]} and {fn})")
+                self.meta[name], self.source[name] = (dt, shape, fn), raw
+                names.append(name)
+            self.files[fn] = names
         if weight_map is not None:
-            for name, fn in weight_map.items():
+            for raw, fn in weight_map.items():
+                name = rename(raw) if rename is not None else raw
                 if self.meta.get(name, (None, None, fn))[2] != fn:
                     raise ValueError(f"model.safetensors.index.json maps {name} to {fn}, which does not hold it")
 
     def read(self, name: str, device="cpu") -> torch.Tensor:
         with safe_open(os.path.join(self.path, self.meta[name][2]), framework="pt", device=str(device)) as f:
-            return f.get_tensor(name)
+            return f.get_tensor(self.source[name])
 
 
 @dataclass
@@ -91,8 +98,9 @@ def plan(model: torch.nn.Module, spec: QuantSpec, ckpt: Checkpoint) -> Plan:
     e4m3 block scales) and refuse NaN, inf or negative values. Raises TypeError/ValueError naming the tensor."""
     fmt = spec.format
     quantized, expected = {}, {}
+    pairs = renames(model)
     for name, mod in model.named_modules():
-        if not spec.is_quantized(name, mod):
+        if not spec.is_quantized(to_checkpoint_name(name, pairs), mod):
             continue
         N, K = mod.out_features, mod.in_features
         if K % 16:

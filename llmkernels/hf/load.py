@@ -13,6 +13,7 @@ from ..ops.nvfp4_gemv.tiled_layout import tile_packed, tile_scales
 from .checkpoint import Checkpoint, plan
 from .formats import read_json, read_quant_spec
 from .fuse import fuse_projections
+from .moe import from_checkpoint_name, renames, unfuse_experts
 
 
 @contextlib.contextmanager
@@ -83,7 +84,8 @@ def load_nvfp4(path: Union[str, os.PathLike], device: Union[str, torch.device] =
     Activation-quantization tensors (input_scale, input_global_scale) and KV-cache scales are ignored: inference is
     weight-only, activations stay in `dtype`.
     fuse: group the q / k / v and gate / up layers of known decoder layers (one kernel call each at decode; see
-    fuse.fuse_projections).
+    fuse.fuse_projections). Mixture-of-experts models (Qwen2-MoE, Qwen3-MoE, Mixtral): the per-expert NVFP4 tensors
+    load into an hf.moe.Experts list of per-expert NVFP4Linear layers in place of transformers' fused experts.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
@@ -108,10 +110,12 @@ def load_nvfp4(path: Union[str, os.PathLike], device: Union[str, torch.device] =
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"{path} has no config.json: not a transformers checkpoint directory")
     spec = read_quant_spec(path, read_json(config_file))
-    ckpt = Checkpoint(path)
     config = AutoConfig.from_pretrained(path)
     with params_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    unfuse_experts(model, materialize=False)  # MoE: per-expert linears under the checkpoint's names (hf.moe)
+    pairs = renames(model)
+    ckpt = Checkpoint(path, rename=lambda n: from_checkpoint_name(n, pairs))
     p = plan(model, spec, ckpt)  # every check before any weight is read
     replace_linears(model, p.quantized)
     buffers_to(model, device)
@@ -122,7 +126,7 @@ def load_nvfp4(path: Union[str, os.PathLike], device: Union[str, torch.device] =
                 if name in p.ignored:
                     continue
                 mod, _, leaf = name.rpartition(".")
-                t = f.get_tensor(name)
+                t = f.get_tensor(ckpt.source[name])
                 if mod not in p.quantized:
                     set_tensor(model, name, t.to(dtype))
                 elif leaf == fmt.packed:  # in the module's layout (NVFP4Linear: tiled where its shape allows)

@@ -13,6 +13,7 @@ from ..ops.nvfp4_gemv.format import default_global_scale, nvfp4_dequantize, nvfp
 from ..ops.nvfp4_gemv.op import NVFP4Linear
 from .fuse import fuse_projections
 from .formats import FORMATS, compressed_tensors_config, modelopt_config
+from .moe import has_fused_experts, renames, to_checkpoint_name, unfuse_experts
 
 
 # sibling nn.Linear layers that engines load into one fused layer with ONE global scale (vLLM's qkv_proj,
@@ -74,6 +75,8 @@ def quantize_(model: torch.nn.Module, skip: Iterable[str] = (), fuse: bool = Tru
     skip = (skip,) if isinstance(skip, str) else tuple(skip)
     if not all(isinstance(p, str) for p in skip):
         raise TypeError(f"skip must be fnmatch patterns (str), got {skip!r}")
+    if has_fused_experts(model):  # MoE: one nn.Linear per expert and projection first (hf.moe)
+        unfuse_experts(model, materialize=True)
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     for p in skip:
         if not any(fnmatch.fnmatchcase(n, p) for n, _ in linears):
@@ -165,7 +168,8 @@ def checkpoint_tensors(model: torch.nn.Module, format: str) -> Dict[str, torch.T
             continue
         seen.add(key)
         out[name] = t
-    return out
+    pairs = renames(model)
+    return {to_checkpoint_name(n, pairs): t for n, t in out.items()}
 
 
 def _shards(tensors: Dict[str, torch.Tensor], max_bytes: int) -> List[List[str]]:
@@ -199,7 +203,8 @@ def save_nvfp4(model: torch.nn.Module, path: Union[str, os.PathLike], format: st
     tensors = checkpoint_tensors(model, format)
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
-    ignore = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    pairs = renames(model)
+    ignore = [to_checkpoint_name(n, pairs) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     cfg = model.config.to_dict()
     cfg["dtype"] = str(_model_dtype(model)).replace("torch.", "")
     cfg.pop("torch_dtype", None)

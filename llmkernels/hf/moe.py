@@ -1,0 +1,121 @@
+"""Mixture-of-experts models with NVFP4 experts. transformers 5.x fuses each layer's experts into 3-D parameters
+(gate_up_proj [E, 2I, H], down_proj [E, H, I]); NVFP4 checkpoints (llm-compressor, ModelOpt) keep one quantized
+linear per expert and projection, under the names of the original checkpoints. `unfuse_experts` puts in place of
+each fused experts module an `Experts` list of per-expert MLPs whose nn.Linear layers carry those names, so that
+load_nvfp4, quantize_ and save_nvfp4 treat them as any other linear (experts stay NVFP4, never densified).
+
+Families (config.model_type): Qwen2-MoE and Qwen3-MoE (experts.{e}.gate_proj / up_proj / down_proj), Mixtral
+(block_sparse_moe.experts.{e}.w1 / w3 / w2 in checkpoints; transformers names the block `mlp`).
+"""
+from typing import Dict, Tuple
+
+import torch
+
+# model_type -> ((gate, up, down) names per expert in checkpoints, (model path part, checkpoint path part) renames)
+FAMILIES: Dict[str, Tuple[Tuple[str, str, str], Tuple[Tuple[str, str], ...]]] = {
+    "qwen2_moe": (("gate_proj", "up_proj", "down_proj"), ()),
+    "qwen3_moe": (("gate_proj", "up_proj", "down_proj"), ()),
+    "mixtral": (("w1", "w3", "w2"), ((".mlp.", ".block_sparse_moe."),)),
+}
+
+
+class ExpertMLP(torch.nn.Module):
+    """One expert: down(act(gate(x)) * up(x)), its three linears under the checkpoint's names."""
+
+    def __init__(self, names, hidden: int, inter: int, act, device=None, dtype=None):
+        super().__init__()
+        self.names, self.act_fn = names, act
+        kw = dict(bias=False, device=device, dtype=dtype)
+        for n, (i, o) in zip(names, ((hidden, inter), (hidden, inter), (inter, hidden))):
+            setattr(self, n, torch.nn.Linear(i, o, **kw))
+
+    def forward(self, x):
+        gate, up, down = (getattr(self, n) for n in self.names)
+        return down(self.act_fn(gate(x)) * up(x))
+
+
+class Experts(torch.nn.ModuleList):
+    """A layer's experts as a list of ExpertMLP, called as transformers calls its fused experts module:
+    (hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H], each token's sum of its experts'
+    outputs times their routing weights. Experts no token chose are not run (the hit list is read on the host, as
+    transformers' own loop does)."""
+
+    def __init__(self, experts, hidden: int, inter: int):
+        super().__init__(experts)
+        self.num_experts, self.hidden_dim, self.intermediate_dim = len(experts), hidden, inter
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        with torch.no_grad():
+            mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
+            hit = (mask[:self.num_experts].sum(dim=(-1, -2)) > 0).nonzero().flatten().tolist()
+        for e in hit:
+            pos, tok = torch.where(mask[e])
+            y = self[e](hidden_states[tok]) * top_k_weights[tok, pos, None]
+            out.index_add_(0, tok, y.to(out.dtype))
+        return out
+
+
+def _fused(mod) -> bool:
+    g, d = getattr(mod, "gate_up_proj", None), getattr(mod, "down_proj", None)
+    return isinstance(g, torch.Tensor) and isinstance(d, torch.Tensor) and g.dim() == 3 and d.dim() == 3
+
+
+def family(model) -> Tuple[Tuple[str, str, str], Tuple[Tuple[str, str], ...]]:
+    """The model's entry of FAMILIES; ValueError for an MoE model of another type."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    mt = getattr(cfg, "model_type", None)
+    if mt not in FAMILIES:
+        raise ValueError(f"NVFP4 experts of model type {mt!r} are not supported yet (supported: "
+                         f"{', '.join(FAMILIES)}); its fused experts modules would stay dense")
+    return FAMILIES[mt]
+
+
+def has_fused_experts(model) -> bool:
+    return any(_fused(m) for m in model.modules())
+
+
+def unfuse_experts(model, materialize: bool) -> int:
+    """Replace every fused experts module of model by an Experts list (see the module's doc); materialize: slice the
+    fused weights into the per-expert linears (quantize_), else leave them on the meta device (load_nvfp4). Returns
+    how many were replaced (0 for a model without fused experts)."""
+    targets = [(n, m) for n, m in model.named_modules() if _fused(m)]
+    if not targets:
+        return 0
+    names = family(model)[0]
+    for name, mod in targets:
+        E, I2, H = mod.gate_up_proj.shape
+        inter = I2 // 2
+        if tuple(mod.down_proj.shape) != (E, H, inter):
+            raise ValueError(f"{name}: gate_up_proj {tuple(mod.gate_up_proj.shape)} and down_proj "
+                             f"{tuple(mod.down_proj.shape)} are not [E, 2I, H] and [E, H, I]")
+        dev = "meta" if not materialize else mod.gate_up_proj.device
+        experts = [ExpertMLP(names, H, inter, mod.act_fn, dev, mod.gate_up_proj.dtype) for _ in range(E)]
+        if materialize:
+            with torch.no_grad():
+                for e, ex in enumerate(experts):
+                    gate, up, down = (getattr(ex, n) for n in names)
+                    gate.weight.copy_(mod.gate_up_proj[e, :inter])
+                    up.weight.copy_(mod.gate_up_proj[e, inter:])
+                    down.weight.copy_(mod.down_proj[e])
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, Experts(experts, H, inter))
+    return len(targets)
+
+
+def renames(model) -> Tuple[Tuple[str, str], ...]:
+    """(model path part, checkpoint path part) pairs for this model's names (none without Experts)."""
+    return family(model)[1] if any(isinstance(m, Experts) for m in model.modules()) else ()
+
+
+def to_checkpoint_name(name: str, pairs) -> str:
+    """A model tensor or module name as the family's checkpoints spell it (pairs: renames(model))."""
+    for a, b in pairs:
+        name = ("." + name).replace(a, b)[1:]
+    return name
+
+
+def from_checkpoint_name(name: str, pairs) -> str:
+    for a, b in pairs:
+        name = ("." + name).replace(b, a)[1:]
+    return name

@@ -1,0 +1,132 @@
+"""NVFP4 mixture-of-experts checkpoints in transformers (llmkernels.hf.moe): tiny random Qwen3-MoE and Mixtral models,
+quantized, saved in both producers' layouts (one quantized linear per expert and projection, under the original
+checkpoints' names), loaded back with the experts kept NVFP4, against transformers' own model holding the dequantized
+weights in its fused 3-D expert parameters."""
+import os
+
+import pytest
+import torch
+
+from conftest import import_extra
+
+transformers = import_extra("transformers", "hf")
+import_extra("safetensors", "hf")
+from safetensors.torch import load_file  # noqa: E402
+
+from llmkernels import nvfp4_dequantize  # noqa: E402
+from llmkernels.hf import load_nvfp4, quantize_, save_nvfp4  # noqa: E402
+from llmkernels.hf.moe import Experts, ExpertMLP, unfuse_experts  # noqa: E402
+from llmkernels.ops.nvfp4_gemv.op import NVFP4Linear  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DTYPE = torch.bfloat16 if CUDA else torch.float16  # the CPU interpreter multiplies bf16 wrongly
+ROUND = 2.0 ** -8 if DTYPE == torch.bfloat16 else 2.0 ** -11
+BASE = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=128, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
+ARCHS = {  # arch -> (config extras, checkpoint name of layer 0's expert 1 gate / up / down projections)
+    "Qwen3Moe": (dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16),
+                 ("model.layers.0.mlp.experts.1.gate_proj", "model.layers.0.mlp.experts.1.up_proj",
+                  "model.layers.0.mlp.experts.1.down_proj")),
+    "Mixtral": (dict(num_local_experts=4, num_experts_per_tok=2),
+                ("model.layers.0.block_sparse_moe.experts.1.w1", "model.layers.0.block_sparse_moe.experts.1.w3",
+                 "model.layers.0.block_sparse_moe.experts.1.w2")),
+}
+FORMAT_NAMES = {"modelopt": ("weight", "weight_scale", "weight_scale_2"),
+                "compressed-tensors": ("weight_packed", "weight_scale", "weight_global_scale")}
+
+
+def _model(arch):
+    cfg = getattr(transformers, arch + "Config")(**BASE, **ARCHS[arch][0], architectures=[arch + "ForCausalLM"])
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=DTYPE, attn_implementation="sdpa")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if not n.endswith("norm.weight"):
+                p.normal_(0, 0.1)
+    return model.eval()
+
+
+def _deq(sd, prefix, fmt):
+    packed, scale, g = (sd[f"{prefix}.{n}"] for n in FORMAT_NAMES[fmt])
+    return nvfp4_dequantize(packed, scale, (1.0 / g.float()) if fmt == "compressed-tensors" else g.float())
+
+
+def _reference(path, arch, fmt, device):
+    """transformers' own model of the checkpoint, its fused experts holding the dequantized per-expert weights (and
+    every other quantized linear dequantized), in DTYPE."""
+    cfg = transformers.AutoConfig.from_pretrained(path)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=DTYPE, attn_implementation="sdpa")
+    sd = load_file(os.path.join(path, "model.safetensors"))
+    block = "block_sparse_moe" if arch == "Mixtral" else "mlp"
+    gate, up, down = (n.rsplit(".", 1)[1] for n in ARCHS[arch][1])
+    state = {}
+    for name, p in model.state_dict().items():
+        if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+            layer = name.split(".experts.")[0].replace(".mlp", f".{block}")
+            E = p.shape[0]
+            if name.endswith("gate_up_proj"):
+                w = [torch.cat([_deq(sd, f"{layer}.experts.{e}.{gate}", fmt),
+                                _deq(sd, f"{layer}.experts.{e}.{up}", fmt)]) for e in range(E)]
+            else:
+                w = [_deq(sd, f"{layer}.experts.{e}.{down}", fmt) for e in range(E)]
+            state[name] = torch.stack(w)
+            continue
+        ck = name.replace(".mlp.", f".{block}.") if arch == "Mixtral" else name
+        prefix = ck.rsplit(".", 1)[0]
+        if name.endswith(".weight") and f"{prefix}.weight_scale" in sd:
+            state[name] = _deq(sd, prefix, fmt)
+        else:
+            state[name] = sd[ck] if ck in sd else sd[name]
+    model.load_state_dict({k: v.to(DTYPE) for k, v in state.items()})
+    return model.to(device).eval()
+
+
+@pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+@pytest.mark.parametrize("arch", ["Qwen3Moe", "Mixtral"])
+def test_moe_checkpoint_roundtrip(tmp_path, device, arch, fmt):
+    model = _model(arch)
+    quantize_(model)
+    experts = model.model.layers[0].mlp.experts
+    assert isinstance(experts, Experts) and len(experts) == 4
+    assert all(isinstance(getattr(ex, n), NVFP4Linear) for ex in experts for n in ex.names)
+    save_nvfp4(model, tmp_path, format=fmt)
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    for proj in ARCHS[arch][1]:  # the producers' per-expert names and tensors
+        assert all(f"{proj}.{n}" in sd for n in FORMAT_NAMES[fmt]), proj
+    gate, up = ARCHS[arch][1][:2]  # one expert's gate / up share a global scale (engines fuse them: w13)
+    g = FORMAT_NAMES[fmt][2]
+    assert torch.equal(sd[f"{gate}.{g}"], sd[f"{up}.{g}"])
+    assert not any("gate_up_proj" in k for k in sd)
+    ours = load_nvfp4(tmp_path, device=device, dtype=DTYPE)
+    ex = ours.model.layers[1].mlp.experts
+    assert isinstance(ex, Experts) and isinstance(ex[3], ExpertMLP)
+    assert all(isinstance(getattr(e, n), NVFP4Linear) for e in ex for n in e.names)  # never densified
+    ids = torch.randint(0, BASE["vocab_size"], (2, 7))
+    with torch.no_grad():
+        out = ours(ids.to(device)).logits.float()
+        ref = _reference(str(tmp_path), arch, fmt, device)(ids.to(device)).logits.float()
+    # the reference holds each dequantized weight rounded to DTYPE (test_hf's tolerance and why); a routing flip on
+    # a near-tie would move the logits by O(1), far outside it
+    err, scale = (out - ref).abs().max().item(), ref.abs().max().item()
+    assert err <= 20 * ROUND * scale, (err, scale)
+
+
+def test_unsupported_moe_family_is_an_error(monkeypatch):
+    model = _model("Qwen3Moe")
+    monkeypatch.setattr(model.config, "model_type", "olmoe")
+    with pytest.raises(ValueError, match="model type 'olmoe' are not supported yet"):
+        unfuse_experts(model, materialize=True)
+    with pytest.raises(ValueError, match="not supported yet"):
+        quantize_(model)
+
+
+def test_unfused_experts_match_transformers():
+    """Experts (per-expert linears, dense) computes what transformers' fused experts module computes."""
+    model = _model("Qwen3Moe")
+    ids = torch.randint(0, BASE["vocab_size"], (2, 9))
+    dev = "cuda" if CUDA else "cpu"
+    model.to(dev)
+    with torch.no_grad():
+        ref = model(ids.to(dev)).logits.float()
+        assert unfuse_experts(model, materialize=True) == 2 and unfuse_experts(model, materialize=True) == 0
+        out = model(ids.to(dev)).logits.float()
+    assert (out - ref).abs().max().item() <= 4 * ROUND * ref.abs().max().item()
