@@ -14,7 +14,7 @@ import_extra("safetensors", "hf")
 from safetensors.torch import load_file  # noqa: E402
 
 from llmkernels import nvfp4_dequantize  # noqa: E402
-from llmkernels.hf import load_nvfp4, quantize_, save_nvfp4  # noqa: E402
+from llmkernels.hf import StaticDecoder, load_nvfp4, quantize_, save_nvfp4  # noqa: E402
 from llmkernels.hf.moe import Experts, ExpertMLP, unfuse_experts  # noqa: E402
 from llmkernels.ops.nvfp4_gemv.op import NVFP4Linear  # noqa: E402
 
@@ -130,3 +130,16 @@ def test_unfused_experts_match_transformers():
         assert unfuse_experts(model, materialize=True) == 2 and unfuse_experts(model, materialize=True) == 0
         out = model(ids.to(dev)).logits.float()
     assert (out - ref).abs().max().item() <= 4 * ROUND * ref.abs().max().item()
+
+
+@pytest.mark.gpu
+def test_static_decoder_refuses_graphs_for_moe():
+    model = _model("Qwen3Moe").cuda()
+    with pytest.raises(ValueError, match="routes its tokens on the host"):
+        StaticDecoder(model, batch=1, max_len=32)
+    quantize_(model)
+    with pytest.raises(ValueError, match="routes its tokens on the host"):
+        StaticDecoder(model, batch=1, max_len=32)
+    ids = torch.randint(0, BASE["vocab_size"], (1, 5), device="cuda")
+    out = StaticDecoder(model, batch=1, max_len=32, graph=False).generate(ids, 6)  # eager steps work
+    assert out.shape == (1, 11) and torch.equal(out[:, :5], ids)
