@@ -114,6 +114,17 @@ def inkling(layout, dtype=torch.bfloat16, D=128, H=64, Hkv=8, E=1024, window=Non
     return go
 
 
+def moe(T, E, H, inter, k, dtype=torch.bfloat16):
+    """nvfp4_moe: the grouped NVFP4 experts (two launches)."""
+    from llmkernels.ops.nvfp4_gemv.moe import _nvfp4_moe_op
+    u8 = torch.uint8
+
+    def proj(N, K):
+        return e(E, N, K // 2, dtype=u8), e(E, N, K // 16, dtype=u8), e(E, dtype=torch.float32)
+    return lambda: _nvfp4_moe_op(e(T, H, dtype=dtype), torch.zeros(T, k, dtype=torch.int64), e(T, k, dtype=dtype),
+                                 *proj(inter, H), *proj(inter, H), *proj(H, inter))
+
+
 def gemv(M, K, L, static):
     def go():
         u8 = torch.uint8
@@ -214,6 +225,8 @@ CONFIGS = {
     "inkling dense bf16 D128 G4 window starts": inkling("dense", Hkv=16, E=512, window=512, starts=True),
     "inkling dense fp16 D64 MHA": inkling("dense", dtype=f16, D=64, H=4, Hkv=4, E=7),
     "inkling nhd fp32 D256 G2 window": inkling("nhd", dtype=f32, D=256, H=4, Hkv=2, window=300),
+    "moe bf16 T1 E128 H2048 I768 k8": moe(1, 128, 2048, 768, 8),
+    "moe fp16 T16 E8 H4096 I1536 k2": moe(16, 8, 4096, 1536, 2, torch.float16),
     "gemv 7168x16384 L1": gemv(7168, 16384, 1, False),
     "gemv 7168x16384 L1 static": gemv(7168, 16384, 1, True),
     "gemv 4096x7168 L8": gemv(4096, 7168, 8, False),

@@ -143,3 +143,51 @@ def test_static_decoder_refuses_graphs_for_moe():
     ids = torch.randint(0, BASE["vocab_size"], (1, 5), device="cuda")
     out = StaticDecoder(model, batch=1, max_len=32, graph=False).generate(ids, 6)  # eager steps work
     assert out.shape == (1, 11) and torch.equal(out[:, :5], ids)
+
+
+def _tiled_experts(E=3, H=256, inter=256):
+    """An Experts layer of E NVFP4 experts with tiled shapes (in_features % 256), from random dense weights."""
+    dev = "cuda" if CUDA else "cpu"
+    experts = [ExpertMLP(("gate_proj", "up_proj", "down_proj"), H, inter, torch.nn.SiLU(), dev, DTYPE)
+               for _ in range(E)]
+    layer = Experts(experts, H, inter)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0, 0.05)
+        for ex in layer:
+            for n in ex.names:
+                setattr(ex, n, NVFP4Linear.from_linear(getattr(ex, n)))
+    return layer.eval()
+
+
+def test_grouped_experts_match_one_by_one():
+    """Up to MOE_MAX_T tokens, an Experts layer of tiled NVFP4 experts runs nvfp4_moe (device routing); it matches
+    the one-by-one path on the same experts (whose gate / up / down outputs round to DTYPE each, the grouped
+    kernel's down sums in fp32): within a few DTYPE steps. Dropped slots (index E) add nothing; after the first
+    grouped call the experts' buffers are views of the stacks, so the module (and its state_dict) are unchanged."""
+    layer = _tiled_experts()
+    assert layer.grouped_capable()
+    dev = layer[0].gate_proj.packed.device
+    x = torch.randn(3, 256, device=dev).to(DTYPE)
+    idx = torch.tensor([[0, 2], [1, 3], [2, 2]], device=dev)  # 3 = E: a dropped slot
+    w = torch.rand(3, 2, device=dev).to(DTYPE)
+    sd = {k: v.clone() for k, v in layer.state_dict().items()}
+    with torch.no_grad():
+        layer_loop = Experts(list(layer), 256, 256)
+        ref = _loop(layer_loop, x, idx, w)
+        out = layer(x, idx, w)
+    assert layer._stacks is not None and layer[1].up_proj.packed.data_ptr() == layer._stacks[1][0][1].data_ptr()
+    assert all(torch.equal(v, sd[k]) for k, v in layer.state_dict().items())
+    err, scale = (out.float() - ref.float()).abs().max().item(), ref.float().abs().max().item()
+    assert err <= 8 * ROUND * scale, (err, scale)
+
+
+def _loop(layer, x, idx, w):
+    """Experts.forward's one-by-one path (more tokens than MOE_MAX_T take it)."""
+    from llmkernels.hf import moe
+    orig = moe.MOE_MAX_T
+    try:
+        moe.MOE_MAX_T = 0
+        return layer(x, idx, w)
+    finally:
+        moe.MOE_MAX_T = orig

@@ -11,6 +11,9 @@ from typing import Dict, Tuple
 
 import torch
 
+from ..ops.nvfp4_gemv.moe import MOE_MAX_T, nvfp4_moe
+from ..ops.nvfp4_gemv.op import NVFP4Linear
+
 # model_type -> ((gate, up, down) names per expert in checkpoints, (model path part, checkpoint path part) renames)
 FAMILIES: Dict[str, Tuple[Tuple[str, str, str], Tuple[Tuple[str, str], ...]]] = {
     "qwen2_moe": (("gate_proj", "up_proj", "down_proj"), ()),
@@ -34,17 +37,56 @@ class ExpertMLP(torch.nn.Module):
         return down(self.act_fn(gate(x)) * up(x))
 
 
+def _silu(act) -> bool:
+    return isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
+
+
 class Experts(torch.nn.ModuleList):
     """A layer's experts as a list of ExpertMLP, called as transformers calls its fused experts module:
     (hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H], each token's sum of its experts'
-    outputs times their routing weights. Experts no token chose are not run (the hit list is read on the host, as
-    transformers' own loop does)."""
+    outputs times their routing weights.
+
+    Where every expert is NVFP4 in the tiled layout with the SiLU (`grouped_capable`), calls of up to MOE_MAX_T
+    tokens run llmkernels.nvfp4_moe: two launches for all chosen experts, routing read on the device (CUDA-graph
+    capturable); the experts' buffers then become views of one stack per projection (made on the first such call).
+    Otherwise the experts no token chose are skipped and the others run one by one (the hit list read on the host,
+    as transformers' own loop does)."""
 
     def __init__(self, experts, hidden: int, inter: int):
         super().__init__(experts)
         self.num_experts, self.hidden_dim, self.intermediate_dim = len(experts), hidden, inter
+        self._stacks = None
+
+    def grouped_capable(self) -> bool:
+        """Every expert NVFP4Linear, tiled, without bias or group, and the SiLU as the activation."""
+        return all(_silu(ex.act_fn) and all(
+            isinstance(m, NVFP4Linear) and m.tiled and m.bias is None and m.group is None
+            for m in (getattr(ex, n) for n in ex.names)) for ex in self)
+
+    def _stacked(self):
+        """(gate, up, down) stacks of (packed, scales, global scales), the experts' buffers their views; rebuilt
+        when a buffer was replaced since."""
+        first = [getattr(self[0], n) for n in self[0].names]
+        if self._stacks is not None and all(m.packed.data_ptr() == s[0][0].data_ptr()
+                                            for m, s in zip(first, self._stacks)):
+            return self._stacks
+        stacks = []
+        with torch.no_grad():
+            for n in self[0].names:
+                mods = [getattr(ex, n) for ex in self]
+                st = (torch.stack([m.packed for m in mods]), torch.stack([m.scales for m in mods]),
+                      torch.cat([m.global_scale.reshape(1).float() for m in mods]))
+                for e, m in enumerate(mods):
+                    m._buffers["packed"], m._buffers["scales"] = st[0][e], st[1][e]
+                    m._buffers["global_scale"] = st[2][e:e + 1]
+                stacks.append(st)
+        self._stacks = tuple(stacks)
+        return self._stacks
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
+        if hidden_states.shape[0] <= MOE_MAX_T and hidden_states.dtype in (torch.float16, torch.bfloat16) and \
+                self.grouped_capable():
+            return nvfp4_moe(hidden_states, top_k_index, top_k_weights, *self._stacked())
         out = torch.zeros_like(hidden_states)
         with torch.no_grad():
             mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)

@@ -1,0 +1,89 @@
+"""nvfp4_moe (ops/nvfp4_gemv/moe.py): a MoE layer's routed NVFP4 experts (tiled layout, stacked) against the fp32
+reference; dropped slots, NaN, errors, torch.compile / opcheck; CUDA-graph replay on the GPU."""
+import pytest
+import torch
+
+from llmkernels import nvfp4_quantize
+from llmkernels.checking import rel_err
+from llmkernels.ops.nvfp4_gemv.moe import nvfp4_moe
+from llmkernels.ops.nvfp4_gemv.moe_reference import nvfp4_moe_ref
+from llmkernels.ops.nvfp4_gemv.tiled_layout import tile_packed, tile_scales
+
+CUDA = torch.cuda.is_available()
+# x, gate / up outputs and h round to the dtype like a layer's (the reference rounds the same three), the down
+# products sum in fp32: a few roundings of the dtype's step (fp16 2^-11, bf16 2^-8)
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _proj(E, N, K, device, g):
+    ps, ss, gs = [], [], []
+    for _ in range(E):
+        p, s, gl = nvfp4_quantize(torch.randn(N, K, generator=g).to(device) * 0.1)
+        ps.append(p)
+        ss.append(s)
+        gs.append(gl.reshape(()).float())
+    plain = (torch.stack(ps), torch.stack(ss), torch.stack(gs))
+    return plain, (torch.stack([tile_packed(p) for p in ps]), torch.stack([tile_scales(s) for s in ss]), plain[2])
+
+
+def _inputs(device, E=3, H=256, inter=256, T=2, k=2, dtype=torch.float16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    projs = [_proj(E, inter, H, device, g), _proj(E, inter, H, device, g), _proj(E, H, inter, device, g)]
+    x = torch.randn(T, H, generator=g).to(device, dtype)
+    idx = torch.randint(0, E, (T, k), generator=g).to(device)
+    w = torch.rand(T, k, generator=g).to(device, dtype)
+    return x, idx, w, [p[0] for p in projs], [p[1] for p in projs]
+
+
+def test_matches_reference_with_a_dropped_slot(device):
+    x, idx, w, plain, tiled = _inputs(device)
+    idx[1, 0] = 3  # = E: dropped (transformers' convention), adds nothing
+    y = nvfp4_moe(x, idx, w, *tiled)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert rel_err(y, nvfp4_moe_ref(x, idx, w, *plain)) <= TOL[torch.float16]
+
+
+def test_nan_in_a_token_stays_in_its_row(device):
+    x, idx, w, plain, tiled = _inputs(device, T=2)
+    x[0, 5] = float("nan")
+    y = nvfp4_moe(x, idx, w, *tiled)
+    assert torch.isnan(y[0]).all() and not torch.isnan(y[1]).any()
+
+
+def test_errors(device):
+    x, idx, w, plain, tiled = _inputs(device, inter=512)
+    with pytest.raises(TypeError, match="x must have dtype"):
+        nvfp4_moe(x.float(), idx, w, *tiled)
+    with pytest.raises(ValueError, match="top_k_index and top_k_weights"):
+        nvfp4_moe(x, idx[:, :1], w, *tiled)
+    with pytest.raises(TypeError, match="top_k_index must have dtype"):
+        nvfp4_moe(x, idx.float(), w, *tiled)
+    with pytest.raises(ValueError, match="down"):
+        nvfp4_moe(x, idx, w, tiled[0], tiled[1], tiled[0])  # [E, I, H/2] where [E, H, I/2] is due
+    gate = (tiled[0][0][:, :, :64].contiguous(), tiled[0][1][:, :, :8].contiguous(), tiled[0][2])
+    with pytest.raises(ValueError, match="gate"):
+        nvfp4_moe(x[:, :128], idx, w, gate, gate, tiled[2])
+
+
+def test_compile_and_opcheck(device):
+    x, idx, w, plain, tiled = _inputs(device, T=1, k=2)
+    f = torch.compile(lambda *a: nvfp4_moe(*a), fullgraph=True, backend="aot_eager")
+    assert rel_err(f(x, idx, w, *tiled), nvfp4_moe_ref(x, idx, w, *plain)) <= TOL[torch.float16]
+    u8 = [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for p in tiled for t in p]
+    torch.library.opcheck(torch.ops.llmkernels.nvfp4_moe.default, (x, idx, w, *u8),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 4, 16])
+def test_gpu_bf16_and_graph_replay(T):
+    x, idx, w, plain, tiled = _inputs("cuda", E=8, H=512, inter=256, T=T, k=4, dtype=torch.bfloat16)
+    y = nvfp4_moe(x, idx, w, *tiled)
+    assert rel_err(y, nvfp4_moe_ref(x, idx, w, *plain)) <= TOL[torch.bfloat16]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = nvfp4_moe(x, idx, w, *tiled)
+    idx.copy_(torch.randint(0, 8, idx.shape, device="cuda"))  # routing read on the device at replay
+    g.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, nvfp4_moe_ref(x, idx, w, *plain)) <= TOL[torch.bfloat16]
