@@ -1,4 +1,4 @@
-"""End-to-end greedy decode of Llama-shaped transformers models (random weights): bf16 against NVFP4.
+"""End-to-end greedy decode of Llama- and Qwen3-MoE-shaped transformers models (random weights): bf16 against NVFP4.
 
     python -m llmkernels.hf.bench --model llama-3.1-8b-shaped --out DIR    # or llama-3.3-70b-shaped, all
     python -m llmkernels.hf.bench --quick --out DIR                        # tiny model, 1-2 steps (CPU works)
@@ -8,6 +8,9 @@ and from one CUDA graph per step (StaticDecoder). Records (op "e2e_decode", the 
 DIR/<device>.json): ms per decode step, tokens/s, peak GPU memory, and floor_ms = bytes read per step (every weight
 once, the embedding rows of the batch, the valid KV cache) / read bandwidth measured in the same run. The 8B's
 NVFP4 form is quantize_ of its bf16 form; the 70B's packed weights are drawn directly as random codes and scales.
+Mixture-of-experts models (qwen3-30b-a3b-shaped, qwen3-235b-a22b-shaped, the latter built directly in NVFP4): the
+floor counts only the experts a step reads, k per token (num_experts_per_tok), distinct among a batch's tokens as
+under uniform routing (E (1 - (1 - 1/E)^(batch k)) per layer).
 """
 import argparse
 import datetime
@@ -24,6 +27,7 @@ from ..ops.nvfp4_gemv.op import NVFP4Linear
 from .decode import StaticDecoder
 from .fuse import fuse_projections
 from .load import buffers_to, check_materialized, params_on_meta, replace_linears, set_tensor
+from .moe import Experts, unfuse_experts
 from .save import quantize_
 
 _LLAMA3 = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128256, num_key_value_heads=8,
@@ -41,18 +45,36 @@ MODELS = {
     "tiny": dict(_LLAMA3, vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                  num_attention_heads=2, num_key_value_heads=1, head_dim=64, bos_token_id=1, eos_token_id=2),
 }
-DIRECT_NVFP4 = ("llama-3.3-70b-shaped",)  # never materialised in bf16
+_QWEN3_MOE = dict(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], vocab_size=151936, head_dim=128,
+                  num_key_value_heads=4, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                  decoder_sparse_step=1, mlp_only_layers=[], hidden_act="silu", max_position_embeddings=40960,
+                  rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False, bos_token_id=151643,
+                  eos_token_id=151645)
+# the sizes of Qwen/Qwen3-30B-A3B and Qwen3-235B-A22B's config.json (issue 47)
+MODELS.update({
+    "qwen3-30b-a3b-shaped": dict(_QWEN3_MOE, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                 num_hidden_layers=48, num_attention_heads=32),
+    "qwen3-235b-a22b-shaped": dict(_QWEN3_MOE, hidden_size=4096, intermediate_size=12288,
+                                   moe_intermediate_size=1536, num_hidden_layers=94, num_attention_heads=64),
+    "tiny-moe": dict(_QWEN3_MOE, vocab_size=512, hidden_size=256, intermediate_size=256, moe_intermediate_size=256,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=64, num_experts=4,
+                     num_experts_per_tok=2, bos_token_id=1, eos_token_id=2),
+})
+DIRECT_NVFP4 = ("llama-3.3-70b-shaped", "qwen3-235b-a22b-shaped")  # never materialised in bf16
+DEFAULT_MODELS = ("llama-3.1-8b-shaped", "llama-3.3-70b-shaped")  # --model all
 STD = 0.02  # weight scale of the random models
 
 
 def build(name: str, device, dtype, direct_nvfp4: bool):
     """A random model of MODELS[name] on device; with direct_nvfp4 its linears (not lm_head) are NVFP4Linear with
     random E2M1 codes, e4m3 scales in [0.5, 1] and a global scale giving weights of rms ~STD."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-    config = LlamaConfig(**MODELS[name])
+    from transformers import AutoConfig, AutoModelForCausalLM
+    kw = dict(MODELS[name])
+    config = AutoConfig.for_model(kw.pop("model_type"), **kw)
     with params_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     if direct_nvfp4:
+        unfuse_experts(model, materialize=False)  # MoE: one linear per expert and projection (hf.moe)
         shapes = {n: (m.out_features, m.in_features, m.bias is not None) for n, m in model.named_modules()
                   if isinstance(m, torch.nn.Linear) and n != "lm_head"}
         replace_linears(model, shapes)
@@ -73,17 +95,30 @@ def build(name: str, device, dtype, direct_nvfp4: bool):
     return model.eval()
 
 
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def read_bytes(model, batch: int) -> int:
     """Bytes one decode step reads from the weights: every parameter and buffer once, but only `batch` rows of the
-    input embedding (a gather)."""
+    input embedding (a gather), and of a mixture-of-experts layer only its active experts (see the module's doc)."""
     emb = model.get_input_embeddings().weight
     seen, total = set(), 0
     for t in list(model.parameters()) + list(model.buffers()):
-        if t.data_ptr() in seen or t is emb:
+        key = id(t) if t.device.type == "meta" else t.data_ptr()  # meta tensors all have address 0
+        if key in seen or t is emb:
             continue
-        seen.add(t.data_ptr())
+        seen.add(key)
         total += t.numel() * t.element_size()
-    return total + batch * emb.shape[1] * emb.element_size()
+    k = getattr(model.config, "num_experts_per_tok", 0)
+    for mod in model.modules():
+        fused = isinstance(getattr(mod, "gate_up_proj", None), torch.Tensor) and mod.gate_up_proj.dim() == 3
+        if isinstance(mod, Experts) or fused:
+            whole = _nbytes(list(mod.parameters()) + list(mod.buffers()))
+            E = mod.num_experts if isinstance(mod, Experts) else mod.gate_up_proj.shape[0]
+            active = E * (1 - (1 - 1 / E) ** (batch * k)) if batch else E
+            total += whole * active / E - whole
+    return int(total + batch * emb.shape[1] * emb.element_size())
 
 
 def kv_bytes(config, batch: int, kv_len: float, elem: int) -> float:
@@ -208,7 +243,7 @@ def main(argv=None) -> int:
     from ..bench.harness import _git_commit, merge_records
     from ..bench.report import device_slug
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    names = [n for n in MODELS if n != "tiny"] if args.model == "all" else [args.model]
+    names = list(DEFAULT_MODELS) if args.model == "all" else [args.model]
     batches = [int(b) for b in args.batches.split(",")]
     formats = args.formats.split(",")
     if not set(formats) <= {"bf16", "nvfp4"}:
@@ -270,8 +305,10 @@ def main(argv=None) -> int:
 def _bf16_gb(name: str) -> float:
     c = MODELS[name]
     h, i, L, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
-    kv = c["num_key_value_heads"] * c["head_dim"]
-    return 2 * (L * (2 * h * h + 2 * h * kv + 3 * h * i) + 2 * v * h) / 1e9
+    if "num_experts" in c:  # every layer sparse: E experts of moe_intermediate_size
+        i = c["num_experts"] * c["moe_intermediate_size"]
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    return 2 * (L * (2 * h * q + 2 * h * kv + 3 * h * i) + 2 * v * h) / 1e9
 
 
 if __name__ == "__main__":
