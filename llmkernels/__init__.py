@@ -12,7 +12,7 @@ from .ops.combine.kernel import empty_cache  # noqa: E402
 from .ops.dsa_indexer import dsa_index_scores, dsa_topk_logits  # noqa: E402
 from .ops.inkling_decode import inkling_decode  # noqa: E402
 from .ops.masked_decode import masked_decode  # noqa: E402
-from .ops.nvfp4_gemv import (NVFP4Linear, from_blocked, nvfp4_dequantize, nvfp4_gemv, nvfp4_linear,  # noqa: E402
+from .ops.nvfp4 import (NVFP4Linear, from_blocked, nvfp4_dequantize, nvfp4_gemv, nvfp4_linear,  # noqa: E402
                              nvfp4_quantize, to_blocked)
 from .ops.sparse_mla import (flash_mla_sparse_fwd, indexer_kl_loss, sparse_mla, sparse_mla_attn_dist,  # noqa: E402
                              sparse_mla_bwd)

@@ -24,12 +24,12 @@ import torch
 import llmkernels  # noqa: F401, E402
 from llmkernels.ops.combine import kernel as CB  # noqa: E402
 from llmkernels.ops.masked_decode import kernel as MD  # noqa: E402
-from llmkernels.ops.nvfp4_gemv import gemv as NG  # noqa: E402
-from llmkernels.ops.nvfp4_gemv import linear as NL  # noqa: E402
-from llmkernels.ops.nvfp4_gemv import tiled as NT  # noqa: E402
-from llmkernels.ops.nvfp4_gemv import tiled_layout as NTL  # noqa: E402
-from llmkernels.ops.nvfp4_gemv import tiled_prefill as NTP  # noqa: E402
-from llmkernels.ops.nvfp4_gemv import prefill_wgmma as NW  # noqa: E402
+from llmkernels.ops.nvfp4 import gemv as NG  # noqa: E402
+from llmkernels.ops.nvfp4 import linear as NL  # noqa: E402
+from llmkernels.ops.nvfp4 import tiled as NT  # noqa: E402
+from llmkernels.ops.nvfp4 import tiled_layout as NTL  # noqa: E402
+from llmkernels.ops.nvfp4 import tiled_prefill as NTP  # noqa: E402
+from llmkernels.ops.nvfp4 import prefill_wgmma as NW  # noqa: E402
 from llmkernels.ops.sparse_mla import attn_dist as SD  # noqa: E402
 from llmkernels.ops.sparse_mla import wgmma_common as W  # noqa: E402
 from llmkernels.ops.sparse_mla import bwd as SB  # noqa: E402
@@ -116,7 +116,7 @@ def inkling(layout, dtype=torch.bfloat16, D=128, H=64, Hkv=8, E=1024, window=Non
 
 def moe(T, E, H, inter, k, dtype=torch.bfloat16):
     """nvfp4_moe: the grouped NVFP4 experts (two launches)."""
-    from llmkernels.ops.nvfp4_gemv.moe import _nvfp4_moe_op
+    from llmkernels.ops.nvfp4.moe import _nvfp4_moe_op
     u8 = torch.uint8
 
     def proj(N, K):

@@ -316,7 +316,7 @@ def test_nvfp4_composes(device):
     weight changes): logits as the same model with each NVFP4Linear replaced by an nn.Linear of its dequantized
     weight, patched too (the linears' own rounding between: the tolerance above)."""
     from llmkernels.hf import quantize_
-    from llmkernels.ops.nvfp4_gemv.format import nvfp4_dequantize
+    from llmkernels.ops.nvfp4.format import nvfp4_dequantize
     model = quantize_(_model(device))
     dense = copy.deepcopy(model)
     for name, mod in list(dense.named_modules()):

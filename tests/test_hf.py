@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from llmkernels import nvfp4_dequantize  # noqa: E402
 from llmkernels.hf import StaticDecoder, load_nvfp4, quantize_, save_nvfp4  # noqa: E402
 from llmkernels.hf import load as hf_load  # noqa: E402
-from llmkernels.ops.nvfp4_gemv.op import NVFP4Linear  # noqa: E402
+from llmkernels.ops.nvfp4.op import NVFP4Linear  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DTYPE = torch.bfloat16 if CUDA else torch.float16  # the CPU interpreter multiplies bf16 wrongly: fp16 there
@@ -267,7 +267,7 @@ def test_fused_projections(tmp_path, device, monkeypatch, arch, extra):
     logits (the CPU's stacked call is each part's own product: equal; the GPU's stacked kernel sums in another
     order: within _close), same checkpoint."""
     from llmkernels.hf.fuse import fuse_projections, unfuse_projections
-    from llmkernels.ops.nvfp4_gemv.fused import NVFP4Group
+    from llmkernels.ops.nvfp4.fused import NVFP4Group
     if not CUDA:  # the stacked path on the CPU too
         monkeypatch.setattr(NVFP4Group, "_usable", staticmethod(lambda x: True))
     model = quantize_(_arch_model(device, arch, std=0.05, hidden_size=256, intermediate_size=512, **extra))
@@ -443,7 +443,7 @@ def _bits(t):
 
 @pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
 def test_fused_engines_read_saved_checkpoints_exactly(tmp_path, device, fmt):
-    from llmkernels.ops.nvfp4_gemv.format import default_global_scale
+    from llmkernels.ops.nvfp4.format import default_global_scale
     model = _tiny_model(device)
     # control: each layer's own scale, as quantize_ used to (k's weights halved: a scale 2x off the others')
     qkv = [getattr(model.model.layers[0].self_attn, n) for n in VLLM_FUSED[0]]

@@ -16,7 +16,7 @@ from safetensors.torch import load_file  # noqa: E402
 from llmkernels import nvfp4_dequantize  # noqa: E402
 from llmkernels.hf import StaticDecoder, load_nvfp4, quantize_, save_nvfp4  # noqa: E402
 from llmkernels.hf.moe import Experts, ExpertMLP, unfuse_experts  # noqa: E402
-from llmkernels.ops.nvfp4_gemv.op import NVFP4Linear  # noqa: E402
+from llmkernels.ops.nvfp4.op import NVFP4Linear  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DTYPE = torch.bfloat16 if CUDA else torch.float16  # the CPU interpreter multiplies bf16 wrongly

@@ -131,7 +131,7 @@ def test_kernel_configs_are_typed():
     import dataclasses
 
     from llmkernels.ops.masked_decode.kernel import CONFIG, MASKED_CONFIG
-    from llmkernels.ops.nvfp4_gemv.gemv import GemvConfig
+    from llmkernels.ops.nvfp4.gemv import GemvConfig
     from llmkernels.ops.sparse_mla.fwd_wgmma import FwdWsConfig
     assert MASKED_CONFIG.with_({"block_n": 32}).block_n == 32 and MASKED_CONFIG.num_stages == 3
     assert CONFIG.with_(None) is CONFIG and dict(CONFIG)["block_n"] == 128 and "waves" in CONFIG

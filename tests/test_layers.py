@@ -74,5 +74,18 @@ def test_no_import_cycle():
 def test_the_check_sees_the_graph():
     graph = _graph(_modules())
     assert "llmkernels.ops.masked_decode.kernel" in graph["llmkernels.ops.masked_decode.op"]
-    assert "llmkernels._pdl" in graph["llmkernels.ops.nvfp4_gemv.tiled"]
+    assert "llmkernels._pdl" in graph["llmkernels.ops.nvfp4.tiled"]
     assert "llmkernels.ops.masked_decode.spec" in graph["llmkernels.bench.specs.masked_decode"]
+
+
+def test_nvfp4_gemv_is_a_deprecated_alias():
+    """ops.nvfp4_gemv (renamed ops.nvfp4, issue 48) still imports, as the same modules, with a DeprecationWarning."""
+    import importlib
+    import sys
+    import warnings
+    sys.modules.pop("llmkernels.ops.nvfp4_gemv", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = importlib.import_module("llmkernels.ops.nvfp4_gemv.op")
+    assert old is importlib.import_module("llmkernels.ops.nvfp4.op")
+    assert any(issubclass(w.category, DeprecationWarning) and "renamed" in str(w.message) for w in caught)

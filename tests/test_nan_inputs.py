@@ -13,7 +13,7 @@ from llmkernels import (indexer_kl_loss, masked_decode, merge_attention_states, 
 from llmkernels.checking import rel_err
 from llmkernels.ops.combine.reference import merge_attention_states_ref
 from llmkernels.ops.masked_decode.reference import masked_decode_ref
-from llmkernels.ops.nvfp4_gemv.format import nvfp4_dequantize
+from llmkernels.ops.nvfp4.format import nvfp4_dequantize
 from llmkernels.ops.sparse_mla.common import prepare
 from llmkernels.ops.sparse_mla.reference import (indexer_kl_loss_ref, sparse_mla_attn_dist_ref,
                                                  sparse_mla_fwd_ref)

@@ -6,11 +6,11 @@ import torch
 
 from llmkernels import NVFP4Linear
 from llmkernels.checking import graph_replay, rel_err
-from llmkernels.ops.nvfp4_gemv import fused
-from llmkernels.ops.nvfp4_gemv.fused import NVFP4Group, group_linears, ungroup_linears
-from llmkernels.ops.nvfp4_gemv.reference import nvfp4_linear_ref
-from llmkernels.ops.nvfp4_gemv.spec import LINEAR_TOL, random_scales
-from llmkernels.ops.nvfp4_gemv.tiled import MMA_MAX_T
+from llmkernels.ops.nvfp4 import fused
+from llmkernels.ops.nvfp4.fused import NVFP4Group, group_linears, ungroup_linears
+from llmkernels.ops.nvfp4.reference import nvfp4_linear_ref
+from llmkernels.ops.nvfp4.spec import LINEAR_TOL, random_scales
+from llmkernels.ops.nvfp4.tiled import MMA_MAX_T
 
 
 def _layer(N, K, dev, bias, gs):

@@ -6,12 +6,12 @@ import torch
 from llmkernels import (NVFP4Linear, from_blocked, nvfp4_dequantize, nvfp4_gemv, nvfp4_linear, nvfp4_quantize,
                         to_blocked)
 from llmkernels.checking import rel_err
-from llmkernels.ops.nvfp4_gemv import custom_kernel
-from llmkernels.ops.nvfp4_gemv.format import E2M1_VALUES, pack_codes, unpack_e2m1
-from llmkernels.ops.nvfp4_gemv.gemv import gemv_launch, gemv_plan, gemv_tile
-from llmkernels.ops.nvfp4_gemv.linear import dequant_launch, linear_launch
-from llmkernels.ops.nvfp4_gemv.reference import nvfp4_gemv_ref, nvfp4_linear_ref
-from llmkernels.ops.nvfp4_gemv.spec import GEMV_TOL, LINEAR_TOL, make_inputs, make_linear_inputs, random_scales
+from llmkernels.ops.nvfp4 import custom_kernel
+from llmkernels.ops.nvfp4.format import E2M1_VALUES, pack_codes, unpack_e2m1
+from llmkernels.ops.nvfp4.gemv import gemv_launch, gemv_plan, gemv_tile
+from llmkernels.ops.nvfp4.linear import dequant_launch, linear_launch
+from llmkernels.ops.nvfp4.reference import nvfp4_gemv_ref, nvfp4_linear_ref
+from llmkernels.ops.nvfp4.spec import GEMV_TOL, LINEAR_TOL, make_inputs, make_linear_inputs, random_scales
 
 GRID = torch.tensor(E2M1_VALUES[:8])
 

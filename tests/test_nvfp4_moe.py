@@ -5,9 +5,9 @@ import torch
 
 from llmkernels import nvfp4_quantize
 from llmkernels.checking import rel_err
-from llmkernels.ops.nvfp4_gemv.moe import nvfp4_moe
-from llmkernels.ops.nvfp4_gemv.moe_reference import nvfp4_moe_ref
-from llmkernels.ops.nvfp4_gemv.tiled_layout import tile_packed, tile_scales
+from llmkernels.ops.nvfp4.moe import nvfp4_moe
+from llmkernels.ops.nvfp4.moe_reference import nvfp4_moe_ref
+from llmkernels.ops.nvfp4.tiled_layout import tile_packed, tile_scales
 
 CUDA = torch.cuda.is_available()
 # x, gate / up outputs and h round to the dtype like a layer's (the reference rounds the same three), the down

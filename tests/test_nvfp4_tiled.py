@@ -5,10 +5,10 @@ import torch
 
 from llmkernels import NVFP4Linear, nvfp4_quantize
 from llmkernels.checking import graph_replay, rel_err
-from llmkernels.ops.nvfp4_gemv.reference import nvfp4_linear_ref
-from llmkernels.ops.nvfp4_gemv.spec import LINEAR_TOL, random_scales
-from llmkernels.ops.nvfp4_gemv.tiled import tiled_launch
-from llmkernels.ops.nvfp4_gemv.tiled_layout import (PAIR_MASK, REST_MASK, REST_MUL, code_bits, tile_packed,
+from llmkernels.ops.nvfp4.reference import nvfp4_linear_ref
+from llmkernels.ops.nvfp4.spec import LINEAR_TOL, random_scales
+from llmkernels.ops.nvfp4.tiled import tiled_launch
+from llmkernels.ops.nvfp4.tiled_layout import (PAIR_MASK, REST_MASK, REST_MUL, code_bits, tile_packed,
                                                     tile_scales, tileable, untile_packed, untile_scales)
 
 
@@ -249,14 +249,14 @@ def test_gpu_wgmma_prefill_kernel(dtype, T, N, K, cfg, pad):
     # the sm_90 Gluon kernel: rows past N and tokens past the tiles, every token tile, K splits, bias, strided x
     # (pad 33: an odd row stride, copied before the 4-byte permutation); the last wave's row tiles split (NSM 9: 20
     # tiles, the last row tile, rows past N, in 4 pieces; 28672 x 4096 at 512 tokens: 26 row tiles in 2 pieces)
-    from llmkernels.ops.nvfp4_gemv.prefill_wgmma import wgmma_prefill_launch
+    from llmkernels.ops.nvfp4.prefill_wgmma import wgmma_prefill_launch
     _check_tiled_launch(lambda *a: wgmma_prefill_launch(*a, cfg), dtype, T, N, K, pad)
 
 
 @pytest.mark.gpu
 def test_gpu_wgmma_prefill_unaligned_x():
     # a contiguous x starting 2 bytes past a 4-byte boundary: the 4-byte permutation works on an aligned copy
-    from llmkernels.ops.nvfp4_gemv.prefill_wgmma import wgmma_prefill_launch
+    from llmkernels.ops.nvfp4.prefill_wgmma import wgmma_prefill_launch
     dev = torch.device("cuda")
     T, N, K = 40, 64, 512
     w, s = _weights(N, K, dev)
@@ -271,7 +271,7 @@ def test_gpu_wgmma_prefill_unaligned_x():
 def test_permute_x_is_the_fragment_order(device):
     # x' column 16 kk + 8 ph + 2 c + e of a step holds x column 16 c + 4 kk + 2 ph + e: the codes 2 p + e of word c
     # (pair p = 2 kk + ph) that the wgmma kernel's lane c puts in slot (ph) of k16 chunk kk
-    from llmkernels.ops.nvfp4_gemv.prefill_wgmma import permute_x
+    from llmkernels.ops.nvfp4.prefill_wgmma import permute_x
     x = torch.arange(128, dtype=torch.float16, device=device).repeat(3, 1)
     xp = permute_x(x[:, :128], rows=20)  # padded to whole token tiles: rows past x's are zero (the TMA boxes)
     assert xp.shape == (20, 128) and not xp[3:].any() and (xp[0] == xp[2]).all()
@@ -285,7 +285,7 @@ def test_permute_x_is_the_fragment_order(device):
 
 def test_tiled_config():
     # (KS, R, iterations a warp, loads), as on an H100 (132 SMs)
-    from llmkernels.ops.nvfp4_gemv.tiled import tiled_config
+    from llmkernels.ops.nvfp4.tiled import tiled_config
 
     def plan(T, N, K, **c):
         return tiled_config(T, N, K, torch.device("cpu"), {"NSM": 132, **c})
@@ -305,7 +305,7 @@ def test_tiled_config():
 
 def test_wgmma_prefill_plan():
     # (BT, row tiles run whole, pieces of each later one, iterations a piece), as on an H100 (132 SMs)
-    from llmkernels.ops.nvfp4_gemv import prefill_wgmma as pw
+    from llmkernels.ops.nvfp4 import prefill_wgmma as pw
 
     def plan(T, N, K, **c):
         return pw.wgmma_prefill_plan(T, N, K, torch.device("cpu"), {"NSM": 132, **c})
@@ -329,8 +329,8 @@ def test_wgmma_prefill_plan():
 @pytest.mark.parametrize("T, kernel, cfg", [(4, "tiled", None), (40, "prefill", {"split": 2}), (40, "wgmma", None),
                                             (300, "wgmma", {"split": 2})])
 def test_gpu_nan_scale_and_input(T, kernel, cfg):
-    from llmkernels.ops.nvfp4_gemv.prefill_wgmma import wgmma_prefill_launch
-    from llmkernels.ops.nvfp4_gemv.tiled_prefill import prefill_launch
+    from llmkernels.ops.nvfp4.prefill_wgmma import wgmma_prefill_launch
+    from llmkernels.ops.nvfp4.tiled_prefill import prefill_launch
     dev = torch.device("cuda")
     w, s = _weights(32, 512, dev)
     s = s.view(torch.uint8).clone()
@@ -394,13 +394,13 @@ def test_gpu_module_prefill_plan(T, pad, off, dtype):
                                        (20, 4096, 14336, {}), (129, 32, 256, {"BKW": 8, "num_warps": 4})])
 def test_gpu_prefill_kernel(dtype, T, N, K, cfg):
     # full-range codes and scales, NaN-poisoned output, strided x, bias, rows and tokens past the tiles, K splits
-    from llmkernels.ops.nvfp4_gemv.tiled_prefill import prefill_launch
+    from llmkernels.ops.nvfp4.tiled_prefill import prefill_launch
     _check_tiled_launch(lambda *a: prefill_launch(*a, cfg), dtype, T, N, K, 32)
 
 
 def test_dequant_reads_the_tiled_layout(device):
-    from llmkernels.ops.nvfp4_gemv.linear import dequant_launch
-    from llmkernels.ops.nvfp4_gemv.tiled_layout import dequant_tiled_launch
+    from llmkernels.ops.nvfp4.linear import dequant_launch
+    from llmkernels.ops.nvfp4.tiled_layout import dequant_tiled_launch
     N, K = 48, 768
     w, s = _weights(N, K, device)
     s = s.view(torch.uint8).clone()
@@ -425,7 +425,7 @@ def test_module_prefill_reference(device):
 
 def test_pdl_release_rule():
     # no PDL off Hopper; on it the next kernel is released at entry below EARLY_RELEASE_BYTES of weights, else late
-    from llmkernels.ops.nvfp4_gemv import tiled
+    from llmkernels.ops.nvfp4 import tiled
     assert tiled._pdl(torch.device("cpu"), 4096, 4096)["USE_GDC"] is False
     assert tiled._pdl(torch.device("cpu"), 4096, 4096)["TRIGGER"] == 1
     assert tiled._pdl(torch.device("cpu"), 28672, 4096)["TRIGGER"] == 2

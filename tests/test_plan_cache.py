@@ -12,9 +12,9 @@ from llmkernels import (merge_attention_states, masked_decode, nvfp4_gemv, nvfp4
 from llmkernels.checking import rel_err
 from llmkernels.ops.combine.reference import merge_attention_states_ref
 from llmkernels.ops.masked_decode.reference import masked_decode_ref
-from llmkernels.ops.nvfp4_gemv.format import nvfp4_dequantize
-from llmkernels.ops.nvfp4_gemv.reference import nvfp4_gemv_ref
-from llmkernels.ops.nvfp4_gemv.spec import make_inputs as gemv_inputs
+from llmkernels.ops.nvfp4.format import nvfp4_dequantize
+from llmkernels.ops.nvfp4.reference import nvfp4_gemv_ref
+from llmkernels.ops.nvfp4.spec import make_inputs as gemv_inputs
 from llmkernels.ops.sparse_mla.reference import sparse_mla_attn_dist_ref, sparse_mla_fwd_ref
 from llmkernels.ops.xl_paged_decode.spec import make_inputs as xl_inputs, ref as xl_ref, run as xl_run
 

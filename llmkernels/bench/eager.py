@@ -134,8 +134,8 @@ def _sparse_mla():
 
 
 def _nvfp4():
-    from ..ops.nvfp4_gemv import spec
-    from ..ops.nvfp4_gemv.op import NVFP4Linear, custom_kernel, nvfp4_linear
+    from ..ops.nvfp4 import spec
+    from ..ops.nvfp4.op import NVFP4Linear, custom_kernel, nvfp4_linear
     N, K = 4096, 4096
 
     def make(T, api):

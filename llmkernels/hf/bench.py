@@ -23,7 +23,7 @@ import traceback
 import torch
 import triton
 
-from ..ops.nvfp4_gemv.op import NVFP4Linear
+from ..ops.nvfp4.op import NVFP4Linear
 from .decode import StaticDecoder
 from .fuse import fuse_projections
 from .load import buffers_to, check_materialized, params_on_meta, replace_linears, set_tensor

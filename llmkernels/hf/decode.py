@@ -8,9 +8,9 @@ import torch
 from .._validate import check_bool, check_int
 from .._pdl import pdl_enabled
 from ..ops.masked_decode.op import masked_decode
-from ..ops.nvfp4_gemv.op import NVFP4Linear
+from ..ops.nvfp4.op import NVFP4Linear
 from . import inkling
-from ..ops.nvfp4_gemv.moe import MOE_MAX_T
+from ..ops.nvfp4.moe import MOE_MAX_T
 from .moe import Experts, has_fused_experts
 
 ATTN_NAME = "llmkernels_decode"

@@ -13,8 +13,8 @@ import sys
 import torch
 
 from ..ops.dsa_indexer import dsa_index_scores, dsa_topk_logits
-from ..ops.nvfp4_gemv.format import nvfp4_dequantize
-from ..ops.nvfp4_gemv.op import NVFP4Linear
+from ..ops.nvfp4.format import nvfp4_dequantize
+from ..ops.nvfp4.op import NVFP4Linear
 from ..ops.sparse_mla.op import indexer_kl_loss, sparse_mla
 
 KNOWN = ("DeepseekV32Attention", "GlmMoeDsaAttention")  # transformers' DSA attention classes

@@ -4,8 +4,8 @@ import types
 
 import torch
 
-from ..ops.nvfp4_gemv.fused import group_linears, ungroup_linears
-from ..ops.nvfp4_gemv.op import NVFP4Linear
+from ..ops.nvfp4.fused import group_linears, ungroup_linears
+from ..ops.nvfp4.op import NVFP4Linear
 
 # modules whose forward calls these projections on one tensor, in this order, changing nothing in place between
 # (transformers' Llama, Mistral, Qwen2 and Qwen3 attention and MLP)
@@ -23,7 +23,7 @@ def _swiglu_forward(self, x):
 
 
 def fuse_projections(model: torch.nn.Module) -> int:
-    """Group (llmkernels.ops.nvfp4_gemv.fused.group_linears) each known attention's q / k / v and MLP's gate / up
+    """Group (llmkernels.ops.nvfp4.fused.group_linears) each known attention's q / k / v and MLP's gate / up
     NVFP4Linear layers where they can be (tiled, one input size, bias in all or none); an MLP whose act_fn is the
     SiLU (and gate, up of one size) then runs gate, up and the SiLU in one call (NVFP4Group.silu_mul; its forward
     replaced on the instance). Weights, names and state_dict do not change. Returns the number of groups made."""

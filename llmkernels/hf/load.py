@@ -8,8 +8,8 @@ from safetensors import safe_open
 
 from .._runtime import interpreting
 from .._validate import check_bool
-from ..ops.nvfp4_gemv.op import NVFP4Linear
-from ..ops.nvfp4_gemv.tiled_layout import tile_packed, tile_scales
+from ..ops.nvfp4.op import NVFP4Linear
+from ..ops.nvfp4.tiled_layout import tile_packed, tile_scales
 from .checkpoint import Checkpoint, plan
 from .formats import read_json, read_quant_spec
 from .fuse import fuse_projections

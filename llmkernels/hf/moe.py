@@ -11,8 +11,8 @@ from typing import Dict, Tuple
 
 import torch
 
-from ..ops.nvfp4_gemv.moe import MOE_MAX_T, nvfp4_moe
-from ..ops.nvfp4_gemv.op import NVFP4Linear
+from ..ops.nvfp4.moe import MOE_MAX_T, nvfp4_moe
+from ..ops.nvfp4.op import NVFP4Linear
 
 # model_type -> ((gate, up, down) names per expert in checkpoints, (model path part, checkpoint path part) renames)
 FAMILIES: Dict[str, Tuple[Tuple[str, str, str], Tuple[Tuple[str, str], ...]]] = {

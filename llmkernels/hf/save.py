@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import save_file
 
 from .._validate import check_bool, check_int
-from ..ops.nvfp4_gemv.format import default_global_scale, nvfp4_dequantize, nvfp4_quantize
-from ..ops.nvfp4_gemv.op import NVFP4Linear
+from ..ops.nvfp4.format import default_global_scale, nvfp4_dequantize, nvfp4_quantize
+from ..ops.nvfp4.op import NVFP4Linear
 from .fuse import fuse_projections
 from .formats import FORMATS, compressed_tensors_config, modelopt_config
 from .moe import has_fused_experts, renames, to_checkpoint_name, unfuse_experts

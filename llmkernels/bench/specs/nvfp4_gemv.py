@@ -1,10 +1,10 @@
-"""Benchmark cases and peers of nvfp4_gemv for `llmkernels bench` (its checks: llmkernels.ops.nvfp4_gemv)."""
+"""Benchmark cases and peers of nvfp4_gemv for `llmkernels bench` (its checks: llmkernels.ops.nvfp4)."""
 import torch
 
 from .. import Case, Impl, OpBench
-from ...ops.nvfp4_gemv.format import E2M1_VALUES, nvfp4_dequantize, to_blocked
-from ...ops.nvfp4_gemv.op import NVFP4Linear, nvfp4_gemv, nvfp4_linear
-from ...ops.nvfp4_gemv.spec import make_inputs, make_linear_inputs
+from ...ops.nvfp4.format import E2M1_VALUES, nvfp4_dequantize, to_blocked
+from ...ops.nvfp4.op import NVFP4Linear, nvfp4_gemv, nvfp4_linear
+from ...ops.nvfp4.spec import make_inputs, make_linear_inputs
 
 
 GEMV_SHAPES = [(7168, 16384, 1), (4096, 7168, 8), (7168, 2048, 4),           # GPU MODE benchmark shapes

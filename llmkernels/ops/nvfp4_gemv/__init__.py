@@ -1,6 +1,14 @@
-"""NVFP4 (E2M1 + e4m3 block scales) GEMV, weight-only linear and format helpers."""
-from .format import from_blocked, nvfp4_dequantize, nvfp4_quantize, to_blocked
-from .op import NVFP4Linear, custom_kernel, nvfp4_gemv, nvfp4_linear  # custom_kernel: GPU MODE's entry point
+"""Deprecated name of llmkernels.ops.nvfp4 (renamed in issue 48: the package holds the whole NVFP4 family - format,
+quantize, GEMV, linear, tiled layout, prefill, grouped layers, MoE - not a GEMV alone). `llmkernels.ops.nvfp4_gemv`
+and `llmkernels.ops.nvfp4_gemv.<module>` still import, as the same module objects, with a DeprecationWarning."""
+import importlib
+import pkgutil
+import sys
+import warnings
 
-__all__ = ["nvfp4_quantize", "nvfp4_dequantize", "to_blocked", "from_blocked", "nvfp4_gemv", "nvfp4_linear",
-           "NVFP4Linear", "custom_kernel"]
+from .. import nvfp4 as _new
+from ..nvfp4 import *  # noqa: F401,F403
+
+warnings.warn("llmkernels.ops.nvfp4_gemv is renamed llmkernels.ops.nvfp4", DeprecationWarning, stacklevel=2)
+for _m in pkgutil.iter_modules(_new.__path__):
+    sys.modules[f"{__name__}.{_m.name}"] = importlib.import_module(f"{_new.__name__}.{_m.name}")
