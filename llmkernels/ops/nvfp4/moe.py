@@ -17,8 +17,7 @@ import triton.language as tl
 from ..._launch import launch
 from ..._runtime import cdiv, interpreting
 from ..._validate import check_same_device, check_tensor
-from .common import e2m1_f16, e4m3_f32
-from .tiled_layout import _join16, _pair_codes, _tiled_words
+from .tiled_layout import tiled_values
 
 MOE_MAX_T = 16  # tokens of a call (decode); larger batches run the experts one by one (hf.moe.Experts)
 
@@ -29,18 +28,7 @@ def _rows_dot(w_ptr, s_ptr, x_ptr, r, N, KW, BN: tl.constexpr, BKW: tl.constexpr
     acc = tl.zeros([BN], tl.float32)
     for kw0 in range(0, KW, BKW):
         kw = kw0 + tl.arange(0, BKW)[None, :]
-        word, sc = _tiled_words(w_ptr, s_ptr, r[:, None], kw, N, KW)
-        sc = e4m3_f32(sc, FIX_NAN) * 16384.0
-        c0, c1 = _pair_codes(word, 0)
-        c2, c3 = _pair_codes(word, 1)
-        c4, c5 = _pair_codes(word, 2)
-        c6, c7 = _pair_codes(word, 3)
-        c8, c9 = _pair_codes(word, 4)
-        c10, c11 = _pair_codes(word, 5)
-        c12, c13 = _pair_codes(word, 6)
-        c14, c15 = _pair_codes(word, 7)
-        c = _join16(c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15)
-        v = tl.reshape(e2m1_f16(c).to(tl.float32) * sc[:, :, None, None, None, None], [BN, 16 * BKW])
+        v = tiled_values(w_ptr, s_ptr, r[:, None], kw, N, KW, 1.0, BN, BKW, FIX_NAN)
         k = kw0 * 16 + tl.arange(0, 16 * BKW)
         xk = tl.load(x_ptr + k, mask=k < 16 * KW, other=0.0).to(tl.float32)
         acc += tl.sum(v * xk[None, :], axis=1)

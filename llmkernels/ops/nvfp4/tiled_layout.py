@@ -171,14 +171,11 @@ def _tiled_words(w_ptr, s_ptr, r, kw, N, KW):
 
 
 @triton.jit
-def _dequant_tiled_kernel(w_ptr, s_ptr, gs_ptr, out_ptr, N, KW, s_on, BN: tl.constexpr, BKW: tl.constexpr,
-                          FIX_NAN: tl.constexpr):
-    """out [N, 16 KW] = e2m1 * scale * gs from the tiled layout, a word (16 codes) at a time; the values computed as
-    linear._dequant_kernel computes them (bitwise equal)."""
-    r = tl.program_id(0) * BN + tl.arange(0, BN)[:, None]
-    kw = tl.program_id(1) * BKW + tl.arange(0, BKW)[None, :]
+def tiled_values(w_ptr, s_ptr, r, kw, N, KW, mul, BN: tl.constexpr, BKW: tl.constexpr, FIX_NAN: tl.constexpr):
+    """[BN, 16 BKW] fp32: e2m1 * (scale * mul) of rows r [BN, 1] x words kw [1, BKW] in the tiled layout (0 past
+    N), a word (16 codes) at a time."""
     word, sc = _tiled_words(w_ptr, s_ptr, r, kw, N, KW)
-    sc = e4m3_f32(sc, FIX_NAN) * (16384.0 * tl.load(gs_ptr))
+    sc = e4m3_f32(sc, FIX_NAN) * (16384.0 * mul)
     c0, c1 = _pair_codes(word, 0)
     c2, c3 = _pair_codes(word, 1)
     c4, c5 = _pair_codes(word, 2)
@@ -188,8 +185,17 @@ def _dequant_tiled_kernel(w_ptr, s_ptr, gs_ptr, out_ptr, N, KW, s_on, BN: tl.con
     c12, c13 = _pair_codes(word, 6)
     c14, c15 = _pair_codes(word, 7)
     c = _join16(c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15)
-    v = e2m1_f16(c).to(tl.float32) * sc[:, :, None, None, None, None]
-    v = tl.reshape(v, [BN, 16 * BKW])
+    return tl.reshape(e2m1_f16(c).to(tl.float32) * sc[:, :, None, None, None, None], [BN, 16 * BKW])
+
+
+@triton.jit
+def _dequant_tiled_kernel(w_ptr, s_ptr, gs_ptr, out_ptr, N, KW, s_on, BN: tl.constexpr, BKW: tl.constexpr,
+                          FIX_NAN: tl.constexpr):
+    """out [N, 16 KW] = e2m1 * scale * gs from the tiled layout; the values computed as linear._dequant_kernel
+    computes them (bitwise equal)."""
+    r = tl.program_id(0) * BN + tl.arange(0, BN)[:, None]
+    kw = tl.program_id(1) * BKW + tl.arange(0, BKW)[None, :]
+    v = tiled_values(w_ptr, s_ptr, r, kw, N, KW, tl.load(gs_ptr), BN, BKW, FIX_NAN)
     cols = tl.program_id(1) * (16 * BKW) + tl.arange(0, 16 * BKW)[None, :]
     tl.store(out_ptr + r.to(tl.int64) * s_on + cols, v.to(out_ptr.dtype.element_ty), mask=(r < N) & (cols < 16 * KW))
 
