@@ -30,13 +30,27 @@ ARCHS = {  # arch -> (config extras, checkpoint name of layer 0's expert 1 gate 
     "Mixtral": (dict(num_local_experts=4, num_experts_per_tok=2),
                 ("model.layers.0.block_sparse_moe.experts.1.w1", "model.layers.0.block_sparse_moe.experts.1.w3",
                  "model.layers.0.block_sparse_moe.experts.1.w2")),
+    # MLA attention, a shared expert, the grouped router (one group here); every layer MoE
+    "DeepseekV3": (dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                        first_k_dense_replace=0, n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=32,
+                        qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, num_key_value_heads=4),
+                   ("model.layers.0.mlp.experts.1.gate_proj", "model.layers.0.mlp.experts.1.up_proj",
+                    "model.layers.0.mlp.experts.1.down_proj")),
+    # DeepSeek-V3.2: V3's layout plus the DSA indexer (its weights_proj kept dense: transformers' own indexer reads
+    # its .weight; hf.patch_attention's takes it NVFP4)
+    "DeepseekV32": (dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                         first_k_dense_replace=0, n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=32,
+                         qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, num_key_value_heads=4,
+                         index_n_heads=4, index_head_dim=32, index_topk=4),
+                    ("model.layers.0.mlp.experts.1.gate_proj", "model.layers.0.mlp.experts.1.up_proj",
+                     "model.layers.0.mlp.experts.1.down_proj")),
 }
 FORMAT_NAMES = {"modelopt": ("weight", "weight_scale", "weight_scale_2"),
                 "compressed-tensors": ("weight_packed", "weight_scale", "weight_global_scale")}
 
 
 def _model(arch):
-    cfg = getattr(transformers, arch + "Config")(**BASE, **ARCHS[arch][0], architectures=[arch + "ForCausalLM"])
+    cfg = getattr(transformers, arch + "Config")(**{**BASE, **ARCHS[arch][0]}, architectures=[arch + "ForCausalLM"])
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=DTYPE, attn_implementation="sdpa")
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -81,10 +95,10 @@ def _reference(path, arch, fmt, device):
 
 
 @pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
-@pytest.mark.parametrize("arch", ["Qwen3Moe", "Mixtral"])
+@pytest.mark.parametrize("arch", ["Qwen3Moe", "Mixtral", "DeepseekV3", "DeepseekV32"])
 def test_moe_checkpoint_roundtrip(tmp_path, device, arch, fmt):
     model = _model(arch)
-    quantize_(model)
+    quantize_(model, skip=["*.indexer.weights_proj"] if arch == "DeepseekV32" else ())
     experts = model.model.layers[0].mlp.experts
     assert isinstance(experts, Experts) and len(experts) == 4
     assert all(isinstance(getattr(ex, n), NVFP4Linear) for ex in experts for n in ex.names)

@@ -116,6 +116,10 @@ def plan(model: torch.nn.Module, spec: QuantSpec, ckpt: Checkpoint) -> Plan:
     for pname, p in model.named_parameters(remove_duplicate=False):
         if pname.rsplit(".", 1)[0] + "." not in qprefixes:
             expected[pname] = (FLOAT_DTYPES, tuple(p.shape), "dense parameter")
+    persistent = set(model.state_dict(keep_vars=True))  # buffers saved with the model (a router's score bias)
+    for bname, b in model.named_buffers():
+        if bname in persistent and bname.rsplit(".", 1)[0] + "." not in qprefixes and b.is_floating_point():
+            expected[bname] = (FLOAT_DTYPES, tuple(b.shape), "dense buffer")
     out_name, tied = _output_embedding(model)
     tie_output = tied and out_name in expected and out_name not in ckpt.meta
     ignored = set()

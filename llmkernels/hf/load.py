@@ -127,8 +127,9 @@ def load_nvfp4(path: Union[str, os.PathLike], device: Union[str, torch.device] =
                     continue
                 mod, _, leaf = name.rpartition(".")
                 t = f.get_tensor(ckpt.source[name])
-                if mod not in p.quantized:
-                    set_tensor(model, name, t.to(dtype))
+                if mod not in p.quantized:  # a buffer keeps its own dtype (an fp32 router bias)
+                    buf = model.get_submodule(mod)._buffers.get(leaf) if mod else None
+                    set_tensor(model, name, t.to(buf.dtype if buf is not None else dtype))
                 elif leaf == fmt.packed:  # in the module's layout (NVFP4Linear: tiled where its shape allows)
                     set_tensor(model, f"{mod}.packed", tile_packed(t) if model.get_submodule(mod).tiled else t)
                 elif leaf == fmt.scale:

@@ -4,8 +4,9 @@ linear per expert and projection, under the names of the original checkpoints. `
 each fused experts module an `Experts` list of per-expert MLPs whose nn.Linear layers carry those names, so that
 load_nvfp4, quantize_ and save_nvfp4 treat them as any other linear (experts stay NVFP4, never densified).
 
-Families (config.model_type): Qwen2-MoE and Qwen3-MoE (experts.{e}.gate_proj / up_proj / down_proj), Mixtral
-(block_sparse_moe.experts.{e}.w1 / w3 / w2 in checkpoints; transformers names the block `mlp`).
+Families (config.model_type): Qwen2-MoE, Qwen3-MoE, DeepSeek-V3 / V3.2, GLM-4-MoE and GLM-5
+(experts.{e}.gate_proj / up_proj / down_proj; their shared experts are ordinary MLPs), Mixtral (block_sparse_moe.experts.{e}.w1 / w3 / w2 in
+checkpoints; transformers names the block `mlp`).
 """
 from typing import Dict, Tuple
 
@@ -18,6 +19,10 @@ from ..ops.nvfp4.op import NVFP4Linear
 FAMILIES: Dict[str, Tuple[Tuple[str, str, str], Tuple[Tuple[str, str], ...]]] = {
     "qwen2_moe": (("gate_proj", "up_proj", "down_proj"), ()),
     "qwen3_moe": (("gate_proj", "up_proj", "down_proj"), ()),
+    "deepseek_v3": (("gate_proj", "up_proj", "down_proj"), ()),  # shared experts and router as transformers has them
+    "glm4_moe": (("gate_proj", "up_proj", "down_proj"), ()),
+    "deepseek_v32": (("gate_proj", "up_proj", "down_proj"), ()),  # the DSA models (hf.dsa patches their attention)
+    "glm_moe_dsa": (("gate_proj", "up_proj", "down_proj"), ()),
     "mixtral": (("w1", "w3", "w2"), ((".mlp.", ".block_sparse_moe."),)),
 }
 
