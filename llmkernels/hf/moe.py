@@ -5,8 +5,8 @@ each fused experts module an `Experts` list of per-expert MLPs whose nn.Linear l
 load_nvfp4, quantize_ and save_nvfp4 treat them as any other linear (experts stay NVFP4, never densified).
 
 Families (config.model_type): Qwen2-MoE, Qwen3-MoE, DeepSeek-V3 / V3.2, GLM-4-MoE and GLM-5
-(experts.{e}.gate_proj / up_proj / down_proj; their shared experts are ordinary MLPs), Mixtral (block_sparse_moe.experts.{e}.w1 / w3 / w2 in
-checkpoints; transformers names the block `mlp`).
+(experts.{e}.gate_proj / up_proj / down_proj; their shared experts are ordinary MLPs), Mixtral
+(block_sparse_moe.experts.{e}.w1 / w3 / w2 in checkpoints; transformers names the block `mlp`).
 """
 from typing import Dict, Tuple
 
