@@ -205,3 +205,31 @@ def _loop(layer, x, idx, w):
         return layer(x, idx, w)
     finally:
         moe.MOE_MAX_T = orig
+
+
+def test_moe_attention_projections_grouped(monkeypatch, device):
+    """quantize_ groups a MoE model's q / k / v (tiled sizes) as it does a dense model's; the experts stay ungrouped
+    (their layer's own path); the CPU's stacked call equals the parts' own products."""
+    from llmkernels.hf.fuse import unfuse_projections
+    from llmkernels.ops.nvfp4.fused import NVFP4Group
+    if not CUDA:  # the stacked path on the CPU too
+        monkeypatch.setattr(NVFP4Group, "_usable", staticmethod(lambda x: True))
+    for arch in ("Qwen3Moe", "Mixtral"):
+        extra = dict(hidden_size=256, head_dim=64) if arch == "Qwen3Moe" else dict(hidden_size=256)
+        cfg = getattr(transformers, arch + "Config")(**{**BASE, **ARCHS[arch][0], **extra,
+                                                        "architectures": [arch + "ForCausalLM"]})
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=DTYPE, attn_implementation="sdpa")
+        quantize_(model.to(device).eval())
+        attn = model.model.layers[0].self_attn
+        assert attn.q_proj.group is attn.k_proj.group is attn.v_proj.group is not None, arch
+        assert all(getattr(ex, n).group is None for ex in model.model.layers[0].mlp.experts for n in ex.names)
+        ids = torch.randint(0, BASE["vocab_size"], (1, 5), device=device)
+        with torch.no_grad():
+            fused = model(ids).logits.float()
+            unfuse_projections(model)
+            assert attn.q_proj.group is None
+            alone = model(ids).logits.float()
+        if CUDA:  # the GPU's stacked kernel sums in another order
+            assert (fused - alone).abs().max().item() <= 20 * ROUND * alone.abs().max().item()
+        else:
+            assert torch.equal(fused, alone)

@@ -8,8 +8,9 @@ from ..ops.nvfp4.fused import group_linears, ungroup_linears
 from ..ops.nvfp4.op import NVFP4Linear
 
 # modules whose forward calls these projections on one tensor, in this order, changing nothing in place between
-# (transformers' Llama, Mistral, Qwen2 and Qwen3 attention and MLP)
-_GROUPED = {fam + kind: names for fam in ("Llama", "Mistral", "Qwen2", "Qwen3")
+# (transformers' Llama, Mistral, Qwen2 and Qwen3 attention and MLP; the MoE models' attention and dense MLPs; the
+# experts of hf.moe are not grouped: their layer runs all of them in one grouped kernel)
+_GROUPED = {fam + kind: names for fam in ("Llama", "Mistral", "Qwen2", "Qwen3", "Qwen2Moe", "Qwen3Moe", "Mixtral")
             for kind, names in (("Attention", ("q_proj", "k_proj", "v_proj")), ("MLP", ("gate_proj", "up_proj")))}
 
 
