@@ -371,3 +371,21 @@ def test_one_token_prompt(device, recorded):
             ref.append(ref_model(step, **{name: cache}).logits[0, -1].float())
             step = out.sequences[:, 1 + t:2 + t]
     _close(torch.stack([g[0].float() for g in out.logits]), torch.stack(ref))
+
+
+def test_visible_bounds_once_per_mask(monkeypatch, device):
+    """The layers of one forward share transformers' mask: its per-row bounds are computed (one host sync) once, not
+    per layer; a new mask, or the same one written in place, computes them again."""
+    calls = []
+    orig = torch.cummax
+    monkeypatch.setattr(dsa.torch, "cummax", lambda *a, **k: calls.append(1) or orig(*a, **k))
+    S = T = 12
+    mask = torch.ones(1, 1, S, T, dtype=torch.bool, device=device).tril()
+    want = [dsa.Visible(mask, None, S, T, device).last(s) for s in range(1, S + 1)]
+    assert want == list(range(S)) and len(calls) == 1
+    assert dsa.Visible(mask, None, S, T, device).last(S) == S - 1 and len(calls) == 1  # another layer: memo
+    mask[..., 0] = False  # written in place: its version changed
+    dsa.Visible(mask, None, S, T, device).last(S)
+    assert len(calls) == 2
+    dsa.Visible(mask.clone(), None, S, T, device).last(S)  # another tensor
+    assert len(calls) == 3
