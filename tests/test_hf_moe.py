@@ -233,3 +233,12 @@ def test_moe_attention_projections_grouped(monkeypatch, device):
             assert (fused - alone).abs().max().item() <= 20 * ROUND * alone.abs().max().item()
         else:
             assert torch.equal(fused, alone)
+
+
+def test_grouped_check_follows_module_edits():
+    """Experts re-checks whether it may run the grouped kernel after an expert's linear is replaced (a dense one:
+    the one-by-one path), not on every call."""
+    layer = _tiled_experts()
+    assert layer._grouped()
+    layer[1].up_proj = torch.nn.Linear(256, 256, bias=False, device=layer[0].gate_proj.packed.device, dtype=DTYPE)
+    assert not layer._grouped()

@@ -27,8 +27,16 @@ FAMILIES: Dict[str, Tuple[Tuple[str, str, str], Tuple[Tuple[str, str], ...]]] = 
 }
 
 
+_EDITS = [0]  # submodules set on any ExpertMLP / Experts so far: Experts re-checks what it may run when it changes
+
+
 class ExpertMLP(torch.nn.Module):
     """One expert: down(act(gate(x)) * up(x)), its three linears under the checkpoint's names."""
+
+    def __setattr__(self, name, value):
+        if isinstance(value, torch.nn.Module):
+            _EDITS[0] += 1
+        super().__setattr__(name, value)
 
     def __init__(self, names, hidden: int, inter: int, act, device=None, dtype=None):
         super().__init__()
@@ -60,7 +68,11 @@ class Experts(torch.nn.ModuleList):
     def __init__(self, experts, hidden: int, inter: int):
         super().__init__(experts)
         self.num_experts, self.hidden_dim, self.intermediate_dim = len(experts), hidden, inter
-        self._stacks = None
+        self._stacks = self._capable = None
+
+    def __setitem__(self, idx, module):
+        _EDITS[0] += 1
+        super().__setitem__(idx, module)
 
     def grouped_capable(self) -> bool:
         """Every expert NVFP4Linear, tiled, without bias or group, and the SiLU as the activation."""
@@ -88,9 +100,16 @@ class Experts(torch.nn.ModuleList):
         self._stacks = tuple(stacks)
         return self._stacks
 
+    def _grouped(self) -> bool:
+        """grouped_capable, re-checked only after a submodule was set (a step of a 48-layer, 128-expert model would
+        otherwise spend milliseconds of host time checking)."""
+        if self._capable is None or self._capable[0] != _EDITS[0]:
+            self._capable = (_EDITS[0], self.grouped_capable())
+        return self._capable[1]
+
     def forward(self, hidden_states, top_k_index, top_k_weights):
         if hidden_states.shape[0] <= MOE_MAX_T and hidden_states.dtype in (torch.float16, torch.bfloat16) and \
-                self.grouped_capable():
+                self._grouped():
             return nvfp4_moe(hidden_states, top_k_index, top_k_weights, *self._stacked())
         out = torch.zeros_like(hidden_states)
         with torch.no_grad():
