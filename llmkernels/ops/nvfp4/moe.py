@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._launch import launch
+from ..._launch import PlanCache, current_device, direct_ok, launch, tkey, tracing
 from ..._runtime import cdiv, interpreting
 from ..._validate import check_same_device, check_tensor
 from .tiled_layout import tiled_values
@@ -87,6 +87,10 @@ def _check_proj(name: str, w: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], E
 def _nvfp4_moe_op(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, wg: torch.Tensor,
                   sg: torch.Tensor, gg: torch.Tensor, wu: torch.Tensor, su: torch.Tensor, gu: torch.Tensor,
                   wd: torch.Tensor, sd: torch.Tensor, gd: torch.Tensor) -> torch.Tensor:
+    return _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd)
+
+
+def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd):
     """Scales as their bytes (uint8): the kernels decode them."""
     T, H = x.shape
     E, I = wg.shape[0], wg.shape[1]
@@ -111,12 +115,25 @@ def _(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd):
     return torch.empty_like(x)
 
 
+_CHECKED = PlanCache()  # keys of calls that passed every check
+
+
+def _flat(gate, up, down) -> tuple:
+    """The op's weight arguments: each projection's (packed, scale bytes, global scales)."""
+    return tuple(t for p, s, g in (gate, up, down) for t in (p, s.view(torch.uint8), g))
+
+
 def nvfp4_moe(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, gate, up, down) -> torch.Tensor:
     """x [T, H] fp16 / bf16 (unit last stride), top_k_index [T, k] int, top_k_weights [T, k] float; gate, up:
     (packed uint8 [E, I, H/2], scales float8_e4m3fn [E, I, H/16], global scales fp32 [E]) in the tiled layout
     (NVFP4Linear's, stacked), down likewise [E, H, I/2] ... -> y [T, H] in x's dtype: each token's sum over its k
     chosen experts of weight * down(silu(gate(x)) * up(x)). Indices outside [0, E) add nothing. Errors name the
-    argument."""
+    argument. Eager calls repeating a checked call's shapes, strides, dtypes and devices skip the checks."""
+    key = None
+    if not tracing():
+        key = tuple(tkey(t) for t in (x, top_k_index, top_k_weights, *gate, *up, *down)) + (current_device(),)
+        if _CHECKED.get(key) is not None and direct_ok(x, top_k_index, top_k_weights):
+            return _moe(x, top_k_index, top_k_weights, *_flat(gate, up, down))
     check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16), ndim=2)
     T, H = x.shape
     if x.stride(1) != 1:
@@ -132,5 +149,7 @@ def nvfp4_moe(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.T
     _check_proj("down", down, E, H, I)
     check_same_device(x=x, top_k_index=top_k_index, top_k_weights=top_k_weights, gate=gate[0], up=up[0],
                       down=down[0])
-    u8 = [(p, s.view(torch.uint8), g) for p, s, g in (gate, up, down)]  # the op takes the scale bytes
-    return _nvfp4_moe_op(x, top_k_index, top_k_weights, *u8[0], *u8[1], *u8[2])
+    if key is not None and direct_ok(x, top_k_index, top_k_weights):  # the custom op would only run _moe
+        _CHECKED.put(key, True)
+        return _moe(x, top_k_index, top_k_weights, *_flat(gate, up, down))
+    return _nvfp4_moe_op(x, top_k_index, top_k_weights, *_flat(gate, up, down))
