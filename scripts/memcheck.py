@@ -7,7 +7,8 @@ allocation, and a read past a tensor's end falls outside every allocation, where
 
 Groups (all by default): sparse_mla (every public sparse MLA entry point), sparse_mla_gluon (the sm_90 Gluon
 launchers on the split-tail and row-pair paths; skipped elsewhere), sparse_mla_bwd (both modes, Gluon and Triton
-second passes), xl_paged_decode (both cache layouts, GQA and MHA paths, checked against the reference). Exits 1 when
+second passes), xl_paged_decode (both cache layouts, GQA and MHA paths, checked against the reference),
+inkling_decode (lengths, starts, windows and tables out of range), nvfp4_moe (expert indices out of range). Exits 1 when
 a result is wrong (NaN where none may be, or off the reference); memcheck's own errors set its --error-exitcode.
 """
 import argparse
@@ -153,8 +154,61 @@ def xl_paged_decode(dev) -> int:
     return bad
 
 
+def inkling_decode(dev) -> int:
+    """Lengths and starts out of range (negative, past the cache, int32 extremes), windows of 1 and 2^31 - 1, tables
+    with garbage ids, a bias band longer than every context: nothing read out of bounds, the reference's result."""
+    from llmkernels.checking import rel_err
+    from llmkernels.ops.inkling_decode.spec import OUT_TOL, make_inputs, ref, run
+    bad = 0
+    for layout, window in (("dense", None), ("dense", 1), ("nhd", 2 ** 31 - 1), ("legacy", 7)):
+        x = make_inputs(4, 8, 2, 64, [70, 5, 0, 40], 300, layout, torch.float16, dev, window=window,
+                        starts=[0, 9, I32_MIN, I32_MAX], block_size=16)
+        x["lengths"][1] = I32_MAX if layout == "dense" else 10 ** 6  # clamped to the cache (or table span)
+        x["lengths"][2] = -5
+        if x["block_tables"] is not None:
+            x["block_tables"][0, 1] = x["k"].shape[0]  # just past the last block
+            x["block_tables"][3, 0] = I32_MIN
+        sync(dev)
+        o = run(x, scale=1 / 64)
+        sync(dev)
+        err = rel_err(o, ref(x, scale=1 / 64)[0])
+        good = err <= OUT_TOL[torch.float16]
+        bad += not good
+        print(f"inkling_decode {layout} window={window}: err {err:.2e} {'ok' if good else 'MISMATCH'}", flush=True)
+    return bad
+
+
+def nvfp4_moe(dev) -> int:
+    """Expert indices out of range (negative, E, int extremes): those slots add nothing, nothing read out of bounds."""
+    from llmkernels import nvfp4_quantize
+    from llmkernels.checking import rel_err
+    from llmkernels.ops.nvfp4.moe import nvfp4_moe as moe
+    from llmkernels.ops.nvfp4.moe_reference import nvfp4_moe_ref
+    from llmkernels.ops.nvfp4.tiled_layout import tile_packed, tile_scales
+    torch.manual_seed(0)
+    E, H, inter, T, k = 4, 256, 256, 3, 4
+
+    def proj(N, K):
+        qs = [nvfp4_quantize(torch.randn(N, K, device=dev) * 0.1) for _ in range(E)]
+        plain = (torch.stack([q[0] for q in qs]), torch.stack([q[1] for q in qs]),
+                 torch.stack([q[2].reshape(()).float() for q in qs]))
+        return plain, (torch.stack([tile_packed(q[0]) for q in qs]), torch.stack([tile_scales(q[1]) for q in qs]),
+                       plain[2])
+    ps = [proj(inter, H), proj(inter, H), proj(H, inter)]
+    x = torch.randn(T, H, device=dev).to(half(dev))
+    idx = torch.tensor([[0, -1, 3, E], [I32_MIN, 1, I32_MAX, 2], [E + 5, E, -7, 0]], device=dev)
+    w = torch.rand(T, k, device=dev).to(half(dev))
+    sync(dev)
+    y = moe(x, idx, w, *(p[1] for p in ps))
+    sync(dev)
+    err = rel_err(y, nvfp4_moe_ref(x, idx, w, *(p[0] for p in ps)))
+    good = err <= 2e-2
+    print(f"nvfp4_moe garbage indices: err {err:.2e} {'ok' if good else 'MISMATCH'}", flush=True)
+    return int(not good)
+
+
 GROUPS = {"sparse_mla": sparse_mla, "sparse_mla_gluon": sparse_mla_gluon, "sparse_mla_bwd": sparse_mla_bwd,
-          "xl_paged_decode": xl_paged_decode}
+          "xl_paged_decode": xl_paged_decode, "inkling_decode": inkling_decode, "nvfp4_moe": nvfp4_moe}
 
 
 def main():
