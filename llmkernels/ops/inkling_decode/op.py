@@ -7,8 +7,8 @@ import torch
 from ..._launch import PlanCache, current_device, direct_ok, skey, tkey, tracing
 from ..._validate import (check_bool, check_int, check_interpreter_dtype, check_same_device, check_scale,
                           check_tensor, check_unit_last_stride)
-from ..xl_paged_decode.kernel import XLPlan
-from ..xl_paged_decode.op import _DTYPES, _HEAD_DIMS, _cache_geometry, _validate_table
+from ..xl_paged_decode.kernel import xl_plan
+from ..xl_paged_decode.op import _DTYPES, _HEAD_DIMS, _cache_geometry, _validate_table, validate_lengths
 
 
 @torch.library.custom_op("llmkernels::inkling_decode", mutates_args=())
@@ -16,7 +16,7 @@ def _inkling_decode_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor, lengths: torch.Tensor,
     block_tables: Optional[torch.Tensor], starts: Optional[torch.Tensor], window: int, scale: float,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    return _run(_plan(q, k, v, rel_bias, block_tables, starts, window, scale), q, k, v, rel_bias, lengths,
+    return _run(_plan(q, k, v, rel_bias, lengths, block_tables, starts, window, scale), q, k, v, rel_bias, lengths,
                 block_tables, starts)
 
 
@@ -32,18 +32,12 @@ def _run(plan, q, k, v, rel_bias, lengths, block_tables, starts):
     return out, lse
 
 
-_PLANS = PlanCache()  # the launch plan per checked call key
 _CHECKED = PlanCache()  # key of a call's raw arguments -> its plan, once that call passed every check
 
 
-def _plan(q, k, v, rel_bias, block_tables, starts, window: int, scale: float) -> XLPlan:
-    key = (tkey(q), tkey(k), tkey(v), tkey(rel_bias), tkey(block_tables), starts is not None, window, scale,
-           current_device())
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _PLANS.put(key, XLPlan(q, k, v, block_tables, None, rel_bias, scale, rel=True, window=window,
-                                      starts=starts is not None))
-    return plan
+def _plan(q, k, v, rel_bias, lengths, block_tables, starts, window: int, scale: float):
+    return xl_plan(q, k, v, block_tables, lengths, None, rel_bias, scale, rel=True, window=window,
+                   starts=starts is not None)
 
 
 def prepare(q, k, v, rel_bias, lengths, block_tables, window, starts, scale, return_lse, validate):
@@ -91,12 +85,9 @@ def prepare(q, k, v, rel_bias, lengths, block_tables, window, starts, scale, ret
     return_lse, validate = check_bool("return_lse", return_lse), check_bool("validate", validate)
     if validate:
         if block_tables is not None:
-            _validate_table(block_tables, lengths, nb, bs, max_len)
+            _validate_table(block_tables, lengths, nb, bs, max_len, name="lengths")
         else:
-            bad = ((lengths < 0) | (lengths > max_len)).nonzero()
-            if bad.numel():
-                s = bad[0, 0].item()
-                raise ValueError(f"lengths[{s}] = {lengths[s].item()} is outside [0, L={max_len}]")
+            validate_lengths("lengths", lengths, max_len, label="L=")
     return window, scale, return_lse
 
 
@@ -152,7 +143,7 @@ def inkling_decode(
                                         validate)
     contig = lengths.stride(0) == 1 and (starts is None or starts.stride(0) == 1)
     if contig and not validate and not tracing() and direct_ok(q, k, v, rel_bias, lengths, block_tables, starts):
-        plan = _CHECKED.put(key, _plan(q, k, v, rel_bias, block_tables, starts, window, scale))
+        plan = _CHECKED.put(key, _plan(q, k, v, rel_bias, lengths, block_tables, starts, window, scale))
         out, lse = _run(plan, q, k, v, rel_bias, lengths, block_tables, starts)
     else:
         out, lse = _inkling_decode_op(q, k, v, rel_bias, lengths.contiguous(), block_tables,

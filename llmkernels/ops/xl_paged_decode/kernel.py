@@ -408,12 +408,16 @@ class XLPlan:
 _PLANS = PlanCache()
 
 
-def xl_plan(q, k_cache, v_cache, block_tables, context_lens, u, bd, scale: float) -> XLPlan:
-    """The cached plan for these (already checked) arguments."""
+def xl_plan(q, k_cache, v_cache, block_tables, context_lens, u, bd, scale: float, rel: bool = False,
+            window: int = 0, starts: bool = False) -> XLPlan:
+    """The cached plan for these (already checked) arguments (rel / window / starts: inkling_decode's, see XLPlan)."""
     key = (tkey(q), tkey(k_cache), tkey(v_cache), tkey(block_tables), tkey(context_lens), tkey(u), tkey(bd), scale,
-           current_device())
+           rel, window, starts, current_device())
     plan = _PLANS.get(key)
-    return plan if plan is not None else _PLANS.put(key, XLPlan(q, k_cache, v_cache, block_tables, u, bd, scale))
+    if plan is None:
+        plan = _PLANS.put(key, XLPlan(q, k_cache, v_cache, block_tables, u, bd, scale, rel=rel, window=window,
+                                      starts=starts))
+    return plan
 
 
 def xl_paged_decode_fwd(q, k_cache, v_cache, block_tables, context_lens, u, bd, scale: float, out, lse,

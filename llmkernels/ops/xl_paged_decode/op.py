@@ -82,14 +82,22 @@ def _cache_geometry(q, k_cache, v_cache):
     return nb, bs, hkv, legacy
 
 
-def _validate_table(block_tables, context_lens, num_blocks: int, block_size: int, max_len: int) -> None:
-    """Host-side check (syncs): context_lens in [0, max_len] and every used block id in [0, num_blocks)."""
-    lens = context_lens.cpu().long()
+def validate_lengths(name: str, lengths, max_len: int, label: str = "", note: str = ""):
+    """Host-side check (syncs): every entry of lengths in [0, max_len], else ValueError "<name>[s] = v is outside
+    [0, <label><max_len>]<note>"; returns the lengths on the host as int64."""
+    lens = lengths.cpu().long()
     bad = ((lens < 0) | (lens > max_len)).nonzero()
     if bad.numel():
         s = bad[0, 0].item()
-        raise ValueError(f"context_lens[{s}] = {lens[s].item()} is outside [0, {max_len}] "
-                         f"(max_blocks * block_size, and bd's last dim when bd is given)")
+        raise ValueError(f"{name}[{s}] = {lens[s].item()} is outside [0, {label}{max_len}]{note}")
+    return lens
+
+
+def _validate_table(block_tables, context_lens, num_blocks: int, block_size: int, max_len: int,
+                    name: str = "context_lens") -> None:
+    """Host-side check (syncs): context_lens in [0, max_len] and every used block id in [0, num_blocks)."""
+    lens = validate_lengths(name, context_lens, max_len,
+                            note=" (max_blocks * block_size, and bd's last dim when bd is given)")
     tbl = block_tables.cpu().long()
     used = torch.arange(tbl.shape[1])[None, :] < ((lens + block_size - 1) // block_size)[:, None]
     bad = (used & ((tbl < 0) | (tbl >= num_blocks))).nonzero()
