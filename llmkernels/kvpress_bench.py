@@ -102,15 +102,12 @@ def main(argv=None) -> int:
     import transformers
     from .bench.harness import _git_commit, merge_records
     from .bench.report import device_slug
+    from .hf.bench import random_model
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
     cfg = transformers.LlamaConfig(**(TINY if args.quick else LLAMA_8B))
     cfg._attn_implementation = "sdpa"
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    with torch.device(device):
-        model = transformers.LlamaForCausalLM(cfg).eval()
-    torch.set_default_dtype(prev)
+    model = random_model(transformers.LlamaForCausalLM, cfg, device, dtype)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     cases = [(64, 2)] if args.quick else [(32768, 8), (131072, 1)]
     ceil = {}

@@ -27,7 +27,7 @@ from ..ops.nvfp4.op import NVFP4Linear
 from .decode import StaticDecoder
 from .fuse import fuse_projections
 from .load import buffers_to, check_materialized, params_on_meta, replace_linears, set_tensor
-from .moe import Experts, unfuse_experts
+from .moe import Experts, is_fused_experts, unfuse_experts
 from .save import quantize_
 
 _LLAMA3 = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128256, num_key_value_heads=8,
@@ -63,6 +63,17 @@ MODELS.update({
 DIRECT_NVFP4 = ("llama-3.3-70b-shaped", "qwen3-235b-a22b-shaped")  # never materialised in bf16
 DEFAULT_MODELS = ("llama-3.1-8b-shaped", "llama-3.3-70b-shaped")  # --model all
 STD = 0.02  # weight scale of the random models
+
+
+def random_model(model_cls, config, device, dtype):
+    """model_cls(config) built straight on device in dtype (its own random initialisation), in eval mode."""
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return model_cls(config).eval()
+    finally:
+        torch.set_default_dtype(prev)
 
 
 def build(name: str, device, dtype, direct_nvfp4: bool):
@@ -112,8 +123,7 @@ def read_bytes(model, batch: int) -> int:
         total += t.numel() * t.element_size()
     k = getattr(model.config, "num_experts_per_tok", 0)
     for mod in model.modules():
-        fused = isinstance(getattr(mod, "gate_up_proj", None), torch.Tensor) and mod.gate_up_proj.dim() == 3
-        if isinstance(mod, Experts) or fused:
+        if isinstance(mod, Experts) or is_fused_experts(mod):
             whole = _nbytes(list(mod.parameters()) + list(mod.buffers()))
             E = mod.num_experts if isinstance(mod, Experts) else mod.gate_up_proj.shape[0]
             active = E * (1 - (1 - 1 / E) ** (batch * k)) if batch else E

@@ -25,6 +25,7 @@ import torch
 import triton
 
 from . import dsa
+from .bench import random_model
 from .patch import patch_attention, unpatch_attention
 from ..bench.harness import median_ms
 
@@ -243,13 +244,7 @@ def _model(cfg_kw, layers, device, dtype):
                                    vocab_size=129280 if cfg_kw is V32 else 128,
                                    intermediate_size=18432 if cfg_kw is V32 else 96))
     cfg._attn_implementation = "eager"
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = DeepseekV32ForCausalLM(cfg).eval()
-    finally:
-        torch.set_default_dtype(prev)
+    model = random_model(DeepseekV32ForCausalLM, cfg, device, dtype)
     model.generation_config.eos_token_id = None
     return model
 

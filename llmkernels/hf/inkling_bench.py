@@ -20,6 +20,7 @@ import torch
 import triton
 
 from ..bench.harness import median_ms
+from .bench import random_model
 from .decode import StaticDecoder
 from .patch import patch_attention, unpatch_attention
 
@@ -40,13 +41,7 @@ def _model(cfg_kw, device, dtype):
     from transformers.models.inkling.configuration_inkling import InklingTextConfig
     cfg = InklingTextConfig(**cfg_kw)
     cfg._attn_implementation = "eager"
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = InklingForCausalLM(cfg).eval()
-    finally:
-        torch.set_default_dtype(prev)
+    model = random_model(InklingForCausalLM, cfg, device, dtype)
     for m in model.modules():  # transformers keeps the short convolutions in fp32
         if type(m).__name__ == "InklingShortConvolution":
             m.float()

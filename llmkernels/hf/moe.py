@@ -122,7 +122,8 @@ class Experts(torch.nn.ModuleList):
         return out
 
 
-def _fused(mod) -> bool:
+def is_fused_experts(mod) -> bool:
+    """transformers' fused experts module: gate_up_proj [E, 2I, H] and down_proj [E, H, I] tensors."""
     g, d = getattr(mod, "gate_up_proj", None), getattr(mod, "down_proj", None)
     return isinstance(g, torch.Tensor) and isinstance(d, torch.Tensor) and g.dim() == 3 and d.dim() == 3
 
@@ -138,14 +139,14 @@ def family(model) -> Tuple[Tuple[str, str, str], Tuple[Tuple[str, str], ...]]:
 
 
 def has_fused_experts(model) -> bool:
-    return any(_fused(m) for m in model.modules())
+    return any(is_fused_experts(m) for m in model.modules())
 
 
 def unfuse_experts(model, materialize: bool) -> int:
     """Replace every fused experts module of model by an Experts list (see the module's doc); materialize: slice the
     fused weights into the per-expert linears (quantize_), else leave them on the meta device (load_nvfp4). Returns
     how many were replaced (0 for a model without fused experts)."""
-    targets = [(n, m) for n, m in model.named_modules() if _fused(m)]
+    targets = [(n, m) for n, m in model.named_modules() if is_fused_experts(m)]
     if not targets:
         return 0
     names = family(model)[0]
