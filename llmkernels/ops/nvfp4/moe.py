@@ -98,7 +98,7 @@ def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd):
     y = torch.empty_like(x)
     if T == 0:
         return y
-    h = torch.zeros(T * K_TOP, I, dtype=x.dtype, device=x.device)
+    h = torch.empty(T * K_TOP, I, dtype=x.dtype, device=x.device)  # a dropped slot's row is never read
     idx = top_k_index.contiguous()
     BN, BKW, fix = 16, 4, interpreting()
     s_we, s_se = wg.stride(0) // 8, sg.stride(0)  # the kernels address the packed bytes as int64 words
