@@ -67,8 +67,8 @@ def device():
 
 @pytest.fixture(autouse=True)
 def _fresh_seed():
-    # fresh random inputs on every run; the seed is printed on failure for reproduction
-    seed = int.from_bytes(os.urandom(4), "little")
+    # fresh random inputs on every run; the seed is printed on failure, LLMKERNELS_TEST_SEED=<seed> reproduces it
+    seed = int(os.environ.get("LLMKERNELS_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
     torch.manual_seed(seed)
     print(f"torch.manual_seed({seed})")  # pytest shows captured output of failing tests
     yield seed
