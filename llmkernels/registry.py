@@ -7,6 +7,7 @@ _MODULES = {
     "masked_decode": ("ops.masked_decode.spec", "bench.specs.masked_decode"),
     "nvfp4_gemv": ("ops.nvfp4.spec", "bench.specs.nvfp4_gemv"),
     "nvfp4_linear": ("ops.nvfp4.spec", "bench.specs.nvfp4_gemv"),
+    "nvfp4_moe": ("ops.nvfp4.spec", "bench.specs.nvfp4_moe"),
     "sparse_mla_fwd": ("ops.sparse_mla.spec", "bench.specs.sparse_mla"),
     "sparse_mla_attn_dist": ("ops.sparse_mla.spec", "bench.specs.sparse_mla"),
     "xl_paged_decode": ("ops.xl_paged_decode.spec", "bench.specs.xl_paged_decode"),

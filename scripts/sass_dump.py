@@ -114,15 +114,23 @@ def inkling(layout, dtype=torch.bfloat16, D=128, H=64, Hkv=8, E=1024, window=Non
     return go
 
 
-def moe(T, E, H, inter, k, dtype=torch.bfloat16):
-    """nvfp4_moe: the grouped NVFP4 experts (two launches)."""
-    from llmkernels.ops.nvfp4.moe import _nvfp4_moe_op
+def moe(T, E, H, inter, k, dtype=torch.bfloat16, mma=True):
+    """nvfp4_moe: the grouped NVFP4 experts (two launches): the mma kernels (sm_90), or the plain Triton ones."""
+    from llmkernels.ops.nvfp4.moe import _moe
+    from llmkernels.ops.nvfp4.moe_tiled import moe_tiled
     u8 = torch.uint8
 
     def proj(N, K):
         return e(E, N, K // 2, dtype=u8), e(E, N, K // 16, dtype=u8), e(E, dtype=torch.float32)
-    return lambda: _nvfp4_moe_op(e(T, H, dtype=dtype), torch.zeros(T, k, dtype=torch.int64), e(T, k, dtype=dtype),
-                                 *proj(inter, H), *proj(inter, H), *proj(H, inter))
+
+    def go():
+        x, idx, w = e(T, H, dtype=dtype), torch.zeros(T, k, dtype=torch.int64), e(T, k, dtype=dtype)
+        ws = (*proj(inter, H), *proj(inter, H), *proj(H, inter))
+        if mma:
+            moe_tiled(x, idx, w, *ws, e(T, H, dtype=dtype), e(T * k, inter, dtype=dtype))
+        else:
+            _moe(x, idx, w, *ws, mma=False)
+    return go
 
 
 def gemv(M, K, L, static):
@@ -227,6 +235,9 @@ CONFIGS = {
     "inkling nhd fp32 D256 G2 window": inkling("nhd", dtype=f32, D=256, H=4, Hkv=2, window=300),
     "moe bf16 T1 E128 H2048 I768 k8": moe(1, 128, 2048, 768, 8),
     "moe fp16 T16 E8 H4096 I1536 k2": moe(16, 8, 4096, 1536, 2, torch.float16),
+    "moe bf16 T4 E64 H7168 I2048 k6": moe(4, 64, 7168, 2048, 6),  # slots padded to 8 warps
+    "moe triton bf16 T1 E128 H2048 I768 k8": moe(1, 128, 2048, 768, 8, mma=False),
+    "moe triton fp16 T16 E8 H4096 I1536 k2": moe(16, 8, 4096, 1536, 2, torch.float16, mma=False),
     "gemv 7168x16384 L1": gemv(7168, 16384, 1, False),
     "gemv 7168x16384 L1 static": gemv(7168, 16384, 1, True),
     "gemv 4096x7168 L8": gemv(4096, 7168, 8, False),

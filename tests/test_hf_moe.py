@@ -174,16 +174,25 @@ def test_unfused_experts_match_transformers():
 
 
 @pytest.mark.gpu
-def test_static_decoder_refuses_graphs_for_moe():
+def test_static_decoder_graphs_for_moe():
+    """Graphs where routing stays on the device (transformers' grouped_mm experts; tiled NVFP4 experts up to
+    MOE_MAX_T tokens), refused where the host reads it (transformers' eager loop; dense hf.moe.Experts)."""
     model = _model("Qwen3Moe").cuda()
-    with pytest.raises(ValueError, match="routes its tokens on the host"):
-        StaticDecoder(model, batch=1, max_len=32)
-    quantize_(model)
-    with pytest.raises(ValueError, match="routes its tokens on the host"):
-        StaticDecoder(model, batch=1, max_len=32)
     ids = torch.randint(0, BASE["vocab_size"], (1, 5), device="cuda")
-    out = StaticDecoder(model, batch=1, max_len=32, graph=False).generate(ids, 6)  # eager steps work
-    assert out.shape == (1, 11) and torch.equal(out[:, :5], ids)
+    model.set_experts_implementation("eager")
+    with pytest.raises(ValueError, match="routes its tokens on the host"):
+        StaticDecoder(model, batch=1, max_len=32)
+    eager = StaticDecoder(model, batch=1, max_len=32, graph=False).generate(ids, 6)  # eager steps work
+    assert eager.shape == (1, 11) and torch.equal(eager[:, :5], ids)
+    model.set_experts_implementation("grouped_mm")  # graph replay = eager steps of the same implementation
+    assert torch.equal(StaticDecoder(model, batch=1, max_len=32).generate(ids, 6),
+                       StaticDecoder(model, batch=1, max_len=32, graph=False).generate(ids, 6))
+    unfuse_experts(model, materialize=True)
+    with pytest.raises(ValueError, match="routes its tokens on the host"):
+        StaticDecoder(model, batch=1, max_len=32)
+    quantize_(model)  # hidden 64: not tiled
+    with pytest.raises(ValueError, match="routes its tokens on the host"):
+        StaticDecoder(model, batch=1, max_len=32)
 
 
 def _tiled_experts(E=3, H=256, inter=256):

@@ -87,3 +87,30 @@ def test_gpu_bf16_and_graph_replay(T):
     g.replay()
     torch.cuda.synchronize()
     assert rel_err(out, nvfp4_moe_ref(x, idx, w, *plain)) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T, E, H, inter, k, routing", [
+    (1, 16, 2048, 768, 8, "random"),  # a Qwen3-30B-A3B layer's shapes, fewer experts
+    (5, 6, 768, 512, 3, "dropped"),   # k not a power of 2 (the down kernel's slot warps padded); dropped slots
+    (16, 8, 512, 256, 6, "one"),      # all tokens to one expert (twice: repeated indices), the others unused
+    (3, 4, 4096, 256, 2, "random"),   # K of 16 iterations
+])
+def test_gpu_mma_kernels_match_plain_and_reference(dtype, T, E, H, inter, k, routing):
+    """The mma kernels (moe_tiled) against the fp32 reference and the plain kernels (the interpreter's path)."""
+    from llmkernels.ops.nvfp4.moe import _flat, _moe
+    from llmkernels.ops.nvfp4.spec import MOE_TOL, make_moe_inputs
+    x = make_moe_inputs(T, E, H, inter, k, dtype, torch.device("cuda"), plain=True)
+    idx = x["idx"]
+    if routing == "dropped":
+        idx[0, 1], idx[3, 2], idx[4, 0] = E, E, -1  # transformers' E; anything outside [0, E)
+    elif routing == "one":
+        idx.fill_(E - 1)
+    ref = nvfp4_moe_ref(x["x"], idx, x["w"], *x["plain"])
+    y = nvfp4_moe(x["x"], idx, x["w"], x["gate"], x["up"], x["down"])
+    plain = _moe(x["x"], idx, x["w"], *_flat(x["gate"], x["up"], x["down"]), mma=False)
+    assert rel_err(y, ref) <= MOE_TOL[dtype] and rel_err(plain, ref) <= MOE_TOL[dtype]
+    xs = torch.full((T, H + 8), float("nan"), dtype=dtype, device="cuda")[:, :H]  # a strided view, NaN outside
+    xs.copy_(x["x"])
+    assert rel_err(nvfp4_moe(xs, idx, x["w"], x["gate"], x["up"], x["down"]), ref) <= MOE_TOL[dtype]

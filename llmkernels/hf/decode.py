@@ -11,7 +11,7 @@ from ..ops.masked_decode.op import masked_decode
 from ..ops.nvfp4.op import NVFP4Linear
 from . import inkling
 from ..ops.nvfp4.moe import MOE_MAX_T
-from .moe import Experts, has_fused_experts
+from .moe import host_routed
 
 ATTN_NAME = "llmkernels_decode"
 
@@ -93,13 +93,10 @@ class StaticDecoder:
         self._graph: Optional[torch.cuda.CUDAGraph] = None
         if not isinstance(compile, (bool, str)):
             raise TypeError(f"compile must be a bool or a torch.compile backend name, got {type(compile).__name__}")
-        experts = [m for m in model.modules() if isinstance(m, Experts)]
-        if self.graph and (has_fused_experts(model) or (experts and (
-                batch > MOE_MAX_T or not all(m.grouped_capable() for m in experts)))):
-            # transformers' expert loop and hf.moe.Experts' one-by-one path read the chosen experts on the host
-            raise ValueError("graph=True: this mixture-of-experts model routes its tokens on the host (dense or "
-                             f"untiled experts, or batch > {MOE_MAX_T}), which a CUDA graph cannot capture; use "
-                             "graph=False")
+        if self.graph and host_routed(model, batch):
+            raise ValueError("graph=True: this mixture-of-experts model routes its tokens on the host (transformers' "
+                             f"eager experts loop, dense or untiled NVFP4 experts, or batch > {MOE_MAX_T}), which a "
+                             "CUDA graph cannot capture; use graph=False")
         if compile and self.device.type == "cuda" and inkling.patched(model):
             # inductor (torch 2.11, H200) found no GEMM choice lowering this step (NoValidChoicesError); CPU compiles
             raise ValueError("compile is not supported for a patched Inkling model on CUDA yet: use graph=True "

@@ -142,6 +142,22 @@ def has_fused_experts(model) -> bool:
     return any(is_fused_experts(m) for m in model.modules())
 
 
+DEVICE_ROUTED = ("grouped_mm", "batched_mm")  # transformers' experts implementations that never sync the host
+
+
+def host_routed(model, batch: int) -> bool:
+    """Whether a step of `batch` tokens reads its chosen experts on the host (a CUDA graph cannot capture it):
+    transformers' fused experts on its eager loop, or Experts that cannot run nvfp4_moe (dense or untiled experts,
+    more than MOE_MAX_T tokens)."""
+    for m in model.modules():
+        if is_fused_experts(m) and getattr(getattr(m, "config", None), "_experts_implementation",
+                                           "eager") not in DEVICE_ROUTED:
+            return True
+        if isinstance(m, Experts) and (batch > MOE_MAX_T or not m.grouped_capable()):
+            return True
+    return False
+
+
 def unfuse_experts(model, materialize: bool) -> int:
     """Replace every fused experts module of model by an Experts list (see the module's doc); materialize: slice the
     fused weights into the per-expert linears (quantize_), else leave them on the meta device (load_nvfp4). Returns

@@ -17,6 +17,7 @@ import triton.language as tl
 from ..._launch import PlanCache, current_device, direct_ok, launch, tkey, tracing
 from ..._runtime import cdiv, interpreting
 from ..._validate import check_same_device, check_tensor
+from .moe_tiled import moe_tiled, moe_tiled_usable
 from .tiled_layout import tiled_values
 
 MOE_MAX_T = 16  # tokens of a call (decode); larger batches run the experts one by one (hf.moe.Experts)
@@ -90,8 +91,9 @@ def _nvfp4_moe_op(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: tor
     return _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd)
 
 
-def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd):
-    """Scales as their bytes (uint8): the kernels decode them."""
+def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma: bool = True):
+    """Scales as their bytes (uint8): the kernels decode them. mma: the mma-fed kernels where they run (moe_tiled),
+    else (and always with mma=False: the benchmark's A/B) the plain ones."""
     T, H = x.shape
     E, I = wg.shape[0], wg.shape[1]
     K_TOP = top_k_index.shape[1]
@@ -100,6 +102,8 @@ def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd):
         return y
     h = torch.empty(T * K_TOP, I, dtype=x.dtype, device=x.device)  # a dropped slot's row is never read
     idx = top_k_index.contiguous()
+    if mma and moe_tiled_usable(x, K_TOP):
+        return moe_tiled(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd, y, h)
     BN, BKW, fix = 16, 4, interpreting()
     s_we, s_se = wg.stride(0) // 8, sg.stride(0)  # the kernels address the packed bytes as int64 words
     launch(_moe_up_kernel, (T * K_TOP, cdiv(I, BN)), x, idx, wg.view(torch.int64), sg, gg, wu.view(torch.int64), su,

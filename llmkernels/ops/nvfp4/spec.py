@@ -1,11 +1,15 @@
-"""Checks of nvfp4_gemv and nvfp4_linear: inputs, tolerances, check(device) (benchmarks: bench.specs.nvfp4_gemv)."""
+"""Checks of nvfp4_gemv, nvfp4_linear and nvfp4_moe: inputs, tolerances, check(device) (benchmarks:
+bench.specs.nvfp4_gemv, bench.specs.nvfp4_moe)."""
 import torch
 
 from ...checking import generator, result
 from .format import nvfp4_dequantize, nvfp4_quantize
 from .linear import dequant_launch
+from .moe import nvfp4_moe
+from .moe_reference import nvfp4_moe_ref
 from .op import NVFP4Linear, nvfp4_gemv, nvfp4_linear
 from .reference import nvfp4_gemv_ref, nvfp4_linear_ref
+from .tiled_layout import tile_packed, tile_scales
 
 # GEMV: every block term a*sfa*b*sfb/.. is exact in fp32 and blocks are summed in fp32 (relative error ~1e-7);
 # the output is rounded once to fp16 (relative 2^-11 = 4.9e-4 per element), so 1e-3 norm-wise.
@@ -14,6 +18,8 @@ GEMV_TOL = 1e-3
 # rounded to x's dtype (2^-11 fp16, 2^-8 bf16). Above 16 tokens W * global_scale is rounded to x's dtype once
 # more before cuBLAS, doubling the rounding term.
 LINEAR_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+# moe: x, the gate / up outputs and h round to the dtype (the reference rounds the same three), down sums in fp32
+MOE_TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 def random_scales(shape, device, lo=0x00, hi=0x7E, signed=False, generator=None):
@@ -51,6 +57,31 @@ def make_linear_inputs(T, N, K, dtype, device, bias=True, seed=None):
     return {"x": x, "packed": packed, "scales": scales, "gs": gs, "bias": bvec}
 
 
+def moe_routing(T, E, k, device, seed=None):
+    """[T, k] int32: k distinct experts per token, uniformly (as a router's top-k of random scores)."""
+    g = generator(device, seed)
+    return torch.rand(T, E, device=device, generator=g).topk(k, dim=1).indices.to(torch.int32)
+
+
+def make_moe_inputs(T, E, H, I, k, dtype, device, seed=None, idx=None, plain=False):
+    """x [T, H], top_k_index (idx, or moe_routing's), top_k_weights [T, k] in dtype, and the gate / up / down stacks
+    (packed, scales, global scales) in the tiled layout from random codes, scales of 0.5-1 and global scales giving
+    weights of rms ~0.02; plain=True adds "plain": the same stacks in the plain layout (for the reference)."""
+    g = generator(device, seed)
+    x = {"x": torch.randn(T, H, device=device, generator=g).to(dtype),
+         "idx": idx if idx is not None else moe_routing(T, E, k, device, seed),
+         "w": torch.rand(T, k, device=device, generator=g).to(dtype), "plain": []}
+    for name, (N, K) in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
+        p = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8, device=device, generator=g)
+        s = random_scales((E, N, K // 16), device, 0x30, 0x38, generator=g)
+        gs = torch.full((E,), 0.02 / (2.93 * 0.75), device=device) * (1 + torch.rand(E, device=device, generator=g))
+        x[name] = (tile_packed(p.view(E * N, K // 2)).view(E, N, K // 2),
+                   tile_scales(s.view(E * N, K // 16)).view(E, N, K // 16), gs)
+        if plain:
+            x["plain"].append((p, s, gs))
+    return x
+
+
 def check(device):
     out = []
     gpu = device.type == "cuda"
@@ -84,6 +115,13 @@ def check(device):
             ref = nvfp4_linear_ref(x["x"], x["packed"], x["scales"], x["gs"], x["bias"])
             out.append(result("nvfp4_linear", f"NVFP4Linear tiled T={T} N={N} K={K} {str(dtype)[6:]}", m(x["x"]), ref,
                               LINEAR_TOL[dtype]))
+    for dtype in dtypes:  # a MoE layer's experts, one dropped slot
+        for T, E, H, I, k in [(1, 4, 256, 256, 2), (5, 6, 512, 256, 3)] + ([(16, 16, 1024, 512, 4)] if gpu else []):
+            x = make_moe_inputs(T, E, H, I, k, dtype, device, plain=True)
+            x["idx"][0, -1] = E
+            ref = nvfp4_moe_ref(x["x"], x["idx"], x["w"], *x["plain"])
+            out.append(result("nvfp4_moe", f"T={T} E={E} H={H} I={I} k={k} {str(dtype)[6:]}",
+                              nvfp4_moe(x["x"], x["idx"], x["w"], x["gate"], x["up"], x["down"]), ref, MOE_TOL[dtype]))
     x = make_linear_inputs(1, 70, 96, torch.float16, device)
     w = torch.empty(70, 96, dtype=torch.float16, device=device)
     dequant_launch(x["packed"], x["scales"].view(torch.uint8), x["gs"].reshape(1), w)

@@ -1,0 +1,179 @@
+"""nvfp4_moe on sm_90+: tiled.py's register-fed mma decode (its loads, decode and shared-memory sums) over stacked
+experts, one program group per (token, slot) pair. Up: grid (block groups of gate / up, pairs); a pair's expert is
+read from top_k_index on the device, warps as tiled's GLU kernel (blocks alternate gate / up, KS warps split K),
+h[p] = silu(gate) * up in the epilogue. Down: grid (block groups of H, tokens); the KS >= k warps of a row block
+take one slot each (all of its expert's K), scaled by routing weight x global scale, summed in shared memory: the
+sum over experts without atomics or a second pass. One token a pair: 1 of the mma's 8 token columns is used (the
+weights' bytes bound the time at decode sizes)."""
+import torch
+import triton
+import triton.language as tl
+
+from ..._launch import launch
+from ..._pdl import pdl_enter, pdl_enabled
+from ..._runtime import capability, cdiv, interpreting, planned_sms
+from .tiled import _ld_iter, _store_sum, _tiled_step
+from .tiled_layout import TILE_K, TILE_N
+
+
+@triton.jit
+def _iter4(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b, sv, px,
+           DT: tl.constexpr, WIDE: tl.constexpr):
+    """One iteration (4 steps) of one token's mma."""
+    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, sv, 0, px, px, DT, 1, WIDE)
+    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w1t, w1b, sv, 1, px, px, DT, 1, WIDE)
+    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w2t, w2b, sv, 2, px, px, DT, 1, WIDE)
+    return _tiled_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w3t, w3b, sv, 3, px, px, DT, 1, WIDE)
+
+
+@triton.jit
+def _stream(pw, ps, px, n, e, DT: tl.constexpr, LOADS: tl.constexpr, WIDE: tl.constexpr):
+    """acc0 and acc2 (rows r and r + 8, token column 0 in lanes % 4 == 0) over n iterations from pw / ps / px;
+    LOADS 2: the next iteration's words loaded before this one decodes (its last reload stays in range)."""
+    acc0 = tl.zeros(e.shape, tl.float32)
+    acc1, acc2, acc3, acc4, acc5, acc6, acc7 = acc0, acc0, acc0, acc0, acc0, acc0, acc0
+    sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b = _ld_iter(pw, ps)
+    for it in range(0, n):
+        adv = (it + 1 < n).to(tl.int64)
+        pw += 256 * adv
+        ps += 32 * adv
+        if LOADS == 2:
+            nsv, n0t, n0b, n1t, n1b, n2t, n2b, n3t, n3b = _ld_iter(pw, ps)
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _iter4(
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b, sv, px, DT, WIDE)
+        if LOADS == 2:
+            sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b = nsv, n0t, n0b, n1t, n1b, n2t, n2b, n3t, n3b
+        else:
+            sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b = _ld_iter(pw, ps)
+        px += 64 * adv
+    return acc0, acc2
+
+
+@triton.jit(do_not_specialize=["one"])
+def _moe_up_mma(x_ptr, idx_ptr, wg_ptr, sg_ptr, gg_ptr, wu_ptr, su_ptr, gu_ptr, h_ptr, E, K_TOP, I, KI, per,
+                s_xt, s_we, s_se, one, R: tl.constexpr, KS: tl.constexpr, LOADS: tl.constexpr, WIDE: tl.constexpr,
+                USE_GDC: tl.constexpr, TRIGGER: tl.constexpr):
+    """Grid (groups of R blocks of 16 rows over gate and up, pairs p = t K_TOP + j): h[p] = silu(gate_e(x_t)) *
+    up_e(x_t) for e = idx[p], nothing stored where e lies outside [0, E). x_ptr, w*, s* int64 words; KS divides KI."""
+    DT: tl.constexpr = h_ptr.dtype.element_ty
+    W: tl.constexpr = R * KS
+    pdl_enter(USE_GDC, TRIGGER == 1)  # the routing comes from the previous kernels
+    pid = tl.program_id(0)
+    p = tl.program_id(1)
+    ex = tl.load(idx_ptr + p).to(tl.int64)
+    ok = (ex >= 0) & (ex < E)
+    ex = tl.where(ok, ex, 0)
+    e = tl.arange(0, 32 * W)
+    lane = (e % 32) * one
+    blk = tl.minimum(pid * R + e // (32 * KS), 2 * (I // 16) - 1).to(tl.int64)  # past the end: read, not stored
+    i_at = ((e // 32) % KS) * per
+    up = blk % 2 == 1
+    pw = tl.where(up, wu_ptr, wg_ptr) + ex * s_we + (((blk // 2) * KI + i_at) * 128 + lane) * 2
+    ps = tl.where(up, su_ptr, sg_ptr) + ex * s_se + ((blk // 2) * KI + i_at) * 32 + lane
+    px = x_ptr + (p // K_TOP) * s_xt + 4 * (16 * i_at + lane % 4)
+    acc0, acc2 = _stream(pw, ps, px, per, e, DT, LOADS, WIDE)
+    if USE_GDC and TRIGGER == 2:
+        tl.extra.cuda.gdc_launch_dependents()
+    g = tl.arange(0, 32)
+    t0 = (2 * (g % 4))[None, :]
+    row = pid * (8 * R) + tl.arange(0, R // 2)[:, None] * 16 + (g // 4)[None, :]
+    n_tok = ok.to(tl.int32)  # 1, or 0: nothing stored
+    y = h_ptr + p.to(tl.int64) * I
+    _store_sum(acc0, row, t0, n_tok, 2 * I, gg_ptr + ex, gg_ptr, gu_ptr + ex, gu_ptr, y, I, one, R, KS, False, True)
+    _store_sum(acc2, row + 8, t0, n_tok, 2 * I, gg_ptr + ex, gg_ptr, gu_ptr + ex, gu_ptr, y, I, one, R, KS, False,
+               True)
+
+
+@triton.jit
+def _store_slots(acc, row, t0, N, y_ptr, one, R: tl.constexpr, KS: tl.constexpr):
+    """The sum of one accumulator over the KS slot warps of each row block (in shared memory; the scales applied),
+    token column 0 stored at rows `row` < N of y."""
+    v = tl.sum(tl.reshape(acc, [R, KS, 32]), axis=1) * 128.0  # the decode's 2^-7 (exact)
+    tl.store(y_ptr + row * one, v.to(y_ptr.dtype.element_ty), mask=(row < N) & (t0 == 0))
+
+
+@triton.jit(do_not_specialize=["one"])
+def _moe_down_mma(h_ptr, idx_ptr, rw_ptr, wd_ptr, sd_ptr, gd_ptr, y_ptr, E, K_TOP, H, KI, s_ht, s_yt, s_we, s_se,
+                  one, R: tl.constexpr, KS: tl.constexpr, LOADS: tl.constexpr, WIDE: tl.constexpr,
+                  USE_GDC: tl.constexpr, TRIGGER: tl.constexpr):
+    """Grid (groups of R blocks of 16 rows of H, tokens t): y[t] = sum_j rw[t, j] gd[e] down_e(h[t K_TOP + j]),
+    e = idx[t, j]; warp KS r + j takes block R pid + r and slot j (slots past K_TOP or outside [0, E) add 0)."""
+    DT: tl.constexpr = y_ptr.dtype.element_ty
+    W: tl.constexpr = R * KS
+    pdl_enter(USE_GDC, TRIGGER == 1)
+    pid = tl.program_id(0)
+    t = tl.program_id(1)
+    e = tl.arange(0, 32 * W)
+    lane = (e % 32) * one
+    blk = tl.minimum(pid * R + e // (32 * KS), H // 16 - 1).to(tl.int64)
+    j = (e // 32) % KS
+    pair = t * K_TOP + tl.minimum(j, K_TOP - 1)
+    ex = tl.load(idx_ptr + pair).to(tl.int64)
+    ok = (j < K_TOP) & (ex >= 0) & (ex < E)
+    ex = tl.where(ok, ex, 0)
+    scale = tl.load(rw_ptr + pair).to(tl.float32) * tl.load(gd_ptr + ex)
+    pw = wd_ptr + ex * s_we + ((blk * KI) * 128 + lane) * 2
+    ps = sd_ptr + ex * s_se + (blk * KI) * 32 + lane
+    px = h_ptr + pair.to(tl.int64) * s_ht + 4 * (lane % 4)
+    acc0, acc2 = _stream(pw, ps, px, KI, e, DT, LOADS, WIDE)
+    if USE_GDC and TRIGGER == 2:
+        tl.extra.cuda.gdc_launch_dependents()
+    acc0 = tl.where(ok, acc0 * scale, 0.0)  # where, not a product: a dropped slot's h row is never written
+    acc2 = tl.where(ok, acc2 * scale, 0.0)
+    g = tl.arange(0, 32)
+    t0 = (2 * (g % 4))[None, :]
+    row = pid * (16 * R) + tl.arange(0, R)[:, None] * 16 + (g // 4)[None, :]
+    yt = y_ptr + t.to(tl.int64) * s_yt
+    _store_slots(acc0, row, t0, H, yt, one, R, KS)
+    _store_slots(acc2, row + 8, t0, H, yt, one, R, KS)
+
+
+def moe_tiled_usable(x: torch.Tensor, k: int) -> bool:
+    """sm_90+ (the tiled mma decode), up to 16 slots a token, 8-byte aligned activation rows with unit stride."""
+    if interpreting() or x.device.type != "cuda" or capability(x.device)[0] < 9:
+        return False
+    return k <= 16 and x.stride(1) == 1 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0
+
+
+def _pow2_at_most(n: float) -> int:
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return p
+
+
+def _up_plan(pairs: int, I: int, KI: int, device):
+    """(R, KS, per): about 32 warps an SM over the pairs' gate / up blocks, KS a power of 2 dividing KI with at
+    least 2 iterations a warp (tiled_config's rule), R even (blocks alternate gate / up)."""
+    want = 32 * planned_sms(None, device) / (pairs * 2 * I // TILE_N)
+    ks = max(1, min(_pow2_at_most(want), 16, _pow2_at_most(max(KI // 2, 1))))
+    while KI % ks:
+        ks //= 2
+    return max(2, 4 // ks), ks, KI // ks
+
+
+def moe_tiled(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd, y, h):
+    """nvfp4_moe's two launches on the mma kernels (moe_tiled_usable(x)); stacks as _moe takes them (uint8 scales);
+    h [T k, I] the intermediate, y [T, H] the output."""
+    T, H = x.shape
+    E, I = wg.shape[0], wg.shape[1]
+    k = idx.shape[1]
+    pdl = pdl_enabled(x.device)
+    opts = dict(USE_GDC=pdl, TRIGGER=1, **({"launch_pdl": True} if pdl else {}))
+    wide = x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0
+    r, ks, per = _up_plan(T * k, I, H // TILE_K, x.device)
+    launch(_moe_up_mma, (cdiv(2 * I // TILE_N, r), T * k), x.view(torch.int64), idx, wg.view(torch.int64),
+           sg.view(torch.int64), gg, wu.view(torch.int64), su.view(torch.int64), gu, h, E, k, I, H // TILE_K, per,
+           x.stride(0) // 4, wg.stride(0) // 8, sg.stride(0) // 8, 1, R=r, KS=ks, LOADS=1, WIDE=wide,
+           num_warps=r * ks, **opts)
+    ks = 1
+    while ks < k:
+        ks *= 2
+    r = max(1, 4 // ks)
+    launch(_moe_down_mma, (cdiv(H // TILE_N, r), T), h.view(torch.int64), idx, rw, wd.view(torch.int64),
+           sd.view(torch.int64), gd, y, E, k, H, I // TILE_K, I // 4, y.stride(0), wd.stride(0) // 8,
+           sd.stride(0) // 8, 1, R=r, KS=ks, LOADS=1, WIDE=True, num_warps=r * ks, **opts)
+    return y
