@@ -108,9 +108,10 @@ def test_gpu_mma_kernels_match_plain_and_reference(dtype, T, E, H, inter, k, rou
     elif routing == "one":
         idx.fill_(E - 1)
     ref = nvfp4_moe_ref(x["x"], idx, x["w"], *x["plain"])
-    y = nvfp4_moe(x["x"], idx, x["w"], x["gate"], x["up"], x["down"])
-    plain = _moe(x["x"], idx, x["w"], *_flat(x["gate"], x["up"], x["down"]), mma=False)
-    assert rel_err(y, ref) <= MOE_TOL[dtype] and rel_err(plain, ref) <= MOE_TOL[dtype]
+    flat = _flat(x["gate"], x["up"], x["down"])
+    mma, plain = _moe(x["x"], idx, x["w"], *flat, mma=True), _moe(x["x"], idx, x["w"], *flat, mma=False)
+    assert rel_err(mma, ref) <= MOE_TOL[dtype] and rel_err(plain, ref) <= MOE_TOL[dtype]
     xs = torch.full((T, H + 8), float("nan"), dtype=dtype, device="cuda")[:, :H]  # a strided view, NaN outside
     xs.copy_(x["x"])
+    assert rel_err(_moe(xs, idx, x["w"], *flat, mma=True), ref) <= MOE_TOL[dtype]
     assert rel_err(nvfp4_moe(xs, idx, x["w"], x["gate"], x["up"], x["down"]), ref) <= MOE_TOL[dtype]

@@ -41,9 +41,11 @@ def _ours(x):
     return lambda: nvfp4_moe(x["x"], x["idx"], x["w"], x["gate"], x["up"], x["down"])
 
 
-def _plain(x):  # the plain-Triton kernels (the interpreter's path) on the GPU: the mma kernels' A/B
-    flat = _flat(x["gate"], x["up"], x["down"])
-    return lambda: _moe(x["x"], x["idx"], x["w"], *flat, mma=False)
+def _variant(mma: bool):  # the plain-Triton kernels (the interpreter's path) or the mma-fed ones, on the GPU
+    def build(x):
+        flat = _flat(x["gate"], x["up"], x["down"])
+        return lambda: _moe(x["x"], x["idx"], x["w"], *flat, mma=mma)
+    return build
 
 
 def _transformers_available():
@@ -75,6 +77,7 @@ def _transformers_bf16(x):
 def benches():
     return [OpBench("nvfp4_moe", _cases, [
         Impl("llmkernels", _ours),
-        Impl("llmkernels-plain-triton", _plain),
+        Impl("llmkernels-plain-triton", _variant(False)),
+        Impl("llmkernels-mma", _variant(True)),
         Impl("transformers-bf16-grouped-mm", _transformers_bf16, _transformers_available),
     ])]

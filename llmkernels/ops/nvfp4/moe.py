@@ -91,9 +91,12 @@ def _nvfp4_moe_op(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: tor
     return _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd)
 
 
-def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma: bool = True):
-    """Scales as their bytes (uint8): the kernels decode them. mma: the mma-fed kernels where they run (moe_tiled),
-    else (and always with mma=False: the benchmark's A/B) the plain ones."""
+MMA = False  # the mma-fed kernels (moe_tiled) by default: not yet, until they are checked and timed on a GPU
+
+
+def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=None):
+    """Scales as their bytes (uint8): the kernels decode them. mma (None: MMA): the mma-fed kernels where they run
+    (moe_tiled_usable), else the plain ones (the interpreter's)."""
     T, H = x.shape
     E, I = wg.shape[0], wg.shape[1]
     K_TOP = top_k_index.shape[1]
@@ -102,7 +105,7 @@ def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma:
         return y
     h = torch.empty(T * K_TOP, I, dtype=x.dtype, device=x.device)  # a dropped slot's row is never read
     idx = top_k_index.contiguous()
-    if mma and moe_tiled_usable(x, K_TOP):
+    if (MMA if mma is None else mma) and moe_tiled_usable(x, K_TOP):
         return moe_tiled(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd, y, h)
     BN, BKW, fix = 16, 4, interpreting()
     s_we, s_se = wg.stride(0) // 8, sg.stride(0)  # the kernels address the packed bytes as int64 words
