@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from llmkernels import masked_decode, merge_attention_states
+from llmkernels import kept_lists, masked_decode, merge_attention_states
 from llmkernels.checking import rel_err
 from llmkernels.ops.combine.reference import merge_attention_states_ref
 from llmkernels.ops.masked_decode.kernel import masked_decode_fwd
@@ -253,6 +253,73 @@ def test_opcheck(device):
                           test_utils=("test_schema", "test_faketensor"))
 
 
+# ---- kept lists (kept_idx / kept_len / dense_from): the mask's tokens listed, time in their number ----
+
+def _lists(x, L0):
+    """kept_lists of the first L0 positions' mask, rows' entries shuffled past their count (order is free)."""
+    idx, n = kept_lists(x["drop"][:, :, :L0].contiguous())
+    perm = torch.argsort(torch.rand(idx.shape, device=idx.device), dim=-1)
+    shuffled = torch.gather(idx, 2, perm)
+    first = torch.arange(idx.shape[2], device=idx.device) < n[..., None]
+    kept_first = torch.gather(idx, 2, torch.argsort(torch.rand(idx.shape, device=idx.device) + 2 * ~first, dim=-1))
+    return idx, n, shuffled, kept_first
+
+
+@pytest.mark.parametrize("B,Hkv,G,L,D,L0", [(2, 2, 4, 157, 64, 120), (1, 3, 1, 33, 128, 33), (2, 1, 16, 70, 64, 0),
+                                            (1, 2, 8, 129, 256, 100)])
+def test_kept_lists_match_the_mask(device, B, Hkv, G, L, D, L0):
+    """Lists of a mask's first L0 positions plus every later one (dense_from=L0) = the mask whose later positions
+    are kept; the lists' order within a row does not matter; kv_len caps both parts."""
+    x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device, kept=0.4)
+    idx, n, _, kept_first = _lists(x, L0)
+    mask = x["drop"].clone()
+    mask[:, :, L0:] = False
+    for lens in (None, torch.tensor([L - 5, 3][:B], dtype=torch.int32, device=device)):
+        for lists in (idx, kept_first):
+            o, lse = masked_decode(x["q"], x["k"], x["v"], kv_len=lens, kept_idx=lists, kept_len=n, dense_from=L0)
+            ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], mask, lens)
+            assert rel_err(o, ro) <= OUT_TOL[torch.float16] and rel_err(lse, rl) <= LSE_TOL
+        mo, ml = masked_decode(x["q"], x["k"], x["v"], mask, kv_len=lens)
+        assert rel_err(o, mo) <= OUT_TOL[torch.float16] and rel_err(lse, ml) <= LSE_TOL
+
+
+def test_kept_lists_garbage_entries_are_skipped(device):
+    """Entries outside [0, min(dense_from, kv_len)), counts outside [0, M] and repeats follow the documented rules
+    (the reference's), NaN-poisoned outputs fully written; an empty row gives out 0, lse -inf."""
+    B, Hkv, G, L, D = 2, 2, 4, 90, 64
+    x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device)
+    M = 40
+    idx = torch.randint(-5, L + 5, (B, Hkv, M), dtype=torch.int32, device=device)
+    idx[0, 0, :4] = torch.tensor([-2 ** 31, 2 ** 31 - 1, 60, 60], dtype=torch.int32)  # extremes; 60 listed twice
+    n = torch.tensor([[M, 7], [-3, M + 100]], dtype=torch.int32, device=device)  # row (1, 0): nothing listed
+    for dense_from, kv_len in ((70, None), (L, 50), (0, None)):
+        out = torch.full((B, Hkv * G, D), float("nan"), dtype=torch.float16, device=device)
+        lse = torch.full((B, Hkv * G), float("nan"), device=device)
+        masked_decode_fwd(x["q"], x["k"], x["v"], None, None if kv_len is None else
+                          torch.full((B,), kv_len, dtype=torch.int32, device=device), L, D ** -0.5, out, lse,
+                          kept=(idx, n, dense_from))
+        ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], None, kv_len, None, idx, n, dense_from)
+        assert rel_err(out, ro) <= OUT_TOL[torch.float16] and rel_err(lse, rl) <= LSE_TOL
+    o, lse = masked_decode(x["q"], x["k"], x["v"], kept_idx=idx, kept_len=n, dense_from=L)
+    assert torch.all(o[1, :G] == 0) and torch.all(lse[1, :G] == -math.inf)
+
+
+def test_kept_lists_compile_and_opcheck(device):
+    x = make_inputs(2, 2, 4, 40, 64, torch.float16, device, kept=0.5)
+    idx, n = kept_lists(x["drop"][:, :, :30].contiguous())
+
+    def f(q, k, v, i, c):
+        o, lse = masked_decode(q, k, v, kept_idx=i, kept_len=c, dense_from=30)
+        return o.float() * 2, lse
+
+    co, cl = torch.compile(f, fullgraph=True, backend="aot_eager")(x["q"], x["k"], x["v"], idx, n)
+    eo, el = f(x["q"], x["k"], x["v"], idx, n)
+    assert torch.equal(co, eo) and torch.equal(cl, el)
+    torch.library.opcheck(torch.ops.llmkernels.masked_decode.default,
+                          (x["q"], x["k"], x["v"], None, None, 40, 0.125, idx, n, 30),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
 # ---- bad inputs: each must raise a clear error naming the argument ----
 
 def _ok(device):
@@ -280,6 +347,20 @@ BAD = [
     ("device", lambda x: dict(drop_mask=x["drop"].to("meta")), ValueError, "device"),
     ("sm_scale nan", lambda x: dict(sm_scale=float("nan")), ValueError, "sm_scale must be finite"),
     ("k not a tensor", lambda x: dict(k=x["k"].tolist()), TypeError, "k must be a torch.Tensor"),
+    ("kept lists and mask", lambda x: dict(kept_idx=kept_lists(x["drop"])[0], kept_len=kept_lists(x["drop"])[1]),
+     ValueError, "not both"),
+    ("kept_idx alone", lambda x: dict(drop_mask=None, kept_idx=kept_lists(x["drop"])[0]), ValueError,
+     "go together"),
+    ("dense_from alone", lambda x: dict(dense_from=3), ValueError, "dense_from goes with"),
+    ("kept_idx dtype", lambda x: dict(drop_mask=None, kept_idx=kept_lists(x["drop"])[0].long(),
+                                      kept_len=kept_lists(x["drop"])[1]), TypeError, "kept_idx must have dtype"),
+    ("kept_idx shape", lambda x: dict(drop_mask=None, kept_idx=kept_lists(x["drop"])[0][:1],
+                                      kept_len=kept_lists(x["drop"])[1]), ValueError, "kept_idx must be"),
+    ("kept_len shape", lambda x: dict(drop_mask=None, kept_idx=kept_lists(x["drop"])[0],
+                                      kept_len=kept_lists(x["drop"])[1][0]), ValueError, "kept_len must have shape"),
+    ("dense_from > L", lambda x: dict(drop_mask=None, kept_idx=kept_lists(x["drop"])[0],
+                                      kept_len=kept_lists(x["drop"])[1], dense_from=17), ValueError,
+     "dense_from must be"),
 ]
 
 

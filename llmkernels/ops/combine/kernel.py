@@ -230,17 +230,17 @@ class SplitParts:
         f = self.fused(device)
         return (fused if f else split), f
 
-    def launch(self, go: Launch, fused: bool, args: tuple, ints: tuple, out, lse, dummy) -> None:
-        """go(*args, o_part, lse_part, counters, out, lse, *ints) as the mode needs (pick: go and fused), and the
-        merge launch where go does not merge; `dummy` stands for the pointers a mode does not use."""
+    def launch(self, go: Launch, fused: bool, args: tuple, ints: tuple, out, lse, dummy, extra: tuple = ()) -> None:
+        """go(*args, o_part, lse_part, counters, out, lse, *ints, *extra) as the mode needs (pick: go and fused), and
+        the merge launch where go does not merge; `dummy` stands for the pointers a mode does not use."""
         if self.direct_write:  # one split: its part is the result
-            go(*args, out, lse, dummy, dummy, dummy, *ints)
+            go(*args, out, lse, dummy, dummy, dummy, *ints, *extra)
             return
         o_part, lse_part, cnt = self.get(out.device, fused, go.direct() and (fused or self.merge.launch.direct()))
         if fused:
-            go(*args, o_part, lse_part, cnt, out, lse, *ints)
+            go(*args, o_part, lse_part, cnt, out, lse, *ints, *extra)
         else:
-            go(*args, o_part, lse_part, dummy, dummy, dummy, *ints)
+            go(*args, o_part, lse_part, dummy, dummy, dummy, *ints, *extra)
             self.merge(o_part, lse_part, out, lse)
 
     def get(self, device: torch.device, fused: bool, addresses: bool) -> tuple:

@@ -15,9 +15,11 @@ from ..combine.kernel import SplitParts, merge_if_last, softmax_step
 
 @triton.jit
 def _attend(q, k_base, v_base, m_base, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
-            BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DROP: tl.constexpr):
+            BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DROP: tl.constexpr,
+            n_list=0, dense_from=0, length=0, INDEXED: tl.constexpr = False):
     """Online softmax of the G query rows over the kept tokens of the tiles at lo, lo + step, ... below hi:
-    (running max, sum, unnormalised out)."""
+    (running max, sum, unnormalised out). INDEXED: the tiles run over a row of n_list listed positions (m_base, the
+    list; those outside [0, min(dense_from, length)) skipped) followed by the positions dense_from .. length - 1."""
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, BLOCK_N)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -25,12 +27,21 @@ def _attend(q, k_base, v_base, m_base, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
     acc = tl.zeros([BLOCK_G, D], tl.float32)
     if HAS_DROP:  # the mask of the next tile is loaded one iteration ahead, so its latency hides behind a tile
         nxt = tl.load(m_base + (lo + offs_n) * s_ml, mask=lo + offs_n < hi, other=1)
+    if INDEXED:  # likewise the next tile's listed positions
+        lim = tl.minimum(dense_from, length)
+        nxt = tl.load(m_base + (lo + offs_n) * s_ml, mask=lo + offs_n < n_list, other=-1)
     for n0 in tl.range(lo, hi, step):
         offs = n0 + offs_n
         keep = offs < hi
         if HAS_DROP:
             keep = keep & (nxt == 0)
             nxt = tl.load(m_base + (offs + step) * s_ml, mask=offs + step < hi, other=1)
+        if INDEXED:
+            listed = offs < n_list
+            pos = tl.where(listed, nxt, dense_from + (offs - n_list))
+            keep = keep & tl.where(listed, (pos >= 0) & (pos < lim), pos < length)
+            nxt = tl.load(m_base + (offs + step) * s_ml, mask=offs + step < n_list, other=-1)
+            offs = pos
         # dropped rows are never fetched: the predicated load issues no memory traffic for them
         k = tl.load(k_base + offs[:, None].to(tl.int64) * s_kl + offs_d[None, :], mask=keep[:, None], other=0.0)
         v = tl.load(v_base + offs[:, None].to(tl.int64) * s_vl + offs_d[None, :], mask=keep[:, None], other=0.0)
@@ -44,16 +55,18 @@ def _attend(q, k_base, v_base, m_base, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
 @triton.jit
 def row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, hi, step, qk_scale,
              s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
-             G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DROP: tl.constexpr):
+             G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DROP: tl.constexpr,
+             n_list=0, dense_from=0, length=0, INDEXED: tl.constexpr = False):
     """The G query heads of kv head h of sequence b (row r) over the tiles lo, lo + step, ... below hi: stores the
-    part in slot `split` (normalised out; lse, -inf if nothing was kept)."""
+    part in slot `split` (normalised out; lse, -inf if nothing was kept). INDEXED: drop_ptr holds the lists (see
+    _attend)."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, D)
     q = tl.load(q_ptr + b * s_qb + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :],
                 mask=(offs_g < G)[:, None], other=0.0)
     m_i, l_i, acc = _attend(q, k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh,
                             drop_ptr + b * s_mb + h * s_mh, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
-                            BLOCK_G, D, BLOCK_N, HAS_DROP)
+                            BLOCK_G, D, BLOCK_N, HAS_DROP, n_list, dense_from, length, INDEXED)
     # l == 0 only when nothing was kept; a NaN logit makes l NaN, and NaN flows into out and lse (not "empty")
     o = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]
     lse = tl.where(l_i == 0, float("-inf"), (m_i + tl.log2(l_i)) * LN2_C)
@@ -66,16 +79,18 @@ def row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, 
 def _masked_decode_split_kernel(
     q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr, cnt_ptr, out_ptr, lse_out_ptr,
     Hkv, L, kv_len, chunk, qk_scale,
-    s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
+    s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr, klen_ptr, dense_from,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr,
     FUSED: tl.constexpr = False, MB_S: tl.constexpr = 1, MB_D: tl.constexpr = 1, MB_ONE: tl.constexpr = True,
-    TRIGGER: tl.constexpr = True,
+    TRIGGER: tl.constexpr = True, INDEXED: tl.constexpr = False,
 ):
     """Grid (splits, B * Hkv): program (s, b * Hkv + h) attends the G query heads of kv head h of sequence b to
     tiles s, s + S, ... of the row (INTERLEAVE; S splits) or to tokens [s * chunk, (s + 1) * chunk), and stores
     that part (normalised out; lse, -inf if empty); with one split, o / lse are out and lse. FUSED: the row's last
-    program merges its parts into out_ptr / lse_out_ptr (merge_if_last with counters cnt_ptr; MB_*: its blocks)."""
+    program merges its parts into out_ptr / lse_out_ptr (merge_if_last with counters cnt_ptr; MB_*: its blocks).
+    INDEXED (interleaved): the row is its kept list (drop_ptr, klen_ptr[r] entries of at most `chunk`) followed by
+    the positions dense_from .. length - 1; klen_ptr and dense_from are None otherwise."""
     pdl_enter(USE_GDC, TRIGGER)
     split = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
@@ -85,7 +100,13 @@ def _masked_decode_split_kernel(
         length = tl.minimum(tl.maximum(tl.load(lens_ptr + b), 0), L).to(tl.int32)  # int32 or int64 lengths
     else:
         length = kv_len
-    if INTERLEAVE:  # the splits of a row take its tiles in turn: they read neighbouring tiles at the same time
+    n_list = 0
+    if INDEXED:
+        n_list = tl.minimum(tl.maximum(tl.load(klen_ptr + r), 0), chunk).to(tl.int32)
+        lo = split * BLOCK_N
+        hi = n_list + tl.maximum(length - dense_from, 0)
+        step = tl.num_programs(0) * BLOCK_N
+    elif INTERLEAVE:  # the splits of a row take its tiles in turn: they read neighbouring tiles at the same time
         lo = split * BLOCK_N
         hi = length
         step = tl.num_programs(0) * BLOCK_N
@@ -95,7 +116,7 @@ def _masked_decode_split_kernel(
         step = BLOCK_N
     row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, hi, step, qk_scale,
              s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
-             G, BLOCK_G, D, BLOCK_N, HAS_DROP)
+             G, BLOCK_G, D, BLOCK_N, HAS_DROP, n_list, dense_from, length, INDEXED)
     if FUSED:
         merge_if_last(cnt_ptr, r, o_ptr, lse_ptr, out_ptr, lse_out_ptr, r * G, tl.num_programs(0), D, s_os, s_or,
                       s_lr, G, MB_S, MB_D, MB_ONE)
@@ -123,6 +144,9 @@ class DecodeConfig(KernelConfig):
 
 CONFIG = DecodeConfig()
 MASKED_CONFIG = DecodeConfig(block_n=64, num_stages=3)
+# kept lists: gathered 64-row tiles as the masked path's; more waves, so that rows whose heads keep more tokens (a
+# press's budgets differ per head) are balanced by the SMs taking the next program (a guess, to be swept on a GPU)
+LISTED_CONFIG = DecodeConfig(block_n=64, num_stages=3, waves=4)
 
 
 MIN_CHUNK = 128  # tokens a split: 512 left short caches under-split (B=1, Hkv 8, L 554: 9.5 -> 5.6 us a call)
@@ -141,52 +165,67 @@ class DecodePlan:
     everything but the tensors fixed.
 
     q [B, Hq, D] (unit last stride); k, v [B, Hkv, L, D]; drop_mask bool or None; kv_lens int32/int64 [B] contiguous
-    or None; out [B, Hq, D] and lse [B, Hq] contiguous. config may override the keys of CONFIG (no mask) /
-    MASKED_CONFIG (with a drop mask)."""
+    or None; out [B, Hq, D] and lse [B, Hq] contiguous; listed: (kept_idx int32 [B, Hkv, M], dense_from int) or
+    None (the kept lists in place of a mask; kept_len int32 [B, Hkv] contiguous at the call). config may override
+    the keys of CONFIG (no mask) / MASKED_CONFIG (a drop mask) / LISTED_CONFIG (kept lists)."""
 
-    def __init__(self, q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, config=None):
-        cfg = (CONFIG if drop_mask is None else MASKED_CONFIG).with_(config)
+    def __init__(self, q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, config=None, listed=None):
+        base = LISTED_CONFIG if listed is not None else CONFIG if drop_mask is None else MASKED_CONFIG
+        cfg = base.with_(config)
         B, Hq, D = q.shape
         Hkv, L = k.shape[1], k.shape[2]
         self.empty = B == 0 or Hq == 0
         block_n = cfg.block_n if D <= 128 else cfg.block_n // 2  # same tile bytes at D=256
-        splits, chunk = _plan(B, Hkv, L if kv_lens is not None else kv_len, q.device, cfg.waves)
-        ms = drop_mask.stride() if drop_mask is not None else (0, 0, 0)
+        span = L if kv_lens is not None else kv_len
+        if listed is not None:  # a row: at most M listed positions, then those from dense_from on
+            span = listed[0].shape[2] + max(span - listed[1], 0)
+        splits, chunk = _plan(B, Hkv, span, q.device, cfg.waves)
+        ms = drop_mask.stride() if drop_mask is not None else listed[0].stride() if listed is not None else (0, 0, 0)
+        if listed is not None:
+            chunk = listed[0].shape[2]  # the lists' length (INDEXED reads `chunk` as it)
         pdl = pdl_enabled(q.device)
         G = Hq // Hkv
         self.parts = SplitParts(B * Hq, splits, D, B * Hkv, G * splits <= cfg.fuse_merge, q.device)
         self.ints = (Hkv, L, kv_len, chunk, sm_scale * LOG2E, q.stride(0), q.stride(1), *k.stride()[:3],
                      *v.stride()[:3], *ms, *self.parts.strides)
+        self.dense_from = listed[1] if listed is not None else None
         consts = dict(G=G, BLOCK_G=max(16, next_pow2(G)), D=D, BLOCK_N=block_n, HAS_DROP=drop_mask is not None,
-                      HAS_LENS=kv_lens is not None, USE_GDC=pdl, INTERLEAVE=cfg.interleave, num_warps=cfg.num_warps,
-                      num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl and cfg.pdl else {}))
+                      HAS_LENS=kv_lens is not None, USE_GDC=pdl, INTERLEAVE=cfg.interleave or listed is not None,
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                      **({"INDEXED": True} if listed is not None else {}),
+                      **({"launch_pdl": True} if pdl and cfg.pdl else {}))
         self.split, self.fused = self.parts.launches(_masked_decode_split_kernel, (splits, B * Hkv), consts)
 
-    def __call__(self, q, k, v, drop_mask, kv_lens, out, lse) -> None:
+    def __call__(self, q, k, v, drop_mask, kv_lens, out, lse, kept_idx=None, kept_len=None) -> None:
         if self.empty:
             return
         go, fused = self.parts.pick(self.split, self.fused, q.device)
-        mask = drop_mask  # a kept kernel reads the bools as their bytes; Triton's path types them as uint8
-        if mask is not None and not go.direct():
-            mask = mask.view(torch.uint8)
+        mask = drop_mask if kept_idx is None else kept_idx  # (the listed path reads the lists where the mask goes)
+        if drop_mask is not None and not go.direct():  # a kept kernel reads the bools as their bytes; Triton's
+            mask = mask.view(torch.uint8)  # path types them as uint8
         self.parts.launch(go, fused, (q, k, v, mask if mask is not None else q, kv_lens if kv_lens is not None else q),
-                          self.ints, out, lse, q)
+                          self.ints, out, lse, q, (kept_len, self.dense_from))
 
 
 _PLANS = PlanCache()
 
 
-def decode_plan(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float) -> DecodePlan:
-    """The cached plan for these (already checked) arguments."""
-    key = (tkey(q), tkey(k), tkey(v), tkey(drop_mask), tkey(kv_lens), kv_len, sm_scale, current_device())
+def decode_plan(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, listed=None) -> DecodePlan:
+    """The cached plan for these (already checked) arguments; listed: (kept_idx, dense_from) or None."""
+    key = (tkey(q), tkey(k), tkey(v), tkey(drop_mask), tkey(kv_lens), kv_len, sm_scale, current_device(),
+           (tkey(listed[0]), listed[1]) if listed is not None else None)
     plan = _PLANS.get(key)
-    return plan if plan is not None else _PLANS.put(key, DecodePlan(q, k, v, drop_mask, kv_lens, kv_len, sm_scale))
+    return plan if plan is not None else _PLANS.put(key, DecodePlan(q, k, v, drop_mask, kv_lens, kv_len, sm_scale,
+                                                                    listed=listed))
 
 
-def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, out, lse, config=None):
-    """q [B, Hq, D] (unit last stride); k, v [B, Hkv, L, D]; writes out [B, Hq, D] and lse [B, Hq] (contiguous).
-    config (tests, sweeps) overrides launch keys and bypasses the plan cache."""
+def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, out, lse, config=None,
+                      kept=None):
+    """q [B, Hq, D] (unit last stride); k, v [B, Hkv, L, D]; writes out [B, Hq, D] and lse [B, Hq] (contiguous);
+    kept: (kept_idx, kept_len, dense_from) or None. config (tests, sweeps) overrides launch keys and bypasses the
+    plan cache."""
     assert out.is_contiguous() and lse.is_contiguous()
-    plan = DecodePlan(q, k, v, drop_mask, kv_lens, kv_len, sm_scale, config) if config else \
-        decode_plan(q, k, v, drop_mask, kv_lens, kv_len, sm_scale)
-    plan(q, k, v, drop_mask, kv_lens, out, lse)
+    listed = (kept[0], kept[2]) if kept is not None else None
+    plan = DecodePlan(q, k, v, drop_mask, kv_lens, kv_len, sm_scale, config, listed) if config else \
+        decode_plan(q, k, v, drop_mask, kv_lens, kv_len, sm_scale, listed)
+    plan(q, k, v, drop_mask, kv_lens, out, lse, *(kept[:2] if kept is not None else ()))

@@ -15,15 +15,18 @@ _HEAD_DIMS = (64, 128, 256)
 @torch.library.custom_op("llmkernels::masked_decode", mutates_args=())
 def _masked_decode_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, drop_mask: Optional[torch.Tensor],
-    kv_lens: Optional[torch.Tensor], kv_len: int, sm_scale: float,
+    kv_lens: Optional[torch.Tensor], kv_len: int, sm_scale: float, kept_idx: Optional[torch.Tensor] = None,
+    kept_len: Optional[torch.Tensor] = None, dense_from: int = 0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    return _run(decode_plan(q, k, v, drop_mask, kv_lens, kv_len, sm_scale), q, k, v, drop_mask, kv_lens)
+    listed = (kept_idx, dense_from) if kept_idx is not None else None
+    return _run(decode_plan(q, k, v, drop_mask, kv_lens, kv_len, sm_scale, listed), q, k, v, drop_mask, kv_lens,
+                kept_idx, kept_len)
 
 
-def _run(plan, q, k, v, drop_mask, kv_lens):
+def _run(plan, q, k, v, drop_mask, kv_lens, kept_idx=None, kept_len=None):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    plan(q, k, v, drop_mask, kv_lens, out, lse)
+    plan(q, k, v, drop_mask, kv_lens, out, lse, kept_idx, kept_len)
     return out, lse
 
 
@@ -31,7 +34,7 @@ _CHECKED = PlanCache()  # key of a call's raw arguments -> (plan, q is 4-d) once
 
 
 @_masked_decode_op.register_fake
-def _(q, k, v, drop_mask, kv_lens, kv_len, sm_scale):
+def _(q, k, v, drop_mask, kv_lens, kv_len, sm_scale, kept_idx=None, kept_len=None, dense_from=0):
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
@@ -87,6 +90,30 @@ def prepare(q, k, v, drop_mask, kv_len, sm_scale, names=("k", "v")):
     return q, k, v, drop_mask, kv_lens, kv_len_int, scale, squeeze
 
 
+def prepare_kept(q, k, drop_mask, kept_idx, kept_len, dense_from):
+    """The kept lists' checks: (kept_idx, kept_len contiguous, dense_from int), or None without lists."""
+    if kept_idx is None and kept_len is None:
+        if dense_from is not None:
+            raise ValueError("dense_from goes with kept_idx and kept_len")
+        return None
+    if kept_idx is None or kept_len is None:
+        raise ValueError("kept_idx and kept_len go together (the lists and their lengths)")
+    if drop_mask is not None:
+        raise ValueError("pass drop_mask or kept_idx / kept_len, not both")
+    B, Hkv, L = k.shape[0], k.shape[1], k.shape[2]
+    check_tensor("kept_idx", kept_idx, dtypes=(torch.int32,), ndim=3)
+    if tuple(kept_idx.shape[:2]) != (B, Hkv):
+        raise ValueError(f"kept_idx must be [B={B}, Hkv={Hkv}, M], got shape {tuple(kept_idx.shape)}")
+    check_tensor("kept_len", kept_len, dtypes=(torch.int32,))
+    check_shape("kept_len", kept_len, (B, Hkv), "one count per (sequence, KV head)")
+    if dense_from is None:
+        dense_from = L
+    if not isinstance(dense_from, int) or isinstance(dense_from, bool) or not 0 <= dense_from <= L:
+        raise ValueError(f"dense_from must be an int in [0, L={L}], got {dense_from!r}")
+    check_same_device(q=q, kept_idx=kept_idx, kept_len=kept_len)
+    return kept_idx, kept_len.contiguous(), dense_from
+
+
 def masked_decode(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -94,6 +121,9 @@ def masked_decode(
     drop_mask: Optional[torch.Tensor] = None,
     kv_len: Union[None, int, torch.Tensor] = None,
     sm_scale: Optional[float] = None,
+    kept_idx: Optional[torch.Tensor] = None,
+    kept_len: Optional[torch.Tensor] = None,
+    dense_from: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Decode one new token per sequence against its KV cache, dropping masked cache tokens.
 
@@ -106,6 +136,12 @@ def masked_decode(
         kv_len: valid cache length. None (all L), an int in [0, L], or an int32/int64 tensor [B] of
             per-sequence lengths (read on the device, no host sync; values are clamped to [0, L] there).
         sm_scale: logit scale, default D ** -0.5.
+        kept_idx, kept_len, dense_from: the kept tokens as lists instead of a drop_mask, so that the time follows
+            their number (a mask's tiles are all visited): kept_idx int32 [B, Hkv, M] positions in any order,
+            kept_len int32 [B, Hkv] how many of each row's entries count (clamped to [0, M]), and dense_from an int
+            in [0, L] (default L): row (b, h) attends to its listed positions below min(dense_from, kv_len) (other
+            entries are skipped, never read) and to every position from dense_from up to kv_len (the tokens added
+            since the lists were made). A position listed twice counts twice. `kept_lists(drop_mask)` builds them.
     Returns:
         (out, lse): out has q's shape and dtype; lse [B, Hq] fp32 is the natural-log log-sum-exp of the
         scaled logits of the kept tokens. A row with no kept token gets out = 0 and lse = -inf.
@@ -114,17 +150,30 @@ def masked_decode(
     lens_t = kv_len if isinstance(kv_len, torch.Tensor) else None
     if not tracing():
         key = (tkey(q), tkey(k), tkey(v), tkey(drop_mask), tkey(lens_t), skey(kv_len) if lens_t is None else None,
-               skey(sm_scale), current_device())
+               skey(sm_scale), current_device(), tkey(kept_idx), tkey(kept_len), skey(dense_from))
         hit = _CHECKED.get(key)
-        if hit is not None and direct_ok(q, k, v, drop_mask, lens_t):
+        if hit is not None and direct_ok(q, k, v, drop_mask, lens_t, kept_idx, kept_len):
             plan, squeeze = hit
             out, lse = _run(plan, q[:, :, 0] if squeeze else q, k, v, drop_mask,
-                            lens_t.contiguous() if lens_t is not None else None)
+                            lens_t.contiguous() if lens_t is not None else None, kept_idx,
+                            kept_len.contiguous() if kept_len is not None else None)
             return (out.unsqueeze(2) if squeeze else out), lse
     q, k, v, drop_mask, kv_lens, kv_len_int, scale, squeeze = prepare(q, k, v, drop_mask, kv_len, sm_scale)
-    if not tracing() and direct_ok(q, k, v, drop_mask, kv_lens):  # the custom op would only run _run: call it
-        plan = _CHECKED.put(key, (decode_plan(q, k, v, drop_mask, kv_lens, kv_len_int, scale), squeeze))[0]
-        out, lse = _run(plan, q, k, v, drop_mask, kv_lens)
+    kept = prepare_kept(q, k, drop_mask, kept_idx, kept_len, dense_from)
+    ki, kl, df = kept if kept is not None else (None, None, 0)
+    if not tracing() and direct_ok(q, k, v, drop_mask, kv_lens, ki, kl):  # the custom op would only run _run
+        listed = (ki, df) if ki is not None else None
+        plan = _CHECKED.put(key, (decode_plan(q, k, v, drop_mask, kv_lens, kv_len_int, scale, listed), squeeze))[0]
+        out, lse = _run(plan, q, k, v, drop_mask, kv_lens, ki, kl)
     else:
-        out, lse = _masked_decode_op(q, k, v, drop_mask, kv_lens, kv_len_int, scale)
+        out, lse = _masked_decode_op(q, k, v, drop_mask, kv_lens, kv_len_int, scale, ki, kl, df)
     return (out.unsqueeze(2) if squeeze else out), lse
+
+
+def kept_lists(drop_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """masked_decode's kept lists from a drop mask [B, Hkv, L] (True = drop): (kept_idx int32 [B, Hkv, L], each
+    row's kept positions in order first, kept_len int32 [B, Hkv]). Pass dense_from=L to decode new tokens beyond
+    the mask without rebuilding the lists."""
+    check_tensor("drop_mask", drop_mask, dtypes=(torch.bool,), ndim=3)
+    order = torch.argsort(drop_mask.to(torch.uint8), dim=-1, stable=True)  # kept (0) first, in position order
+    return order.to(torch.int32), (~drop_mask).sum(-1, dtype=torch.int32)

@@ -1,12 +1,15 @@
 import torch
 
 
-def masked_decode_ref(q, k, v, drop_mask=None, kv_len=None, sm_scale=None):
+def masked_decode_ref(q, k, v, drop_mask=None, kv_len=None, sm_scale=None, kept_idx=None, kept_len=None,
+                      dense_from=None):
     """fp32 reference for masked GQA decode.
 
     q [B, Hq, D]; k, v [B, Hkv, L, D]; drop_mask [B, Hkv, L] bool, True = token dropped;
     kv_len None | int | int tensor [B] (clamped to [0, L]). Returns (out [B, Hq, D] fp32, lse [B, Hq] fp32).
     A row with nothing kept gets out 0, lse -inf; a NaN in q or a kept K/V row makes the row NaN.
+    kept_idx / kept_len / dense_from: the kept lists (masked_decode's doc); a position weighs as often as it is
+    listed (its logit plus log(count)).
     """
     B, Hq, D = q.shape
     Hkv, L = k.shape[1], k.shape[2]
@@ -17,9 +20,21 @@ def masked_decode_ref(q, k, v, drop_mask=None, kv_len=None, sm_scale=None):
     keep = torch.ones(B, Hkv, L, dtype=torch.bool, device=q.device)
     if drop_mask is not None:
         keep &= ~drop_mask
-    if kv_len is not None:
-        lens = torch.as_tensor(kv_len, device=q.device).reshape(-1).expand(B).clamp(0, L)
-        keep &= torch.arange(L, device=q.device)[None, None, :] < lens[:, None, None]
+    lens = torch.full((B,), L, device=q.device) if kv_len is None else \
+        torch.as_tensor(kv_len, device=q.device).reshape(-1).expand(B).clamp(0, L)
+    keep &= torch.arange(L, device=q.device)[None, None, :] < lens[:, None, None]
+    if kept_idx is not None:
+        pos = torch.arange(L, device=q.device)
+        df = L if dense_from is None else dense_from
+        count = (pos >= df).float().expand(B, Hkv, L).clone()
+        n = kept_len.long().clamp(0, kept_idx.shape[2])
+        for b in range(B):
+            for h in range(Hkv):
+                p = kept_idx[b, h, :n[b, h]].long()
+                p = p[(p >= 0) & (p < min(df, int(lens[b])))]
+                count[b, h].index_add_(0, p, torch.ones_like(p, dtype=torch.float32))
+        keep &= count > 0
+        s = s + count.log()[:, :, None, :]
     s = s.masked_fill(~keep[:, :, None, :], float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # -inf where nothing is kept
     p = torch.exp(s - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
