@@ -8,7 +8,8 @@ allocation, and a read past a tensor's end falls outside every allocation, where
 Groups (all by default): sparse_mla (every public sparse MLA entry point), sparse_mla_gluon (the sm_90 Gluon
 launchers on the split-tail and row-pair paths; skipped elsewhere), sparse_mla_bwd (both modes, Gluon and Triton
 second passes), xl_paged_decode (both cache layouts, GQA and MHA paths, checked against the reference),
-inkling_decode (lengths, starts, windows and tables out of range), nvfp4_moe (expert indices out of range). Exits 1 when
+inkling_decode (lengths, starts, windows and tables out of range), nvfp4_moe (expert indices out of range, both
+kernels), masked_decode (kept lists with garbage entries and counts). Exits 1 when
 a result is wrong (NaN where none may be, or off the reference); memcheck's own errors set its --error-exitcode.
 """
 import argparse
@@ -182,7 +183,7 @@ def nvfp4_moe(dev) -> int:
     """Expert indices out of range (negative, E, int extremes): those slots add nothing, nothing read out of bounds."""
     from llmkernels import nvfp4_quantize
     from llmkernels.checking import rel_err
-    from llmkernels.ops.nvfp4.moe import nvfp4_moe as moe
+    from llmkernels.ops.nvfp4.moe import _flat, _moe
     from llmkernels.ops.nvfp4.moe_reference import nvfp4_moe_ref
     from llmkernels.ops.nvfp4.tiled_layout import tile_packed, tile_scales
     torch.manual_seed(0)
@@ -198,17 +199,49 @@ def nvfp4_moe(dev) -> int:
     x = torch.randn(T, H, device=dev).to(half(dev))
     idx = torch.tensor([[0, -1, 3, E], [I32_MIN, 1, I32_MAX, 2], [E + 5, E, -7, 0]], device=dev)
     w = torch.rand(T, k, device=dev).to(half(dev))
-    sync(dev)
-    y = moe(x, idx, w, *(p[1] for p in ps))
-    sync(dev)
-    err = rel_err(y, nvfp4_moe_ref(x, idx, w, *(p[0] for p in ps)))
-    good = err <= 2e-2
-    print(f"nvfp4_moe garbage indices: err {err:.2e} {'ok' if good else 'MISMATCH'}", flush=True)
-    return int(not good)
+    ref = nvfp4_moe_ref(x, idx, w, *(p[0] for p in ps))
+    bad = 0
+    for mma in ((False, True) if dev.type == "cuda" else (False,)):  # the plain and the mma-fed kernels
+        sync(dev)
+        y = _moe(x, idx, w, *_flat(*(p[1] for p in ps)), mma=mma)
+        sync(dev)
+        err = rel_err(y, ref)
+        good = err <= 2e-2
+        bad += not good
+        print(f"nvfp4_moe garbage indices mma={mma}: err {err:.2e} {'ok' if good else 'MISMATCH'}", flush=True)
+    return bad
+
+
+def masked_decode(dev) -> int:
+    """Kept lists with garbage entries (negative, past dense_from and the cache, int32 extremes) and counts outside
+    [0, M]: nothing read out of bounds, the reference's result."""
+    from llmkernels import masked_decode as md
+    from llmkernels.checking import rel_err
+    from llmkernels.ops.masked_decode.reference import masked_decode_ref
+    torch.manual_seed(0)
+    B, Hkv, G, L, D, M = 3, 2, 4, 300, 128, 50
+    q = torch.randn(B, Hkv * G, D, device=dev).to(half(dev))
+    k, v = (torch.randn(B, Hkv, L, D, device=dev).to(half(dev)) for _ in range(2))
+    idx = torch.randint(-10, L + 10, (B, Hkv, M), dtype=torch.int32, device=dev)
+    idx[0, 0, :3] = torch.tensor([I32_MIN, I32_MAX, L], dtype=torch.int32)
+    n = torch.tensor([[M, I32_MAX], [I32_MIN, 3], [0, M - 1]], dtype=torch.int32, device=dev)
+    lens = torch.tensor([L, 120, I32_MAX], dtype=torch.int32, device=dev)
+    bad = 0
+    for dense_from in (0, 200, L):
+        sync(dev)
+        o, _ = md(q, k, v, kv_len=lens, kept_idx=idx, kept_len=n, dense_from=dense_from)
+        sync(dev)
+        err = rel_err(o, masked_decode_ref(q, k, v, None, lens, None, idx, n, dense_from)[0])
+        good = err <= 2e-2
+        bad += not good
+        print(f"masked_decode kept lists dense_from={dense_from}: err {err:.2e} {'ok' if good else 'MISMATCH'}",
+              flush=True)
+    return bad
 
 
 GROUPS = {"sparse_mla": sparse_mla, "sparse_mla_gluon": sparse_mla_gluon, "sparse_mla_bwd": sparse_mla_bwd,
-          "xl_paged_decode": xl_paged_decode, "inkling_decode": inkling_decode, "nvfp4_moe": nvfp4_moe}
+          "xl_paged_decode": xl_paged_decode, "inkling_decode": inkling_decode, "nvfp4_moe": nvfp4_moe,
+          "masked_decode": masked_decode}
 
 
 def main():

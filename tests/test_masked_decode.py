@@ -442,6 +442,37 @@ def test_gpu_cuda_graph():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("G,D", [(1, 64), (4, 128), (8, 256)])
+def test_gpu_kept_lists(dtype, G, D):
+    """Lists of an AdaKV-like mask (per-head kept fractions 0.1-0.9) at 30K, new tokens past dense_from, equal to
+    the mask; NaN-poisoned outputs; a CUDA graph replayed with new lists and counts (read on the device)."""
+    B, Hkv, L, L0 = 2, 4, 30001, 29000
+    x = make_inputs(B, Hkv, Hkv * G, L, D, dtype, torch.device("cuda"), cache_len=32768)
+    frac = torch.rand(B, Hkv, 1, device="cuda") * 0.8 + 0.1
+    x["drop"] = torch.rand(B, Hkv, L, device="cuda") >= frac
+    x["drop"][:, :, L0:] = False
+    idx, n = kept_lists(x["drop"][:, :, :L0].contiguous())
+    ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], x["drop"])
+    out = torch.full(x["q"].shape, float("nan"), dtype=dtype, device="cuda")
+    lse = torch.full(x["q"].shape[:2], float("nan"), device="cuda")
+    masked_decode_fwd(x["q"], x["k"], x["v"], None, None, L, D ** -0.5, out, lse, kept=(idx, n, L0))
+    assert rel_err(out, ro) <= OUT_TOL[dtype] and rel_err(lse, rl) <= LSE_TOL
+    o, _ = masked_decode(x["q"], x["k"], x["v"], kept_idx=idx, kept_len=n, dense_from=L0)  # before capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o, lse = masked_decode(x["q"], x["k"], x["v"], kept_idx=idx, kept_len=n, dense_from=L0)
+    drop = torch.rand(B, Hkv, L, device="cuda") < 0.7
+    drop[:, :, L0:] = False
+    i2, n2 = kept_lists(drop[:, :, :L0].contiguous())
+    idx.copy_(i2)
+    n.copy_(n2)
+    g.replay()
+    ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], drop)
+    assert rel_err(o, ro) <= OUT_TOL[dtype] and rel_err(lse, rl) <= LSE_TOL
+
+
+@pytest.mark.gpu
 def test_gpu_merge_context_parallel():
     x = make_inputs(2, 8, 32, 20000, 128, torch.bfloat16, torch.device("cuda"), kept=0.5)
     cuts = [0, 6000, 6001, 13000, 20000]
