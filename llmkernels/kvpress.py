@@ -4,10 +4,11 @@ kvpress (NVIDIA's KV-cache compression library) lets head-wise presses (AdaKVPre
 DuoAttentionPress, DMSPress, KVzipPress, ...) choose different tokens per KV head; transformers' cache cannot drop
 tokens per head, so kvpress keeps them all and, at each decode step, overwrites the dropped keys with a fake key
 whose attention weight underflows to zero: a compressed model decodes no faster. Here the press's
-`module.masked_key_indices` become a per-(batch, KV head, token) drop mask on the device (rebuilt when the press
-changes them, grown with the cache), and every one-token decode step runs masked_decode, which never reads the
-dropped rows (its time does not yet fall in proportion for tokens dropped one by one: docs/kvpress.md). Prefill and
-every other attention call run transformers' SDPA, as under kvpress.
+`module.masked_key_indices` become masked_decode's kept lists on the device (each (sequence, KV head) row's kept
+positions, rebuilt when the press changes them; the tokens generated since are all kept), and every one-token decode
+step runs masked_decode, which reads only the listed rows, in time that follows their number (lists=False: a drop
+mask instead, whose tiles are all visited). Prefill and every other attention call run transformers' SDPA, as under
+kvpress. PressDecoder decodes from a press's prefill with one CUDA graph per step.
 
     from llmkernels.kvpress import GrowingCache, masked_decode_attention
     import kvpress
@@ -37,37 +38,48 @@ except ImportError as e:  # pragma: no cover - depends on the environment
                       "pip install -e \".[kvpress]\"") from e
 
 from ._runtime import interpreting
-from .ops.masked_decode.op import masked_decode
+from ._validate import check_bool, check_int
+from .ops.masked_decode.op import kept_lists, masked_decode
 
 NAME = "llmkernels_kvpress"  # the attention implementation masked_decode_attention switches the model to
+NAME_MASK = "llmkernels_kvpress_mask"  # ... with lists=False
+GRAPH_NAME = "llmkernels_kvpress_graph"  # PressDecoder's decode steps (no mask built: transformers skips it)
 _DIMS = (64, 128, 256)
 
 
 def _register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    AttentionInterface.register(NAME, _attention)
-    AttentionMaskInterface.register(NAME, sdpa_mask)  # transformers builds the masks it builds for SDPA
+    for name, fn in ((NAME, _attention), (NAME_MASK, _attention_mask), (GRAPH_NAME, _graph_attention)):
+        AttentionInterface.register(name, fn)
+    for name in (NAME, NAME_MASK):
+        AttentionMaskInterface.register(name, sdpa_mask)  # transformers builds the masks it builds for SDPA
 
 
 @contextlib.contextmanager
-def masked_decode_attention(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """Within the block, the model's attention is this module's (SDPA for prefill, masked_decode with the press's
-    drop mask for each decode step); its own implementation is restored on exit. Use inside or outside the press's
-    own context manager. ValueError for a model without a transformers config."""
+def _attention_implementation(model: torch.nn.Module, name: str, caller: str) -> Iterator[torch.nn.Module]:
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "_attn_implementation"):
-        raise ValueError(f"masked_decode_attention takes a transformers model, got {type(model).__name__}")
+        raise ValueError(f"{caller} takes a transformers model, got {type(model).__name__}")
     _register()
     configs = _configs(model)
     prev = [c._attn_implementation for c in configs]
     for c in configs:
-        c._attn_implementation = NAME
+        c._attn_implementation = name
     try:
         yield model
     finally:
         for c, p in zip(configs, prev):
             c._attn_implementation = p
+
+
+def masked_decode_attention(model: torch.nn.Module, lists: bool = True):
+    """A context manager: within it the model's attention is this module's (SDPA for prefill, masked_decode with the
+    press's kept tokens for each decode step: as kept lists, or with lists=False as a drop mask); its own
+    implementation is restored on exit. Use inside or outside the press's own context manager. ValueError for a
+    model without a transformers config."""
+    check_bool("lists", lists)
+    return _attention_implementation(model, NAME if lists else NAME_MASK, "masked_decode_attention")
 
 
 def _configs(model):
@@ -91,9 +103,7 @@ def drop_mask(module: torch.nn.Module, key: torch.Tensor):
     B, H, L = key.shape[:3]
     state = getattr(module, "_llmk_drop", None)
     if state is None or state[0] is not idx or state[1].shape[:2] != (B, H):
-        b, h, s = (t.to(key.device) for t in idx)
-        if len(b) and (int(b.max()) >= B or int(h.max()) >= H or int(s.max()) >= L):
-            raise ValueError(f"masked_key_indices point outside the cache [B={B}, Hkv={H}, L={L}]")
+        b, h, s = _indices(idx, B, H, L, key.device)
         buf = torch.zeros(B, H, L + 64, dtype=torch.bool, device=key.device)
         buf[b, h, s] = True
         state = module._llmk_drop = (idx, buf)
@@ -104,15 +114,55 @@ def drop_mask(module: torch.nn.Module, key: torch.Tensor):
     return state[1][:, :, :L]
 
 
+def kept(module: torch.nn.Module, key: torch.Tensor, attention_mask=None):
+    """masked_decode's (kept_idx, kept_len, dense_from) for this layer's cache `key` [B, Hkv, L, D]: each row's
+    positions below dense_from (the cache length when they were built) that the press kept (not in
+    module.masked_key_indices) and, given transformers' 4-d attention_mask, that are not padding; every later
+    position kept. Kept on the module and rebuilt only when the press assigns new indices (a new prefill resets
+    them); None where nothing is dropped."""
+    idx = getattr(module, "masked_key_indices", None)
+    B, H, L = key.shape[:3]
+    state = getattr(module, "_llmk_kept", None)
+    if state is not None and state[0] is idx and state[1].shape[:2] == (B, H):
+        return state[1:]
+    drop = _padding(attention_mask, B, H, L)
+    if idx is None and drop is None:
+        return None
+    if drop is None:
+        drop = torch.zeros(B, H, L, dtype=torch.bool, device=key.device)
+    if idx is not None:
+        b, h, s = _indices(idx, B, H, L, key.device)
+        drop[b, h, s] = True
+    module._llmk_kept = (idx, *kept_lists(drop), L)
+    return module._llmk_kept[1:]
+
+
+def _padding(attention_mask, B, H, L):
+    """[B, H, L] bool, True at padding (transformers' mask row of the new token; SDPA's: True = attend), or None."""
+    if attention_mask is None:
+        return None
+    m = attention_mask[:, :, -1, :L]
+    ok = m if m.dtype == torch.bool else m == 0
+    return (~ok).expand(B, H, L).contiguous()
+
+
+def _indices(idx, B, H, L, device):
+    b, h, s = (t.to(device) for t in idx)
+    if len(b) and (int(b.max()) >= B or int(h.max()) >= H or int(s.max()) >= L):
+        raise ValueError(f"masked_key_indices point outside the cache [B={B}, Hkv={H}, L={L}]")
+    return b, h, s
+
+
 def _sdpa():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     return sdpa_attention_forward
 
 
-def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, lists=True, **kwargs):
     """The attention function of masked_decode_attention (transformers' AttentionInterface signature)."""
     if query.shape[2] == key.shape[2]:  # prefill: the press sets new indices after it (kvpress resets them here)
         module.masked_key_indices = None
+        module.__dict__.pop("_llmk_kept", None)
         return _sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     if module.training and dropout > 0:
         raise ValueError("masked_decode_attention decodes without attention dropout (model.eval())")
@@ -120,14 +170,21 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
             or not (query.is_cuda or interpreting()):
         from kvpress.attention_patch import attention_patch  # kvpress's own fake-key path
         return attention_patch(_sdpa())(module, query, key, value, attention_mask, dropout, scaling=scaling, **kwargs)
+    if lists:
+        k = kept(module, key, attention_mask)
+        kw = dict(kept_idx=k[0], kept_len=k[1], dense_from=k[2]) if k is not None else {}
+        out, _ = masked_decode(query, key, value, sm_scale=scaling, **kw)
+        return out.transpose(1, 2), None
     drop = drop_mask(module, key)
-    if attention_mask is not None:  # padding: transformers' mask row of the new token (SDPA: True = attend)
-        m = attention_mask[:, :, -1, :key.shape[2]]
-        ok = m if m.dtype == torch.bool else m == 0
-        pad = ~ok.expand(key.shape[0], key.shape[1], key.shape[2])
+    pad = _padding(attention_mask, *key.shape[:3])
+    if pad is not None:
         drop = pad if drop is None else drop | pad
     out, _ = masked_decode(query, key, value, drop_mask=drop, sm_scale=scaling)
     return out.transpose(1, 2), None
+
+
+def _attention_mask(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    return _attention(module, query, key, value, attention_mask, dropout, scaling, lists=False, **kwargs)
 
 
 class _GrowingLayer(DynamicLayer):
@@ -169,3 +226,135 @@ class GrowingCache(DynamicCache):
         for i, layer in enumerate(self.layers):
             if type(layer) is DynamicLayer and not layer.is_initialized:
                 self.layers[i] = _GrowingLayer()
+
+
+def _graph_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """PressDecoder's decode attention: masked_decode over the first llmk_kv_len positions of its fixed cache, with
+    the layer's kept lists (module._llmk_kept, from the press's prefill) where it has them."""
+    k = getattr(module, "_llmk_kept", None)
+    kw = dict(kept_idx=k[1], kept_len=k[2], dense_from=k[3]) if k is not None else {}
+    out, _ = masked_decode(query, key, value, kv_len=kwargs["llmk_kv_len"], sm_scale=scaling, **kw)
+    return out.transpose(1, 2), None
+
+
+class _FixedLayer(DynamicLayer):
+    """A decode layer over preallocated [B, Hkv, capacity, D] buffers: update writes the new token at cache_position
+    (a device tensor: CUDA-graph safe) and returns the whole buffers (PressDecoder's attention reads its length)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.keys, self.values = keys, values
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+
+    def update(self, key_states, value_states, cache_kwargs=None, *args, **kwargs):
+        pos = cache_kwargs["cache_position"]
+        self.keys.index_copy_(2, pos, key_states)
+        self.values.index_copy_(2, pos, value_states)
+        return self.keys, self.values
+
+
+class PressDecoder:
+    """Greedy decoding from a prefill made under a kvpress press, one CUDA graph per step (graph=True, CUDA): the
+    prefill's cache is copied into fixed buffers with room for max_new_tokens, each layer's press indices (and the
+    prompt's padding) become masked_decode's kept lists once, and a step runs the model with masked_decode over the
+    kept prompt tokens and every generated one. For presses that decide at prefill (AdaKVPress, CriticalAdaKVPress,
+    KVzipPress, DuoAttentionPress, ...); presses that evict while decoding (DMSPress) need the press active at each
+    step: use masked_decode_attention with generate.
+
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad(), press(model):
+            logits = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        dec = PressDecoder(model, cache, logits[:, -1].argmax(-1), max_new_tokens=64)
+        tokens = dec.generate(64)  # [B, 64], the first being the token given
+
+    model: a transformers decoder-only model (full-attention layers; the layers' attention modules carry kvpress's
+    masked_key_indices); cache: its DynamicCache after the prefill; first: [B] the token after the prompt;
+    attention_mask: the prompt's [B, T] (left padding; None: none). Positions continue from T, or with
+    attention_mask from each sequence's count of real tokens, as generate's do (its prefill passes position_ids
+    = attention_mask.cumsum(-1) - 1)."""
+
+    def __init__(self, model, cache, first: torch.Tensor, max_new_tokens: int, attention_mask=None,
+                 graph: bool = True):
+        check_int("max_new_tokens", max_new_tokens, lo=1)
+        check_bool("graph", graph)
+        layers = getattr(cache, "layers", None)
+        if not layers or not all(type(la) in (DynamicLayer, _GrowingLayer) and la.is_initialized for la in layers):
+            raise ValueError("cache must be the prefill's DynamicCache (or GrowingCache) with every layer filled; "
+                             "sliding-window layers are not supported")
+        B, H, T, D = layers[0].keys.shape
+        first = torch.as_tensor(first).reshape(-1)
+        if first.shape[0] != B:
+            raise ValueError(f"first must hold one token per sequence ({B}), got shape {tuple(first.shape)}")
+        if attention_mask is not None and tuple(attention_mask.shape) != (B, T):
+            raise ValueError(f"attention_mask must be the prompt's [B={B}, T={T}], got {tuple(attention_mask.shape)}")
+        self.model, self.graph = model, graph and torch.cuda.is_available()
+        dev = layers[0].keys.device
+        attns = {m.layer_idx: m for m in model.modules() if isinstance(getattr(m, "layer_idx", None), int)
+                 and hasattr(m, "o_proj")}
+        if sorted(attns) != list(range(len(layers))):
+            raise ValueError(f"found attention modules for layers {sorted(attns)}, the cache has {len(layers)}")
+        fixed = []
+        pad = None if attention_mask is None else (attention_mask.to(dev) == 0)[:, None, :].expand(B, H, T)
+        for i, la in enumerate(layers):
+            kb = la.keys.new_empty(B, H, T + max_new_tokens, D)
+            vb = la.values.new_empty(B, H, T + max_new_tokens, D)
+            kb[:, :, :T], vb[:, :, :T] = la.keys, la.values
+            fixed.append(_FixedLayer(kb, vb))
+            a = attns[i]
+            idx = getattr(a, "masked_key_indices", None)
+            a.__dict__.pop("_llmk_kept", None)
+            if idx is not None or pad is not None:
+                drop = pad.clone() if pad is not None else torch.zeros(B, H, T, dtype=torch.bool, device=dev)
+                if idx is not None:
+                    b, h, s = _indices(idx, B, H, T, dev)
+                    drop[b, h, s] = True
+                a._llmk_kept = (idx, *kept_lists(drop), T)
+        self.cache = DynamicCache()
+        self.cache.layers = fixed
+        self.ids = first.to(dev, torch.long).view(B, 1).clone()
+        real = attention_mask.to(dev).long().sum(-1) if attention_mask is not None else torch.full((B,), T, device=dev)
+        self.position_ids = real.view(B, 1).clone()  # positions continue each sequence's own (padding not counted)
+        self.cache_position = torch.full((1,), T, dtype=torch.long, device=dev)
+        self.kv_len = torch.full((B,), T + 1, dtype=torch.int32, device=dev)  # read after the new token's write
+        self.length, self.capacity = T, T + max_new_tokens
+        self._graph = None
+        _register()
+
+    def _step(self) -> None:
+        with _attention_implementation(self.model, GRAPH_NAME, "PressDecoder"):
+            out = self.model(input_ids=self.ids, position_ids=self.position_ids, cache_position=self.cache_position,
+                             past_key_values=self.cache, use_cache=True, logits_to_keep=1, llmk_kv_len=self.kv_len)
+        self.ids.copy_(out.logits[:, -1].argmax(-1, keepdim=True))
+        for t in (self.position_ids, self.cache_position, self.kv_len):
+            t.add_(1)
+
+    @torch.no_grad()
+    def step(self) -> torch.Tensor:
+        """Decode one token per sequence (the one after self.ids); returns self.ids [B, 1], updated in place."""
+        if self.length >= self.capacity:
+            raise RuntimeError(f"the cache is full ({self.capacity} positions: raise max_new_tokens)")
+        if not self.graph:
+            self._step()
+        elif self._graph is None:  # an eager step on a side stream compiles the kernels; the graph replays it
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                self._step()
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self._step()
+            self._graph = g
+        else:
+            self._graph.replay()
+        self.length += 1
+        return self.ids
+
+    @torch.no_grad()
+    def generate(self, new_tokens: int) -> torch.Tensor:
+        """[B, new_tokens]: the token given, then new_tokens - 1 decoded greedily."""
+        check_int("new_tokens", new_tokens, lo=1)
+        out = [self.ids.clone()]
+        for _ in range(new_tokens - 1):
+            out.append(self.step().clone())
+        return torch.cat(out, dim=1)

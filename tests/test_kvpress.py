@@ -8,7 +8,7 @@ from conftest import import_extra
 kvpress = import_extra("kvpress", "kvpress")
 import transformers  # noqa: E402
 
-from llmkernels.kvpress import GrowingCache, masked_decode_attention  # noqa: E402
+from llmkernels.kvpress import GrowingCache, PressDecoder, masked_decode_attention  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DTYPE = torch.bfloat16 if CUDA else torch.float16  # the CPU interpreter multiplies bf16 wrongly: fp16 there
@@ -41,10 +41,11 @@ def _presses(ratio):
     }
 
 
-def _generate(model, ids, press=None, ours=False, mask=None, cache=None):
+def _generate(model, ids, press=None, ours=False, mask=None, cache=None, lists=True):
     kw = dict(max_new_tokens=NEW, do_sample=False, output_logits=True, return_dict_in_generate=True,
               attention_mask=torch.ones_like(ids) if mask is None else mask, past_key_values=cache)
-    with (press(model) if press is not None else _null()), (masked_decode_attention(model) if ours else _null()):
+    with (press(model) if press is not None else _null()), \
+            (masked_decode_attention(model, lists=lists) if ours else _null()):
         out = model.generate(ids, **kw)
     return out.sequences, torch.stack(out.logits, 1).float()  # [B, NEW, V]
 
@@ -78,13 +79,14 @@ def _same_tokens(seq, ref_seq, ref_logits):
 @pytest.mark.parametrize("arch", ["Llama", "Qwen3"])
 @pytest.mark.parametrize("name", ["AdaKV", "CriticalAdaKV", "DMS"])
 @pytest.mark.parametrize("ratio", [0.25, 0.5, 0.75])
-def test_matches_kvpress(device, arch, name, ratio):
+@pytest.mark.parametrize("lists", [True, False], ids=["lists", "mask"])
+def test_matches_kvpress(device, arch, name, ratio, lists):
     model = _model(device, arch)
     # kvpress 0.5.5's CriticalAdaKVPress sums its head budgets over the batch (a topk past the row at batch 2)
     ids = torch.randint(1, 128, (1 if name == "CriticalAdaKV" else 2, PROMPT), device=device)
     press = _presses(ratio)[name]
     ref_seq, ref = _generate(model, ids, press())
-    seq, ours = _generate(model, ids, press(), ours=True, cache=GrowingCache(config=model.config))
+    seq, ours = _generate(model, ids, press(), ours=True, cache=GrowingCache(config=model.config), lists=lists)
     _close(ours, ref)
     _same_tokens(seq, ref_seq, ref)
     _, plain = _generate(model, ids)
@@ -98,7 +100,7 @@ def test_drop_mask_is_the_press_indices(device):
     model = _model(device)
     ids = torch.randint(1, 128, (2, PROMPT), device=device)
     for press in (_presses(0.5)["AdaKV"](), _presses(0.5)["DMS"]()):
-        _generate(model, ids, lambda m: press(m), ours=True)
+        _generate(model, ids, lambda m: press(m), ours=True, lists=False)
         for layer in model.model.layers:
             attn = layer.self_attn
             built, final = attn._llmk_drop[0], attn.masked_key_indices  # DMS may add indices after the last step
@@ -108,6 +110,51 @@ def test_drop_mask_is_the_press_indices(device):
             want[b, h, s] = True
             assert torch.equal(attn._llmk_drop[1][:, :, :PROMPT + NEW - 1], want)
     assert int(want[:, :, PROMPT - 8:].sum()) > 0  # DMS evicted, while decoding, tokens its window held at prefill
+
+
+def test_kept_lists_are_the_press_indices(device):
+    """With lists (the default), each layer's kept lists hold exactly the positions below dense_from that kvpress's
+    indices leave, each once, in order; later positions are the generated tokens (kept)."""
+    model = _model(device)
+    ids = torch.randint(1, 128, (2, PROMPT), device=device)
+    for press in (_presses(0.5)["AdaKV"](), _presses(0.5)["DMS"]()):
+        _generate(model, ids, lambda m: press(m), ours=True)
+        for layer in model.model.layers:
+            idx, kept_idx, kept_len, dense_from = layer.self_attn._llmk_kept
+            assert PROMPT <= dense_from <= PROMPT + NEW - 1
+            drop = torch.zeros(2, 2, dense_from, dtype=torch.bool, device=device)
+            b, h, s = (t.to(device) for t in idx)
+            drop[b, h, s] = True
+            for bb in range(2):
+                for hh in range(2):
+                    got = kept_idx[bb, hh, :kept_len[bb, hh]]
+                    assert torch.equal(got.long(), (~drop[bb, hh]).nonzero().flatten())
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_press_decoder(device, padded):
+    """PressDecoder (fixed buffers, the kept lists built once; eager steps here, CUDA graphs on a GPU) decodes the
+    tokens generate does under masked_decode_attention after the same press."""
+    model = _model(device)
+    ids = torch.randint(1, 128, (2, PROMPT), device=device)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :7] = 0
+    press = _presses(0.5)["AdaKV"]
+    ref_seq, ref = _generate(model, ids, press(), ours=True, mask=mask)
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad(), press()(model):
+        logits = model(ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                       past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    dec = PressDecoder(model, cache, logits[:, -1].argmax(-1), max_new_tokens=NEW, attention_mask=mask)
+    seq = dec.generate(NEW)
+    _same_tokens(torch.cat([ids, seq], 1), ref_seq, ref)
+    assert dec.length == PROMPT + NEW - 1
+    with pytest.raises(RuntimeError, match="cache is full"):
+        for _ in range(2):
+            dec.step()
+    with pytest.raises(ValueError, match="first must hold one token"):
+        PressDecoder(model, cache, logits[:1, -1].argmax(-1), max_new_tokens=4)
 
 
 def test_ratio_zero_is_no_press(device):
