@@ -5,11 +5,13 @@ masked_decode path against kvpress's own, the same model without a press, and tr
     python -m llmkernels.kvpress_bench --quick             # a tiny model (CPU works)
 
 One prefill per (context, batch, ratio) under the press (kvpress's AdaKVPress over KnormPress), then each impl decodes
-from that cache (cropped back after it), eager steps timed with CUDA events (median): `llmkernels` (the press's
-indices as masked_decode's drop mask, the rows in a GrowingCache), `kvpress` (kvpress 0.5.5's fake keys, SDPA,
-transformers' DynamicCache), `no-press` (the llmkernels path and cache with nothing dropped), `transformers` (no
-press, SDPA, DynamicCache). Records op "kvpress_decode"; each also carries attn_ms, one
-layer's decode attention on the same cache alone (masked_decode with the press's mask, or with none for no-press).
+from that cache, steps timed with CUDA events (median): `llmkernels` (PressDecoder: the press's kept tokens as
+masked_decode's kept lists, fixed buffers, one CUDA graph a step; on the CPU eager), `no-press` (the same decoder with
+nothing dropped), `llmkernels-eager` (masked_decode_attention's eager steps on a GrowingCache, the lists),
+`kvpress` (kvpress 0.5.5's fake keys, SDPA, transformers' DynamicCache, eager: its path cannot be captured) and
+`transformers` (no press, SDPA, DynamicCache, eager). Records op "kvpress_decode" with "timing" graph or eager; each
+also carries attn_ms, one layer's decode attention on the same cache alone (the kept lists, or none for no-press;
+attn_mask_ms: the same tokens as a drop mask).
 """
 import argparse
 import datetime
@@ -32,7 +34,7 @@ TINY = dict(vocab_size=256, hidden_size=128, intermediate_size=128, num_hidden_l
 def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=print):
     import kvpress
     from transformers import DynamicCache
-    from .kvpress import GrowingCache, drop_mask, masked_decode_attention
+    from .kvpress import GrowingCache, PressDecoder, drop_mask, kept, masked_decode_attention
     from .ops.masked_decode.op import masked_decode
     attns = [la.self_attn for la in model.model.layers]
     ids = torch.randint(0, model.config.vocab_size, (batch, context), device=device)
@@ -45,16 +47,39 @@ def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=pr
     log(f"[kvpress] prefill B={batch} L={context} ratio={ratio}: {time.perf_counter() - t0:.1f} s")
     nxt = out.logits[:, -1:].argmax(-1)
     del out
-    grow = GrowingCache(config=model.config)  # ours: the same rows, with headroom (no per-step concatenation)
+    shape = {"model": "llama-3.1-8b-shaped" if model.config.hidden_size == 4096 else "tiny", "press": "AdaKV-Knorm",
+             "ratio": ratio, "context": context, "batch": batch}
+    recs, attn = [], {}
+    k, v = cache.layers[0].keys, cache.layers[0].values
+    q = torch.randn(batch, model.config.num_attention_heads, 1, k.shape[-1], device=device, dtype=k.dtype)
+    attns[0].masked_key_indices = indices[0]
+    kl = kept(attns[0], k)  # one layer's attention alone: the lists, the same tokens as a mask, nothing dropped
+    dm = drop_mask(attns[0], k)
+    attn["llmkernels"] = median_ms(lambda: masked_decode(q, k, v, kept_idx=kl[0], kept_len=kl[1], dense_from=kl[2]),
+                                   20, device)
+    attn_mask_ms = median_ms(lambda: masked_decode(q, k, v, drop_mask=dm), 20, device)
+    attn["no-press"] = median_ms(lambda: masked_decode(q, k, v), 20, device)
+    attn["llmkernels-eager"] = attn["llmkernels"]
+    kept_frac = 1.0 - float(dm.float().mean())
+    for impl in ("llmkernels", "no-press"):  # fixed buffers first: the eager impls' cache copy comes after
+        for a, idx in zip(attns, indices):
+            a.masked_key_indices = idx if impl == "llmkernels" else None
+        dec = PressDecoder(model, cache, nxt.view(-1), max_new_tokens=warm + steps + 2)
+        for _ in range(warm):  # the first step captures the graph (CUDA)
+            dec.step()
+        ms = median_ms(dec.step, steps, device, warm=0)
+        recs.append(dict(impl=impl, ms=ms, timing="graph" if dec.graph else "eager"))
+        del dec
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    grow = GrowingCache(config=model.config)  # the eager adapter's: the same rows, with headroom
     for mine, la in zip(grow.layers, cache.layers):
         mine.update(la.keys, la.values)
-    recs = []
-    for impl in ("llmkernels", "no-press", "kvpress", "transformers"):
-        pressed = impl in ("llmkernels", "kvpress")
-        ours = impl in ("llmkernels", "no-press")
+    for impl in ("llmkernels-eager", "kvpress", "transformers"):
+        ours = impl == "llmkernels-eager"
         for a, idx in zip(attns, indices):
-            a.masked_key_indices = idx if pressed else None
-            a.__dict__.pop("_llmk_drop", None)
+            a.masked_key_indices = idx if impl != "transformers" else None
+            a.__dict__.pop("_llmk_kept", None)
         pos = torch.full((batch, 1), context, device=device)
         kv = grow if ours else cache
 
@@ -67,21 +92,17 @@ def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=pr
                 step()
             ms = median_ms(step, steps, device, warm=0)
         kv.crop(context)
-        k, v = kv.layers[0].keys, kv.layers[0].values
-        q = torch.randn(batch, model.config.num_attention_heads, 1, k.shape[-1], device=device, dtype=k.dtype)
-        for a, idx in zip(attns, indices):
-            a.masked_key_indices = idx if pressed else None
-        dm = drop_mask(attns[0], k) if pressed else None
-        attn_ms = median_ms(lambda: masked_decode(q, k, v, drop_mask=dm), 20, device, warm=0)
-        kept = 1.0 - (float(dm.float().mean()) if dm is not None else 0.0)
-        recs.append({"op": "kvpress_decode", "impl": impl, "shape": {
-            "model": "llama-3.1-8b-shaped" if model.config.hidden_size == 4096 else "tiny", "press": "AdaKV-Knorm",
-            "ratio": ratio, "context": context, "batch": batch}, "ms": ms, "attn_ms": attn_ms, "kept": kept,
-            "timing": "eager"})
-        log(f"[kvpress] {impl:<12} B={batch} L={context} ratio={ratio}: {ms:.2f} ms a step; one layer's attention "
-            f"{attn_ms * 1e3:.1f} us (kept {kept:.2f})")
+        recs.append(dict(impl=impl, ms=ms, timing="eager"))
     for a in attns:
         a.masked_key_indices = None
+        a.__dict__.pop("_llmk_kept", None)
+    for r in recs:
+        r.update(op="kvpress_decode", shape=dict(shape), kept=kept_frac, attn_ms=attn.get(r["impl"]))
+        if r["impl"] == "llmkernels":
+            r["attn_mask_ms"] = attn_mask_ms
+        log(f"[kvpress] {r['impl']:<16} B={batch} L={context} ratio={ratio}: {r['ms']:.2f} ms a step "
+            f"({r['timing']}); one layer's attention {r['attn_ms'] * 1e3 if r['attn_ms'] else float('nan'):.1f} us "
+            f"(kept {kept_frac:.2f})")
     return recs
 
 
