@@ -3,15 +3,16 @@
     pip install -e ".[kvpress]"          # kvpress 0.5.5 (it installs transformers < 5.3)
     python examples/kvpress_decode.py    # a tiny random Llama (CPU: Triton interpreter; a GPU if there is one)
 
-Runs AdaKVPress (KnormPress scores, half the cache dropped, per KV head) through kvpress's own path (fake keys) and
-through llmkernels.kvpress (masked_decode with the press's drop mask, a GrowingCache), and prints both.
+Runs AdaKVPress (KnormPress scores, half the cache dropped, per KV head) through kvpress's own path (fake keys),
+through llmkernels.kvpress's generate adapter (masked_decode reading the press's kept tokens as lists, a
+GrowingCache) and through PressDecoder (fixed buffers; one CUDA graph a step on a GPU), and prints all three.
 """
 import sys
 
 import torch
 
 try:  # llmkernels first: on a CPU it sets up the Triton interpreter before anything imports triton
-    from llmkernels.kvpress import GrowingCache, masked_decode_attention
+    from llmkernels.kvpress import GrowingCache, PressDecoder, masked_decode_attention
     import kvpress
 except ImportError as e:
     print(f"this example needs kvpress ({e}): pip install -e \".[kvpress]\"")
@@ -35,10 +36,15 @@ def main():
         theirs = model.generate(ids, **kw)
     with press(model), masked_decode_attention(model):
         ours = model.generate(ids, past_key_values=GrowingCache(config=model.config), **kw)
-    drop = model.model.layers[0].self_attn._llmk_drop[1][..., :64]
-    print(f"layer 0 drops {drop.float().mean(-1).squeeze(0).tolist()} of each KV head's prompt tokens")
+    _, _, kept_len, dense_from = model.model.layers[0].self_attn._llmk_kept
+    print(f"layer 0's KV heads keep {kept_len.squeeze(0).tolist()} of the first {dense_from} cache tokens")
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad(), press(model):
+        logits = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    graphed = PressDecoder(model, cache, logits[:, -1].argmax(-1), max_new_tokens=8).generate(8)
     print("kvpress (fake keys):   ", theirs[0, 64:].tolist())
-    print("llmkernels (masked):   ", ours[0, 64:].tolist())
+    print("llmkernels (generate): ", ours[0, 64:].tolist())
+    print("llmkernels (decoder):  ", graphed[0].tolist())
 
 
 if __name__ == "__main__":

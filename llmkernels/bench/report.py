@@ -295,9 +295,11 @@ def dsa_table(records: list[dict]) -> str:
 
 
 KVPRESS_HEADER = ("kvpress's head-wise presses (`python -m llmkernels.kvpress_bench`): decode steps of a "
-                  "Llama-3.1-8B-shaped model (random bf16 weights) after a prefill under AdaKVPress, eager, ms a step "
-                  "(median, CUDA events); the last column: one layer's decode attention with the press's mask over "
-                  "the same without one, beside the kept fraction.")
+                  "Llama-3.1-8B-shaped model (random bf16 weights) after a prefill under AdaKVPress, ms a step "
+                  "(median, CUDA events; \"(graph)\": one CUDA graph a step, else eager; records of commit b7a0e89 "
+                  "predate PressDecoder: their llmkernels row is the eager adapter with a drop mask); the last column: "
+                  "one layer's decode attention with the press's kept tokens over the same with nothing dropped, "
+                  "beside the kept fraction.")
 
 
 def kvpress_table(records: list[dict]) -> str:
