@@ -271,12 +271,16 @@ class PressDecoder:
     masked_key_indices); cache: its DynamicCache after the prefill; first: [B] the token after the prompt;
     attention_mask: the prompt's [B, T] (left padding; None: none). Positions continue from T, or with
     attention_mask from each sequence's count of real tokens, as generate's do (its prefill passes position_ids
-    = attention_mask.cumsum(-1) - 1)."""
+    = attention_mask.cumsum(-1) - 1). compact: each (sequence, KV head)'s kept prompt tokens are moved to the front
+    of its row and the buffers hold only as many as the row that keeps most (memory: that width, not the prompt's,
+    plus max_new_tokens; the kernel then reads contiguous rows); `length` counts cache positions (that width).
+    The prefill's cache is copied: delete it afterwards to free its memory."""
 
     def __init__(self, model, cache, first: torch.Tensor, max_new_tokens: int, attention_mask=None,
-                 graph: bool = True):
+                 graph: bool = True, compact: bool = False):
         check_int("max_new_tokens", max_new_tokens, lo=1)
         check_bool("graph", graph)
+        check_bool("compact", compact)
         layers = getattr(cache, "layers", None)
         if not layers or not all(type(la) in (DynamicLayer, _GrowingLayer) and la.is_initialized for la in layers):
             raise ValueError("cache must be the prefill's DynamicCache (or GrowingCache) with every layer filled; "
@@ -293,30 +297,43 @@ class PressDecoder:
                  and hasattr(m, "o_proj")}
         if sorted(attns) != list(range(len(layers))):
             raise ValueError(f"found attention modules for layers {sorted(attns)}, the cache has {len(layers)}")
-        fixed = []
         pad = None if attention_mask is None else (attention_mask.to(dev) == 0)[:, None, :].expand(B, H, T)
-        for i, la in enumerate(layers):
-            kb = la.keys.new_empty(B, H, T + max_new_tokens, D)
-            vb = la.values.new_empty(B, H, T + max_new_tokens, D)
-            kb[:, :, :T], vb[:, :, :T] = la.keys, la.values
-            fixed.append(_FixedLayer(kb, vb))
+        lists = []
+        for i in range(len(layers)):  # each layer's kept lists (None: nothing dropped)
             a = attns[i]
             idx = getattr(a, "masked_key_indices", None)
             a.__dict__.pop("_llmk_kept", None)
+            drop = None
             if idx is not None or pad is not None:
                 drop = pad.clone() if pad is not None else torch.zeros(B, H, T, dtype=torch.bool, device=dev)
                 if idx is not None:
                     b, h, s = _indices(idx, B, H, T, dev)
                     drop[b, h, s] = True
-                a._llmk_kept = (idx, *kept_lists(drop), T)
+            lists.append((idx, *kept_lists(drop)) if drop is not None else None)
+        # compact: every row's kept tokens moved to its front, the buffers as wide as the longest row of any layer
+        width = max((int(k[2].max()) for k in lists if k is not None), default=T) if compact else T
+        fixed = []
+        for la, k, a in zip(layers, lists, (attns[i] for i in range(len(layers)))):
+            kb = la.keys.new_empty(B, H, width + max_new_tokens, D)
+            vb = la.values.new_empty(B, H, width + max_new_tokens, D)
+            if compact and k is not None:
+                g = k[1][..., :width].long()[..., None].expand(B, H, width, D)
+                kb[:, :, :width], vb[:, :, :width] = la.keys.gather(2, g), la.values.gather(2, g)
+                front = torch.arange(width, dtype=torch.int32, device=dev).expand(B, H, width).contiguous()
+                a._llmk_kept = (k[0], front, k[2], width)  # entries past a row's count: skipped
+            else:
+                kb[:, :, :T], vb[:, :, :T] = la.keys, la.values
+                if k is not None:
+                    a._llmk_kept = (*k, T)
+            fixed.append(_FixedLayer(kb, vb))
         self.cache = DynamicCache()
         self.cache.layers = fixed
         self.ids = first.to(dev, torch.long).view(B, 1).clone()
         real = attention_mask.to(dev).long().sum(-1) if attention_mask is not None else torch.full((B,), T, device=dev)
         self.position_ids = real.view(B, 1).clone()  # positions continue each sequence's own (padding not counted)
-        self.cache_position = torch.full((1,), T, dtype=torch.long, device=dev)
-        self.kv_len = torch.full((B,), T + 1, dtype=torch.int32, device=dev)  # read after the new token's write
-        self.length, self.capacity = T, T + max_new_tokens
+        self.cache_position = torch.full((1,), width, dtype=torch.long, device=dev)  # where the next token goes
+        self.kv_len = torch.full((B,), width + 1, dtype=torch.int32, device=dev)  # read after the new token's write
+        self.length, self.capacity = width, width + max_new_tokens
         self._graph = None
         _register()
 

@@ -6,12 +6,13 @@ masked_decode path against kvpress's own, the same model without a press, and tr
 
 One prefill per (context, batch, ratio) under the press (kvpress's AdaKVPress over KnormPress), then each impl decodes
 from that cache, steps timed with CUDA events (median): `llmkernels` (PressDecoder: the press's kept tokens as
-masked_decode's kept lists, fixed buffers, one CUDA graph a step; on the CPU eager), `no-press` (the same decoder with
-nothing dropped), `llmkernels-eager` (masked_decode_attention's eager steps on a GrowingCache, the lists),
-`kvpress` (kvpress 0.5.5's fake keys, SDPA, transformers' DynamicCache, eager: its path cannot be captured) and
-`transformers` (no press, SDPA, DynamicCache, eager). Records op "kvpress_decode" with "timing" graph or eager; each
-also carries attn_ms, one layer's decode attention on the same cache alone (the kept lists, or none for no-press;
-attn_mask_ms: the same tokens as a drop mask).
+masked_decode's kept lists, fixed buffers, one CUDA graph a step; on the CPU eager), `llmkernels-compact` (the same,
+each row's kept tokens moved to its front: buffers as wide as the longest row; `cache_gb` the decoder's buffers),
+`no-press` (the same decoder with nothing dropped), `llmkernels-eager` (masked_decode_attention's eager steps on
+a GrowingCache, the lists), `kvpress` (kvpress 0.5.5's fake keys, SDPA, transformers' DynamicCache, eager: its path
+cannot be captured) and `transformers` (no press, SDPA, DynamicCache, eager). Records op "kvpress_decode" with
+"timing" graph or eager; each also carries attn_ms, one layer's decode attention on the same cache alone (the kept
+lists, or none for no-press; attn_mask_ms: the same tokens as a drop mask).
 """
 import argparse
 import datetime
@@ -59,16 +60,18 @@ def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=pr
                                    20, device)
     attn_mask_ms = median_ms(lambda: masked_decode(q, k, v, drop_mask=dm), 20, device)
     attn["no-press"] = median_ms(lambda: masked_decode(q, k, v), 20, device)
-    attn["llmkernels-eager"] = attn["llmkernels"]
+    attn["llmkernels-eager"] = attn["llmkernels-compact"] = attn["llmkernels"]
     kept_frac = 1.0 - float(dm.float().mean())
-    for impl in ("llmkernels", "no-press"):  # fixed buffers first: the eager impls' cache copy comes after
+    for impl in ("llmkernels", "llmkernels-compact", "no-press"):  # fixed buffers first: the eager impls' copy after
         for a, idx in zip(attns, indices):
-            a.masked_key_indices = idx if impl == "llmkernels" else None
-        dec = PressDecoder(model, cache, nxt.view(-1), max_new_tokens=warm + steps + 2)
+            a.masked_key_indices = idx if impl != "no-press" else None
+        dec = PressDecoder(model, cache, nxt.view(-1), max_new_tokens=warm + steps + 2,
+                           compact=impl == "llmkernels-compact")
         for _ in range(warm):  # the first step captures the graph (CUDA)
             dec.step()
         ms = median_ms(dec.step, steps, device, warm=0)
-        recs.append(dict(impl=impl, ms=ms, timing="graph" if dec.graph else "eager"))
+        gb = sum(t.numel() * t.element_size() for la in dec.cache.layers for t in (la.keys, la.values)) / 1e9
+        recs.append(dict(impl=impl, ms=ms, timing="graph" if dec.graph else "eager", cache_gb=gb))
         del dec
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -131,8 +131,8 @@ def test_kept_lists_are_the_press_indices(device):
                     assert torch.equal(got.long(), (~drop[bb, hh]).nonzero().flatten())
 
 
-@pytest.mark.parametrize("padded", [False, True])
-def test_press_decoder(device, padded):
+@pytest.mark.parametrize("padded, compact", [(False, False), (True, False), (False, True), (True, True)])
+def test_press_decoder(device, padded, compact):
     """PressDecoder (fixed buffers, the kept lists built once; eager steps here, CUDA graphs on a GPU) decodes the
     tokens generate does under masked_decode_attention after the same press."""
     model = _model(device)
@@ -146,10 +146,13 @@ def test_press_decoder(device, padded):
     with torch.no_grad(), press()(model):
         logits = model(ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                        past_key_values=cache, use_cache=True, logits_to_keep=1).logits
-    dec = PressDecoder(model, cache, logits[:, -1].argmax(-1), max_new_tokens=NEW, attention_mask=mask)
+    dec = PressDecoder(model, cache, logits[:, -1].argmax(-1), max_new_tokens=NEW, attention_mask=mask,
+                       compact=compact)
+    width = dec.cache.layers[0].keys.shape[2] - NEW
+    assert width < PROMPT if compact else width == PROMPT  # half the prompt dropped per head, some heads keep more
     seq = dec.generate(NEW)
     _same_tokens(torch.cat([ids, seq], 1), ref_seq, ref)
-    assert dec.length == PROMPT + NEW - 1
+    assert dec.length == width + NEW - 1
     with pytest.raises(RuntimeError, match="cache is full"):
         for _ in range(2):
             dec.step()

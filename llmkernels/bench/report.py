@@ -311,16 +311,18 @@ def kvpress_table(records: list[dict]) -> str:
             rows.setdefault((sh["model"], sh["press"], sh["context"], sh["batch"], sh["ratio"]), {})[r["impl"]] = r
     if not rows:
         return ""
-    lines = ["| model | press | context | batch | ratio | llmkernels ms | no-press | llmkernels eager | kvpress | "
-             "transformers | speed-up vs no-press / kvpress | attention kept / all (kept fraction) |",
-             "|---|" * 1 + "---|" * 11]
+    lines = ["| model | press | context | batch | ratio | llmkernels ms | compact (cache GB vs all) | no-press | "
+             "llmkernels eager | kvpress | transformers | speed-up vs no-press / kvpress | "
+             "attention kept / all (kept fraction) |", "|---|" * 1 + "---|" * 12]
     for (model, press, ctx, b, ratio), by in sorted(rows.items()):
         o, n, e, k, t = (by.get(i) for i in ("llmkernels", "no-press", "llmkernels-eager", "kvpress", "transformers"))
+        c = by.get("llmkernels-compact")
+        cm = f"{c['ms']:.2f} ({c['cache_gb']:.1f} vs {o['cache_gb']:.1f})" if c and o and "cache_gb" in o else "-"
         ms = lambda r: f"{r['ms']:.2f}" + (" (graph)" if r.get("timing") == "graph" else "") if r else "-"  # noqa
         up = f"{n['ms'] / o['ms']:.2f}x / {k['ms'] / o['ms']:.2f}x" if o and n and k else "-"
         att = f"{o['attn_ms'] / n['attn_ms']:.2f} ({o['kept']:.2f})" if o and n and n.get("attn_ms") else "-"
-        lines.append(f"| {model} | {press} | {ctx} | {b} | {ratio} | {ms(o)} | {ms(n)} | {ms(e)} | {ms(k)} | {ms(t)} "
-                     f"| {up} | {att} |")
+        lines.append(f"| {model} | {press} | {ctx} | {b} | {ratio} | {ms(o)} | {cm} | {ms(n)} | {ms(e)} | {ms(k)} | "
+                     f"{ms(t)} | {up} | {att} |")
     return "\n".join(lines)
 
 
