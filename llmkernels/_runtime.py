@@ -97,3 +97,22 @@ def cdiv(a: int, b: int) -> int:
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1), on the host."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def capturing(device: torch.device) -> bool:
+    """The current stream of `device` is capturing a CUDA graph."""
+    return device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing()
+
+
+def capture_step(step) -> "torch.cuda.CUDAGraph":
+    """One eager call of step() on a side stream (it compiles the kernels, and it is this call's work), then a CUDA
+    graph of step() for the next calls to replay (a decode step whose positions advance on the device)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    return g

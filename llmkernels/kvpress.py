@@ -37,7 +37,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(f"llmkernels.kvpress needs kvpress ({e}): from a clone of llmkernels, "
                       "pip install -e \".[kvpress]\"") from e
 
-from ._runtime import interpreting
+from ._runtime import capture_step, interpreting
 from ._validate import check_bool, check_int
 from .ops.masked_decode.op import kept_lists, masked_decode
 
@@ -352,16 +352,8 @@ class PressDecoder:
             raise RuntimeError(f"the cache is full ({self.capacity} positions: raise max_new_tokens)")
         if not self.graph:
             self._step()
-        elif self._graph is None:  # an eager step on a side stream compiles the kernels; the graph replays it
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                self._step()
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                self._step()
-            self._graph = g
+        elif self._graph is None:
+            self._graph = capture_step(self._step)  # its eager call is this step's decode
         else:
             self._graph.replay()
         self.length += 1

@@ -6,6 +6,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from .._runtime import capturing
 from ..ops.combine.kernel import combine
 
 # torch 2.13 renamed all_gather_into_tensor (kept, deprecated); the GPU machine's 2.11 has only the old name
@@ -43,10 +44,6 @@ def dtype_name(code: int) -> str:
 def float_bits(x: float) -> int:
     """A float as an int64 (exact equality across ranks through an integer collective)."""
     return struct.unpack("<q", struct.pack("<d", float(x)))[0]
-
-
-def capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _meta_device(group, device: torch.device) -> torch.device:

@@ -5,6 +5,7 @@ from typing import Optional
 
 import torch
 
+from .._runtime import capture_step
 from .._validate import check_bool, check_int
 from .._pdl import pdl_enabled
 from ..ops.masked_decode.op import masked_decode
@@ -221,17 +222,7 @@ class StaticDecoder:
         return self.ids
 
     def _capture(self) -> None:
-        # one eager step on a side stream compiles the kernels and is this step's decode; the captured graph
-        # replays the same step, its positions advancing on the device
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            self._step()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            self._step()
-        self._graph = g
+        self._graph = capture_step(self._step)  # its eager call is this step's decode
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:

@@ -12,6 +12,7 @@ import warnings
 
 import torch
 
+from .._runtime import capturing
 from ..ops.inkling_decode import inkling_decode
 from ..ops.xl_paged_decode.op import _HEAD_DIMS
 
@@ -64,8 +65,7 @@ def _starts(mask: torch.Tensor) -> torch.Tensor:
         return memo[1]
     vis = mask[:, 0, -1] if mask.dtype == torch.bool else mask[:, 0, -1] == 0
     starts = vis.int().argmax(-1).int()
-    capturing = vis.is_cuda and torch.cuda.is_current_stream_capturing()
-    if not capturing and not torch.compiler.is_compiling():
+    if not capturing(vis.device) and not torch.compiler.is_compiling():
         T = vis.shape[-1]
         if not bool((vis.sum(-1) == T - starts).all()):
             raise ValueError("patched Inkling attention: the attention mask hides keys after a visible one; only "

@@ -7,7 +7,7 @@ import triton.language as tl
 from ..._constants import LOG2E_C
 from ..._launch import Launch, launch
 from ..._pdl import pdl_enabled, pdl_enter
-from ..._runtime import next_pow2
+from ..._runtime import capturing, next_pow2
 
 @triton.jit
 def softmax_step(s, m_i, l_i, AXIS: tl.constexpr):
@@ -170,11 +170,6 @@ class CombinePlan:
 
 
 _SCRATCH = {}  # (device index, raw stream) -> (parts fp32, counters int32, their addresses): see split_scratch
-
-
-def capturing(device: torch.device) -> bool:
-    """The current stream of `device` is capturing a CUDA graph."""
-    return device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing()
 
 
 def split_scratch(device: torch.device, numel: int, counters: int) -> tuple:

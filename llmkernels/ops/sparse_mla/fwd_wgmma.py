@@ -24,8 +24,8 @@ from ..._gluon import (HAVE_GLUON, async_copy, fence_async_shared, gl, gluon, mb
                        warpgroup_mma_wait)
 from ..._config import KernelConfig
 from ..._launch import Launch, keyed
-from ..._runtime import cdiv, next_pow2, planned_sms
-from ..combine.kernel import capturing, split_scratch
+from ..._runtime import capturing, cdiv, next_pow2, planned_sms
+from ..combine.kernel import split_scratch
 from .common import LN2_C, LOG2E_C, nan_max, row_args, row_finish, row_flags, row_ptrs
 
 if HAVE_GLUON:

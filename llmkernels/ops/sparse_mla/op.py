@@ -5,6 +5,7 @@ import torch
 from torch import Tensor
 
 from ..._launch import PlanCache, direct_ok, new_token, run_planned, tkey, tracing, zero_async
+from ..._runtime import capturing
 from ..._validate import check_same_device, check_shape, check_tensor
 from .attn_dist import attn_dist_launch
 from .common import Checked, SparseArgs, bare, call_key, prepare, rebind, rebind_is_view
@@ -289,8 +290,7 @@ def indexer_kl_loss(index_logits: Tensor, q: Tensor, kv: Tensor, indices: Tensor
         check_tensor("attn_dist", attn_dist, dtypes=(torch.float32,))
         check_shape("attn_dist", attn_dist, a.indices.shape, "[s_q, topk], like indices")
     check_same_device(q=a.q, index_logits=index_logits, attn_dist=attn_dist)
-    capturing = attn_dist is not None and attn_dist.is_cuda and torch.cuda.is_current_stream_capturing()
-    if attn_dist is not None and not tracing() and not capturing and bool((attn_dist < 0).any()):
+    if attn_dist is not None and not tracing() and not capturing(attn_dist.device) and bool((attn_dist < 0).any()):
         raise ValueError("attn_dist holds negative values; it must be attention masses (>= 0), e.g. the sum of "
                          "sparse_mla_attn_dist over head shards")
     with torch.no_grad():
