@@ -311,7 +311,7 @@ class PressDecoder:
                     drop[b, h, s] = True
             lists.append((idx, *kept_lists(drop)) if drop is not None else None)
         # compact: every row's kept tokens moved to its front, the buffers as wide as the longest row of any layer
-        width = max((int(k[2].max()) for k in lists if k is not None), default=T) if compact else T
+        width = max(int(k[2].max()) if k is not None else T for k in lists) if compact else T
         fixed = []
         for la, k, a in zip(layers, lists, (attns[i] for i in range(len(layers)))):
             kb = la.keys.new_empty(B, H, width + max_new_tokens, D)
