@@ -273,7 +273,7 @@ def dsa_table(records: list[dict]) -> str:
         return f"{r['ms']:.3f}" + (f" ({r['peak_mem_gb']:.1f})" if r.get("peak_mem_gb") else "")
     for (phase, n), by in sorted(rows.items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0][1])):
         o = by.get("llmkernels")
-        peers = [r for k, r in by.items() if k != "llmkernels" and r.get("ms")]
+        peers = [r for k, r in by.items() if k.startswith("transformers") and r.get("ms")]
         best = min(peers, key=lambda r: r["ms"]) if peers else None
         up = f"{best['ms'] / o['ms']:.1f}x" if best and o and o.get("ms") else "-"
         notes = []
@@ -287,6 +287,9 @@ def dsa_table(records: list[dict]) -> str:
         if o and o.get("ms_eager") and phase == "decode":
             notes.append(f"eager calls {o['ms_eager']:.3f} vs {best['ms_eager']:.3f} ms" if best and
                          best.get("ms_eager") else f"eager calls {o['ms_eager']:.3f} ms")
+        c = by.get("llmkernels-compiled")
+        if c and c.get("ms"):
+            notes.append(f"compiled (inductor) {c['ms']:.3f} ms" + (f", {best['ms'] / c['ms']:.1f}x" if best else ""))
         layers = next((r["shape"]["layers"] for r in by.values() if "layers" in r["shape"]), None)
         label = f"{phase} ({layers} layers)" if layers else phase
         lines.append(f"| {label} | {n} | {cell(o)} | {cell(by.get('transformers-eager'))} | "

@@ -160,6 +160,10 @@ def decode(attn, rope, L, impl, device, dtype, reps):
         x, emb, pos = _inputs(attn, rope, 1, device, dtype, start=0)
         if impl == "llmkernels":
             run = lambda c, x, emb, pos, mask: ours(attn, x, emb, c, pos)  # noqa: E731
+        elif impl == "llmkernels-compiled":  # the block's small elementwise kernels fused by inductor (as
+            # StaticDecoder(compile=True) does a model's step); the first calls compile
+            fwd = torch.compile(ours, dynamic=False, backend="inductor" if device.type == "cuda" else "aot_eager")
+            run = lambda c, x, emb, pos, mask: fwd(attn, x, emb, c, pos)  # noqa: E731
         else:
             run = lambda c, x, emb, pos, mask: theirs(attn, impl.split("-")[1], x, emb, mask, c)  # noqa: E731
         probe = _static_cache(attn.config, 1, device)  # the rows this version of the path caches
@@ -313,7 +317,7 @@ def main(argv=None) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     attn, rope = block(TINY if args.quick else V32, device, dtype)
     recs = []
-    impls = ("llmkernels", "transformers-eager", "transformers-sdpa")
+    impls = ("llmkernels", "llmkernels-compiled", "transformers-eager", "transformers-sdpa")
     for phase in args.phases.split(","):
         if phase == "model":
             layers, L = sizes["model"]
@@ -325,7 +329,9 @@ def main(argv=None) -> int:
         for impl in impls:
             if phase == "train" and impl == "transformers-sdpa":
                 continue  # SDPA returns no attention weights for the indexer loss
-            for n in sizes[phase] if impl == "llmkernels" or phase == "decode" else sizes["theirs_" + phase]:
+            if impl == "llmkernels-compiled" and phase != "decode":
+                continue
+            for n in sizes[phase] if impl.startswith("llmkernels") or phase == "decode" else sizes["theirs_" + phase]:
                 reps = args.reps or (20 if phase == "decode" else 5)
                 rec = dict(prefill=prefill, decode=decode, train=train)[phase](attn, rope, n, impl, device, dtype,
                                                                            reps)
