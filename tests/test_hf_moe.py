@@ -151,6 +151,47 @@ def test_moe_checkpoint_roundtrip(tmp_path, device, arch, fmt):
     assert err <= 20 * ROUND * scale, (err, scale)
 
 
+@pytest.mark.parametrize("arch", ["Qwen3Moe", "Mixtral"])
+def test_modelopt_producer_checkpoint(tmp_path, device, arch):
+    """A checkpoint ModelOpt itself writes (mtq.quantize NVFP4 + export_hf_checkpoint of transformers' fused experts:
+    one quantized linear per expert under the original names, Mixtral's block_sparse_moe.w1 / w3 / w2): its
+    dequantization is ModelOpt's own, and load_nvfp4 keeps the experts NVFP4 with transformers' logits."""
+    import_extra("modelopt", "optional", pip="pip install nvidia-modelopt")
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_hf_checkpoint
+    from modelopt.torch.quantization.qtensor import NVFP4QTensor
+    cfg = getattr(transformers, arch + "Config")(**{**BASE, **ARCHS[arch][0]}, architectures=[arch + "ForCausalLM"])
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if not n.endswith("norm.weight"):
+                p.normal_(0, 0.1)
+    calib = torch.randint(0, BASE["vocab_size"], (2, 8))
+    mtq.quantize(model, mtq.NVFP4_DEFAULT_CFG, lambda m: m(calib))
+    export_hf_checkpoint(model, export_dir=str(tmp_path))
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    gate, up, down = ARCHS[arch][1]
+    assert torch.equal(sd[f"{gate}.weight_scale_2"], sd[f"{up}.weight_scale_2"])  # gate / up share it (w13)
+    packed = sd[f"{down}.weight"]
+    qt = NVFP4QTensor(torch.Size((packed.shape[0], packed.shape[1] * 2)), torch.float32, packed)
+    theirs = qt.dequantize(torch.float32, scale=sd[f"{down}.weight_scale"], double_scale=sd[f"{down}.weight_scale_2"],
+                           block_sizes={-1: 16})
+    assert torch.allclose(theirs, _deq(sd, down, "modelopt"), rtol=2.5e-7, atol=0)  # the same convention
+    ours = load_nvfp4(tmp_path, device=device, dtype=DTYPE)
+    assert all(isinstance(getattr(e, n), NVFP4Linear) for e in ours.model.layers[0].mlp.experts for n in e.names)
+    reference = _reference(str(tmp_path), arch, "modelopt", device)
+    for _ in range(50):
+        ids = torch.randint(0, BASE["vocab_size"], (2, 7), device=device)
+        with torch.no_grad():
+            ref, margin = _routed(reference, ids)
+        if margin > 8 * ROUND * (1 + ref.abs().max().item()):
+            break
+    with torch.no_grad():
+        out = ours(ids).logits.float()
+    err, scale = (out - ref).abs().max().item(), ref.abs().max().item()
+    assert err <= 20 * ROUND * scale, (err, scale)
+
+
 def test_unsupported_moe_family_is_an_error(monkeypatch):
     model = _model("Qwen3Moe")
     monkeypatch.setattr(model.config, "model_type", "olmoe")
