@@ -304,6 +304,25 @@ def test_kept_lists_garbage_entries_are_skipped(device):
     assert torch.all(o[1, :G] == 0) and torch.all(lse[1, :G] == -math.inf)
 
 
+def test_kept_lists_nan_and_strided(device):
+    """NaN in a listed row makes its (sequence, KV head)'s rows NaN; in a row the lists skip it changes nothing;
+    lists and counts as strided views."""
+    B, Hkv, G, L, D = 2, 2, 2, 64, 64
+    x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device)
+    big = torch.full((B, Hkv, 2 * L), -7, dtype=torch.int32, device=device)
+    idx = big[:, :, ::2]  # stride 2
+    idx.copy_(torch.arange(L, dtype=torch.int32, device=device).expand(B, Hkv, L))
+    n = torch.tensor([[10, 20], [30, 40]], dtype=torch.int32, device=device).t().contiguous().t()  # column-major
+    x["k"][0, 1, 15] = float("nan")  # listed (15 < 20) for (0, 1)
+    x["k"][1, 0, 50] = float("nan")  # past row (1, 0)'s 20 entries: skipped
+    o, lse = masked_decode(x["q"], x["k"], x["v"], kept_idx=idx, kept_len=n)
+    assert o[0, G:].isnan().all() and lse[0, G:].isnan().all()
+    rest = torch.cat([o[0, :G], o[1]]).float()
+    assert not rest.isnan().any()
+    ro, _ = masked_decode_ref(x["q"], x["k"], x["v"], None, None, None, idx, n)
+    assert rel_err(rest, torch.cat([ro[0, :G], ro[1]])) <= OUT_TOL[torch.float16]
+
+
 def test_kept_lists_compile_and_opcheck(device):
     x = make_inputs(2, 2, 4, 40, 64, torch.float16, device, kept=0.5)
     idx, n = kept_lists(x["drop"][:, :, :30].contiguous())
