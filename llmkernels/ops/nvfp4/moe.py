@@ -8,6 +8,7 @@ experts, routing read on the device (no host sync: CUDA-graph capturable).
 Each program decodes the tiled words of its rows (tiled_layout's pair recipe in plain Triton, so the interpreter runs
 it too) and reduces them against one token's activations. An index outside [0, E) contributes nothing (transformers'
 dropped-slot convention)."""
+import os
 from typing import Tuple
 
 import torch
@@ -91,7 +92,8 @@ def _nvfp4_moe_op(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: tor
     return _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd)
 
 
-MMA = False  # the mma-fed kernels (moe_tiled) by default: not yet, until they are checked and timed on a GPU
+# the mma-fed kernels (moe_tiled) by default: not yet, until a GPU has checked and timed them (LLMKERNELS_MOE_MMA=1: on)
+MMA = os.environ.get("LLMKERNELS_MOE_MMA", "0") == "1"
 
 
 def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=None):
