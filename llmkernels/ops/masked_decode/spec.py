@@ -4,7 +4,7 @@ import torch
 
 from ...checking import generator, result
 from ..combine.op import merge_attention_states
-from .op import masked_decode
+from .op import kept_lists, masked_decode
 from .reference import masked_decode_ref
 
 # Output is rounded to fp16 (2^-11) / bf16 (2^-8) and P is rounded to that dtype before the PV
@@ -39,6 +39,15 @@ def check(device):
             case = f"B={B} Hkv={Hkv} G={G} L={L} D={D} {str(dtype)[6:]}"
             out.append(result("masked_decode", case + " out", o, ro, OUT_TOL[dtype]))
             out.append(result("masked_decode", case + " lse", lse, rl, LSE_TOL))
+            # the same tokens as kept lists of the first 3/4 of the cache, the rest kept (dense_from)
+            cut = 3 * L // 4
+            idx, n = kept_lists(x["drop"][:, :, :cut].contiguous())
+            mask = x["drop"].clone()
+            mask[:, :, cut:] = False
+            o, lse = masked_decode(x["q"], x["k"], x["v"], kv_len=lens, kept_idx=idx, kept_len=n, dense_from=cut)
+            ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], mask, lens)
+            out.append(result("masked_decode", case + " kept lists out", o, ro, OUT_TOL[dtype]))
+            out.append(result("masked_decode", case + " kept lists lse", lse, rl, LSE_TOL))
     # merge: shard the cache in three, merge the shard results, compare with the unsharded reference
     x = make_inputs(2, 2, 8, 190, 64, torch.float16, device, kept=0.7)
     parts = [masked_decode(x["q"], x["k"][:, :, a:b], x["v"][:, :, a:b], x["drop"][:, :, a:b])
