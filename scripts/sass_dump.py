@@ -242,6 +242,7 @@ CONFIGS = {
     "moe fp16 T16 E8 H4096 I1536 k2": moe(16, 8, 4096, 1536, 2, torch.float16),
     "moe bf16 T4 E64 H7168 I2048 k6": moe(4, 64, 7168, 2048, 6),  # slots padded to 8 warps
     "moe triton bf16 T1 E128 H2048 I768 k8": moe(1, 128, 2048, 768, 8, mma=False),
+    "moe grouped bf16 T512 E128 H2048 I768 k8": moe(512, 128, 2048, 768, 8, mma=False),  # prefill: by expert
     "moe triton fp16 T16 E8 H4096 I1536 k2": moe(16, 8, 4096, 1536, 2, torch.float16, mma=False),
     "gemv 7168x16384 L1": gemv(7168, 16384, 1, False),
     "gemv 7168x16384 L1 static": gemv(7168, 16384, 1, True),

@@ -216,8 +216,8 @@ def test_unfused_experts_match_transformers():
 
 @pytest.mark.gpu
 def test_static_decoder_graphs_for_moe():
-    """Graphs where routing stays on the device (transformers' grouped_mm experts; tiled NVFP4 experts up to
-    MOE_MAX_T tokens), refused where the host reads it (transformers' eager loop; dense hf.moe.Experts)."""
+    """Graphs where routing stays on the device (transformers' grouped_mm experts; tiled NVFP4 experts), refused
+    where the host reads it (transformers' eager loop; dense or untiled hf.moe.Experts)."""
     model = _model("Qwen3Moe").cuda()
     ids = torch.randint(0, BASE["vocab_size"], (1, 5), device="cuda")
     model.set_experts_implementation("eager")
@@ -252,7 +252,7 @@ def _tiled_experts(E=3, H=256, inter=256):
 
 
 def test_grouped_experts_match_one_by_one():
-    """Up to MOE_MAX_T tokens, an Experts layer of tiled NVFP4 experts runs nvfp4_moe (device routing); it matches
+    """An Experts layer of tiled NVFP4 experts runs nvfp4_moe (device routing); at decode sizes it matches
     the one-by-one path on the same experts (whose gate / up / down outputs round to DTYPE each, the grouped
     kernel's down sums in fp32): within a few DTYPE steps. Dropped slots (index E) add nothing; after the first
     grouped call the experts' buffers are views of the stacks, so the module (and its state_dict) are unchanged."""
@@ -274,14 +274,25 @@ def test_grouped_experts_match_one_by_one():
 
 
 def _loop(layer, x, idx, w):
-    """Experts.forward's one-by-one path (more tokens than MOE_MAX_T take it)."""
-    from llmkernels.hf import moe
-    orig = moe.MOE_MAX_T
-    try:
-        moe.MOE_MAX_T = 0
-        return layer(x, idx, w)
-    finally:
-        moe.MOE_MAX_T = orig
+    """Experts' one-by-one path (dense or untiled experts take it)."""
+    return layer.one_by_one(x, idx, w)
+
+
+def test_grouped_prefill_matches_one_by_one():
+    """Past MOE_MAX_T tokens nvfp4_moe groups the pairs by expert (one weight read per tile of an expert's tokens):
+    the same as the one-by-one path, with a dropped slot and an expert no token chose."""
+    layer = _tiled_experts(E=4)
+    dev = layer[0].gate_proj.packed.device
+    T = 40
+    x = torch.randn(T, 256, device=dev).to(DTYPE)
+    idx = torch.randint(0, 3, (T, 2), device=dev)  # expert 3 unused
+    idx[5, 1] = 4  # = E: dropped
+    w = torch.rand(T, 2, device=dev).to(DTYPE)
+    with torch.no_grad():
+        ref = _loop(layer, x, idx, w)
+        out = layer(x, idx, w)
+    err, scale = (out.float() - ref.float()).abs().max().item(), ref.float().abs().max().item()
+    assert err <= 8 * ROUND * scale, (err, scale)
 
 
 def test_moe_attention_projections_grouped(monkeypatch, device):

@@ -43,11 +43,27 @@ def test_matches_reference_with_a_dropped_slot(device):
     assert rel_err(y, nvfp4_moe_ref(x, idx, w, *plain)) <= TOL[torch.float16]
 
 
-def test_nan_in_a_token_stays_in_its_row(device):
-    x, idx, w, plain, tiled = _inputs(device, T=2)
+@pytest.mark.parametrize("T, E, H, inter, k, routing", [(20, 4, 256, 256, 2, "random"), (33, 6, 512, 256, 3, "dropped"),
+                                                       (17, 3, 256, 512, 2, "one")])
+def test_grouped_prefill_matches_reference(device, T, E, H, inter, k, routing):
+    """Past MOE_MAX_T tokens: the pairs grouped by expert (tiles of one expert's tokens), dropped slots, an expert
+    taking every token, NaN-poisoned intermediates (rows of dropped slots are never read)."""
+    from llmkernels.ops.nvfp4.spec import MOE_TOL, make_moe_inputs
+    x = make_moe_inputs(T, E, H, inter, k, torch.float16, device, plain=True)
+    if routing == "dropped":
+        x["idx"][0, 0], x["idx"][3, -1], x["idx"][7, 1] = E, -1, E + 9
+    elif routing == "one":
+        x["idx"].fill_(1)
+    y = nvfp4_moe(x["x"], x["idx"], x["w"], x["gate"], x["up"], x["down"])
+    assert rel_err(y, nvfp4_moe_ref(x["x"], x["idx"], x["w"], *x["plain"])) <= MOE_TOL[torch.float16]
+
+
+@pytest.mark.parametrize("T", [2, 20])  # the decode kernels; grouped by expert
+def test_nan_in_a_token_stays_in_its_row(device, T):
+    x, idx, w, plain, tiled = _inputs(device, T=T)
     x[0, 5] = float("nan")
     y = nvfp4_moe(x, idx, w, *tiled)
-    assert torch.isnan(y[0]).all() and not torch.isnan(y[1]).any()
+    assert torch.isnan(y[0]).all() and not torch.isnan(y[1:]).any()
 
 
 def test_errors(device):
@@ -93,6 +109,7 @@ def test_gpu_bf16_and_graph_replay(T):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("T, E, H, inter, k, routing", [
     (1, 16, 2048, 768, 8, "random"),  # a Qwen3-30B-A3B layer's shapes, fewer experts
+    (100, 16, 2048, 768, 8, "dropped"),  # past MOE_MAX_T: grouped by expert (both mma settings take that path)
     (5, 6, 768, 512, 3, "dropped"),   # k not a power of 2 (the down kernel's slot warps padded); dropped slots
     (16, 8, 512, 256, 6, "one"),      # all tokens to one expert (twice: repeated indices), the others unused
     (3, 4, 4096, 256, 2, "random"),   # K of 16 iterations

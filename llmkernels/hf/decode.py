@@ -11,7 +11,6 @@ from .._pdl import pdl_enabled
 from ..ops.masked_decode.op import masked_decode
 from ..ops.nvfp4.op import NVFP4Linear
 from . import inkling
-from ..ops.nvfp4.moe import MOE_MAX_T
 from .moe import host_routed
 
 ATTN_NAME = "llmkernels_decode"
@@ -96,8 +95,8 @@ class StaticDecoder:
             raise TypeError(f"compile must be a bool or a torch.compile backend name, got {type(compile).__name__}")
         if self.graph and host_routed(model, batch):
             raise ValueError("graph=True: this mixture-of-experts model routes its tokens on the host (transformers' "
-                             f"eager experts loop, dense or untiled NVFP4 experts, or batch > {MOE_MAX_T}), which a "
-                             "CUDA graph cannot capture; use graph=False")
+                             "eager experts loop, or dense or untiled NVFP4 experts), which a CUDA graph cannot "
+                             "capture; use graph=False")
         if compile and self.device.type == "cuda" and inkling.patched(model):
             # inductor (torch 2.11, H200) found no GEMM choice lowering this step (NoValidChoicesError); CPU compiles
             raise ValueError("compile is not supported for a patched Inkling model on CUDA yet: use graph=True "

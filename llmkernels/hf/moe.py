@@ -12,7 +12,7 @@ from typing import Dict, Tuple
 
 import torch
 
-from ..ops.nvfp4.moe import MOE_MAX_T, nvfp4_moe
+from ..ops.nvfp4.moe import nvfp4_moe
 from ..ops.nvfp4.op import NVFP4Linear
 
 # model_type -> ((gate, up, down) names per expert in checkpoints, (model path part, checkpoint path part) renames)
@@ -59,11 +59,11 @@ class Experts(torch.nn.ModuleList):
     (hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H], each token's sum of its experts'
     outputs times their routing weights.
 
-    Where every expert is NVFP4 in the tiled layout with the SiLU (`grouped_capable`), calls of up to MOE_MAX_T
-    tokens run llmkernels.nvfp4_moe: two launches for all chosen experts, routing read on the device (CUDA-graph
-    capturable); the experts' buffers then become views of one stack per projection (made on the first such call).
-    Otherwise the experts no token chose are skipped and the others run one by one (the hit list read on the host,
-    as transformers' own loop does)."""
+    Where every expert is NVFP4 in the tiled layout with the SiLU (`grouped_capable`), every call runs
+    llmkernels.nvfp4_moe: routing read on the device (CUDA-graph capturable); up to MOE_MAX_T tokens one program
+    group per (token, slot), more (prefill) grouped by expert so that each expert's weights are read once per tile of
+    its tokens. The experts' buffers then become views of one stack per projection (made on the first such call).
+    Otherwise the experts no token chose are skipped and the others run one by one (`one_by_one`)."""
 
     def __init__(self, experts, hidden: int, inter: int):
         super().__init__(experts)
@@ -108,9 +108,13 @@ class Experts(torch.nn.ModuleList):
         return self._capable[1]
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        if hidden_states.shape[0] <= MOE_MAX_T and hidden_states.dtype in (torch.float16, torch.bfloat16) and \
-                self._grouped():
+        if hidden_states.dtype in (torch.float16, torch.bfloat16) and self._grouped():
             return nvfp4_moe(hidden_states, top_k_index, top_k_weights, *self._stacked())
+        return self.one_by_one(hidden_states, top_k_index, top_k_weights)
+
+    def one_by_one(self, hidden_states, top_k_index, top_k_weights):
+        """The experts some token chose, each on its own tokens (the hit list read on the host, as transformers' own
+        loop does): for experts nvfp4_moe does not take."""
         out = torch.zeros_like(hidden_states)
         with torch.no_grad():
             mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
@@ -147,13 +151,12 @@ DEVICE_ROUTED = ("grouped_mm", "batched_mm")  # transformers' experts implementa
 
 def host_routed(model, batch: int) -> bool:
     """Whether a step of `batch` tokens reads its chosen experts on the host (a CUDA graph cannot capture it):
-    transformers' fused experts on its eager loop, or Experts that cannot run nvfp4_moe (dense or untiled experts,
-    more than MOE_MAX_T tokens)."""
+    transformers' fused experts on its eager loop, or Experts that cannot run nvfp4_moe (dense or untiled experts)."""
     for m in model.modules():
         if is_fused_experts(m) and getattr(getattr(m, "config", None), "_experts_implementation",
                                            "eager") not in DEVICE_ROUTED:
             return True
-        if isinstance(m, Experts) and (batch > MOE_MAX_T or not m.grouped_capable()):
+        if isinstance(m, Experts) and not m.grouped_capable():
             return True
     return False
 

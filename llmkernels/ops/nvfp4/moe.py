@@ -18,6 +18,7 @@ import triton.language as tl
 from ..._launch import PlanCache, current_device, direct_ok, launch, tkey, tracing
 from ..._runtime import cdiv, interpreting
 from ..._validate import check_same_device, check_tensor
+from .moe_grouped import moe_grouped
 from .moe_tiled import moe_tiled, moe_tiled_usable
 from .tiled_layout import tiled_values
 
@@ -107,6 +108,8 @@ def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=
         return y
     h = torch.empty(T * K_TOP, I, dtype=x.dtype, device=x.device)  # a dropped slot's row is never read
     idx = top_k_index.contiguous()
+    if T > MOE_MAX_T:  # many tokens: grouped by expert, each expert's weights read once per tile of its tokens
+        return moe_grouped(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd)
     if (MMA if mma is None else mma) and moe_tiled_usable(x, K_TOP):
         return moe_tiled(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd, y, h)
     BN, BKW, fix = 16, 4, interpreting()
