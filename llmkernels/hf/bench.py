@@ -9,8 +9,9 @@ DIR/<device>.json): ms per decode step, tokens/s, peak GPU memory, and floor_ms 
 once, the embedding rows of the batch, the valid KV cache) / read bandwidth measured in the same run. The 8B's
 NVFP4 form is quantize_ of its bf16 form; the 70B's packed weights are drawn directly as random codes and scales.
 Mixture-of-experts models (qwen3-30b-a3b-shaped, qwen3-235b-a22b-shaped, the latter built directly in NVFP4): the
-floor counts only the experts a step reads, k per token (num_experts_per_tok), distinct among a batch's tokens as
-under uniform routing (E (1 - (1 - 1/E)^(batch k)) per layer).
+floor counts only the experts a step reads: the distinct experts among a batch's tokens under the model's own
+routing, measured on the prefill (per prompt position, the batch's tokens there; ExpertCounter; records carry
+active_experts), k per token at batch 1.
 """
 import argparse
 import datetime
@@ -110,9 +111,11 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def read_bytes(model, batch: int) -> int:
+def read_bytes(model, batch: int, active=None) -> int:
     """Bytes one decode step reads from the weights: every parameter and buffer once, but only `batch` rows of the
-    input embedding (a gather), and of a mixture-of-experts layer only its active experts (see the module's doc)."""
+    input embedding (a gather), and of a mixture-of-experts layer only its active experts: `active` of them (the mean
+    distinct experts a step's tokens choose, as measured by ExpertCounter), else their expectation under uniform
+    routing (see the module's doc)."""
     emb = model.get_input_embeddings().weight
     seen, total = set(), 0
     for t in list(model.parameters()) + list(model.buffers()):
@@ -126,9 +129,31 @@ def read_bytes(model, batch: int) -> int:
         if isinstance(mod, Experts) or is_fused_experts(mod):
             whole = _nbytes(list(mod.parameters()) + list(mod.buffers()))
             E = mod.num_experts if isinstance(mod, Experts) else mod.gate_up_proj.shape[0]
-            active = E * (1 - (1 - 1 / E) ** (batch * k)) if batch else E
-            total += whole * active / E - whole
+            n = active if active is not None and batch else E * (1 - (1 - 1 / E) ** (batch * k)) if batch else E
+            total += whole * n / E - whole
     return int(total + batch * emb.shape[1] * emb.element_size())
+
+
+class ExpertCounter:
+    """During an eager prefill of `batch` sequences of equal length: per MoE layer and prompt position, the distinct
+    experts the batch's tokens at that position choose (what one decode step of that batch reads under the model's
+    own routing); mean() over positions and layers, None for a model without MoE layers."""
+
+    def __init__(self, model, batch: int):
+        self.batch, self.counts = batch, []
+        self.hooks = [m.register_forward_pre_hook(self._hook, with_kwargs=True) for m in model.modules()
+                      if isinstance(m, Experts) or is_fused_experts(m)]
+
+    def _hook(self, mod, args, kwargs):
+        idx = args[1] if len(args) > 1 else kwargs["top_k_index"]
+        k = idx.shape[-1]
+        s = idx.reshape(self.batch, -1, k).transpose(0, 1).reshape(-1, self.batch * k).sort(-1).values
+        self.counts.append((1 + (s[:, 1:] != s[:, :-1]).sum(-1)).float().mean())
+
+    def mean(self):
+        for h in self.hooks:
+            h.remove()
+        return float(torch.stack(self.counts).mean()) if self.counts else None
 
 
 def kv_bytes(config, batch: int, kv_len: float, elem: int) -> float:
@@ -178,7 +203,9 @@ def run_batch(model, name: str, fmt: str, batch: int, args, device, read_bps: fl
         torch.cuda.reset_peak_memory_stats()
     dec = StaticDecoder(model, batch, max_len, graph=False, compile=args.compile or False)
     prompt = torch.randint(0, model.config.vocab_size, (batch, args.prompt_len), device=device)
+    counter = ExpertCounter(model, batch)
     dec.prefill(prompt)
+    active = counter.mean()
     modes = [(False, args.eager_steps)] + ([(True, args.steps)] if graph else [])
     out = []
     for use_graph, steps in modes:
@@ -195,12 +222,12 @@ def run_batch(model, name: str, fmt: str, batch: int, args, device, read_bps: fl
             continue
         kv_mean = kv0 + (steps - 1) / 2
         elem = model.get_input_embeddings().weight.element_size()
-        nbytes = read_bytes(model, batch) + kv_bytes(model.config, batch, kv_mean, elem)
+        nbytes = read_bytes(model, batch, active) + kv_bytes(model.config, batch, kv_mean, elem)
         shape = {"model": name, "batch": batch, "format": fmt, "graph": use_graph}
         if args.compile:
             shape["compile"] = args.compile
-        out.append((shape, ms, nbytes,
-                    {"context": kv_mean, "timing": "graph" if use_graph else "eager"}))
+        out.append((shape, ms, nbytes, {"context": kv_mean, "timing": "graph" if use_graph else "eager",
+                                        **({"active_experts": active} if active is not None else {})}))
         log(f"[e2e] {name} {fmt} batch={batch} graph={use_graph} compile={args.compile}: {ms:.3f} ms/step"
             f", {batch * 1e3 / ms:.1f} tok/s, "
             f"{100 * nbytes / read_bps / (ms * 1e-3):.1f} % of floor")
