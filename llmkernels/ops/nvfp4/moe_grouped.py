@@ -40,14 +40,18 @@ def _tile(w, order_ptr, pstart_ptr, tstart_ptr, E, BT: tl.constexpr, LOG_E: tl.c
 
 
 @triton.jit
-def _tile_dot(acc, w_ptr, s_ptr, rows, x_ptr, xrow, ok, s_xt, N, KW, kw0, DT: tl.constexpr, BN: tl.constexpr,
-              BKW: tl.constexpr, FIX_NAN: tl.constexpr):
-    """acc [BN, BT] + (rows of one expert's weight, words kw0 .. kw0 + BKW) @ (those columns of x's rows xrow)^T."""
+def _w_tile(w_ptr, s_ptr, rows, N, KW, kw0, DT: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr,
+            FIX_NAN: tl.constexpr):
+    """[BN, 16 BKW] in DT: rows of one expert's weight, words kw0 .. kw0 + BKW (e2m1 x scale: exact in fp16 / bf16)."""
     kw = kw0 + tl.arange(0, BKW)[None, :]
-    v = tiled_values(w_ptr, s_ptr, rows[:, None], kw, N, KW, 1.0, BN, BKW, FIX_NAN).to(DT)  # exact in fp16 / bf16
+    return tiled_values(w_ptr, s_ptr, rows[:, None], kw, N, KW, 1.0, BN, BKW, FIX_NAN).to(DT)
+
+
+@triton.jit
+def _x_tile(x_ptr, xrow, ok, s_xt, KW, kw0, BKW: tl.constexpr):
+    """[16 BKW, BT]: those columns of x's rows xrow (0 where not ok)."""
     kk = kw0 * 16 + tl.arange(0, 16 * BKW)[:, None]
-    xt = tl.load(x_ptr + xrow[None, :] * s_xt + kk, mask=ok[None, :] & (kk < 16 * KW), other=0.0)
-    return tl.dot(v, xt, acc)
+    return tl.load(x_ptr + xrow[None, :] * s_xt + kk, mask=ok[None, :] & (kk < 16 * KW), other=0.0)
 
 
 @triton.jit
@@ -64,10 +68,11 @@ def _grouped_up_kernel(x_ptr, order_ptr, pstart_ptr, tstart_ptr, wg_ptr, sg_ptr,
         accg = tl.zeros([BN, BT], tl.float32)
         accu = tl.zeros([BN, BT], tl.float32)
         for kw0 in range(0, KW, BKW):
-            accg = _tile_dot(accg, wg_ptr + e * s_we, sg_ptr + e * s_se, rows, x_ptr, tok, ok, s_xt, I, KW, kw0, DT,
-                             BN, BKW, FIX_NAN)
-            accu = _tile_dot(accu, wu_ptr + e * s_we, su_ptr + e * s_se, rows, x_ptr, tok, ok, s_xt, I, KW, kw0, DT,
-                             BN, BKW, FIX_NAN)
+            xt = _x_tile(x_ptr, tok, ok, s_xt, KW, kw0, BKW)  # one load of the tokens' columns for gate and up
+            accg = tl.dot(_w_tile(wg_ptr + e * s_we, sg_ptr + e * s_se, rows, I, KW, kw0, DT, BN, BKW, FIX_NAN), xt,
+                          accg)
+            accu = tl.dot(_w_tile(wu_ptr + e * s_we, su_ptr + e * s_se, rows, I, KW, kw0, DT, BN, BKW, FIX_NAN), xt,
+                          accu)
         g = (accg * tl.load(gg_ptr + e)).to(DT).to(tl.float32)  # the projections' outputs in x's dtype, as a layer's
         u = (accu * tl.load(gu_ptr + e)).to(DT).to(tl.float32)
         h = g / (1.0 + tl.exp(-g)) * u
@@ -86,8 +91,8 @@ def _grouped_down_kernel(h_ptr, order_ptr, pstart_ptr, tstart_ptr, rw_ptr, wd_pt
         rows = tl.program_id(0) * BN + tl.arange(0, BN)
         acc = tl.zeros([BN, BT], tl.float32)
         for kw0 in range(0, KW, BKW):
-            acc = _tile_dot(acc, wd_ptr + e * s_we, sd_ptr + e * s_se, rows, h_ptr, pair, ok, 16 * KW, H, KW, kw0,
-                            DT, BN, BKW, FIX_NAN)
+            acc = tl.dot(_w_tile(wd_ptr + e * s_we, sd_ptr + e * s_se, rows, H, KW, kw0, DT, BN, BKW, FIX_NAN),
+                         _x_tile(h_ptr, pair, ok, 16 * KW, KW, kw0, BKW), acc)
         scale = tl.load(rw_ptr + pair, mask=ok, other=0.0).to(tl.float32) * tl.load(gd_ptr + e)
         tl.store(o_ptr + pair[None, :] * H + rows[:, None], acc * scale[None, :],
                  mask=(rows[:, None] < H) & ok[None, :])
