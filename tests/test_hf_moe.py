@@ -330,3 +330,21 @@ def test_grouped_check_follows_module_edits():
     assert layer._grouped()
     layer[1].up_proj = torch.nn.Linear(256, 256, bias=False, device=layer[0].gate_proj.packed.device, dtype=DTYPE)
     assert not layer._grouped()
+
+
+def test_grouped_experts_compile_without_graph_breaks():
+    """StaticDecoder(compile=True) traces Experts.forward: after an eager call made the stacks (the prefill), the
+    compiled call reads them without a graph break and equals the eager one."""
+    import torch._dynamo
+    layer = _tiled_experts()
+    dev = layer[0].gate_proj.packed.device
+    x = torch.randn(2, 256, device=dev).to(DTYPE)
+    idx = torch.tensor([[0, 1], [2, 0]], device=dev)
+    w = torch.rand(2, 2, device=dev).to(DTYPE)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with torch.no_grad():
+        ref = layer(x, idx, w)
+        out = torch.compile(lambda a, b, c: layer(a, b, c), backend="aot_eager")(x, idx, w)
+    assert torch.equal(out, ref)
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])

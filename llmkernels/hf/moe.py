@@ -83,6 +83,8 @@ class Experts(torch.nn.ModuleList):
     def _stacked(self):
         """(gate, up, down) stacks of (packed, scales, global scales), the experts' buffers their views; rebuilt
         when a buffer was replaced since."""
+        if self._stacks is not None and torch.compiler.is_compiling():  # (made by an eager call: the prefill)
+            return self._stacks
         first = [getattr(self[0], n) for n in self[0].names]
         if self._stacks is not None and all(m.packed.data_ptr() == s[0][0].data_ptr()
                                             for m, s in zip(first, self._stacks)):
