@@ -69,6 +69,8 @@ class StaticDecoder:
     step's forward is compiled on the first step, fusing the norms, rotary, residual adds and the MLP's activation
     (a Llama-3.1-8B shape, NVFP4, batch 1: 5.35 -> 3.65 ms a graph step on the H100; inductor's programmatic
     dependent launch on where the GPU has it, and its combo kernels for NVFP4 models); the prefill stays eager.
+    Mixture-of-experts models decode in graphs where their routing stays on the device (hf.moe.Experts of tiled
+    NVFP4 experts; transformers' grouped_mm / batched_mm experts); others need graph=False (ValueError).
     The next token is the argmax of the last logits (greedy).
     """
 
