@@ -5,6 +5,7 @@ package is loaded beside the working tree's, and every benchmark case of the nam
 
     python scripts/ab.py prepare REV                          # here, in a git checkout
     python scripts/ab.py run [--rounds 2] [--quick] [op ...]  # on the GPU machine, from the repo root
+    python scripts/ab.py run --eager [op ...]                 # eager wall time per call (host included)
 
 `prepare` writes REV's llmkernels/ to ab_base/llmkernels_base/ (untracked, so it travels with the working tree to the
 device; do not commit it), with its custom-op namespace renamed so that both versions register their ops in one
@@ -12,7 +13,8 @@ process. `run` takes each op's benchmark cases from the working tree's spec (the
 lacks the op), times our implementations (impl names starting with "llmkernels"; no peers) from both trees with the
 harness's own timing (`bench.harness.time_impl`: do_bench or graph replay as the case says), in the order base,
 head, head, base per round, and prints per case the median of each side and head / base. Outputs are not compared:
-run the GPU tests for that. --out DIR also writes DIR/ab.json.
+run the GPU tests for that. --eager takes the cases of bench/eager.py (`llmkernels bench --eager`: back-to-back
+eager calls, wall time per call), the host path's A/B. --out DIR also writes DIR/ab.json.
 """
 import argparse
 import io
@@ -61,24 +63,24 @@ def prepare(rev: str, dest: str = BASE_DIR) -> str:
     return commit
 
 
-def _ours(mod_specs, ops):
-    """{(op, impl name, shape json): (Case, Impl)} of our implementations in these spec modules."""
+def _ours(mod_specs, ops, eager_benches=None):
+    """{(op, impl name, shape json): (Case, Impl)} of our implementations in these spec modules (or, given, in these
+    eager OpBenches)."""
     found = {}
-    for mod in mod_specs:
-        for b in mod.benches():
-            if b.op not in ops:
-                continue
-            for case in b.cases(QUICK[0]):
-                for impl in b.impls:
-                    if impl.name.startswith("llmkernels"):
-                        found[(b.op, impl.name, json.dumps(case.shape, sort_keys=True))] = (case, impl)
+    for b in eager_benches if eager_benches is not None else [b for mod in mod_specs for b in mod.benches()]:
+        if b.op not in ops:
+            continue
+        for case in b.cases(QUICK[0]):
+            for impl in b.impls:
+                if impl.name.startswith("llmkernels"):
+                    found[(b.op, impl.name, json.dumps(case.shape, sort_keys=True))] = (case, impl)
     return found
 
 
 QUICK = [False]
 
 
-def run(ops, rounds: int, quick: bool, out) -> int:
+def run(ops, rounds: int, quick: bool, out, eager: bool = False) -> int:
     import torch
     if not torch.cuda.is_available():
         print("ab.py run needs a CUDA GPU", file=sys.stderr)
@@ -95,8 +97,15 @@ def run(ops, rounds: int, quick: bool, out) -> int:
     from llmkernels import registry
     from llmkernels_base import registry as base_registry
     names = registry.resolve(ops)
-    head = _ours(_benches(registry, names), names)
-    base = _ours(_benches(base_registry, names), names)
+    if eager:
+        from llmkernels.bench import eager as head_eager
+        from llmkernels_base.bench import eager as base_eager
+        names = names + (["merge_attention_states"] if "masked_decode" in names else [])
+        head = _ours(None, names, head_eager.benches(names))
+        base = _ours(None, names, base_eager.benches(names))
+    else:
+        head = _ours(_benches(registry, names), names)
+        base = _ours(_benches(base_registry, names), names)
     print(f"{torch.cuda.get_device_name()}; base {base_commit} ({llmkernels_base.__file__}), head: working tree; "
           f"{rounds} rounds of base, head, head, base", flush=True)
     rows = []
@@ -140,11 +149,12 @@ def main(argv=None) -> int:
     r.add_argument("--rounds", type=int, default=2)
     r.add_argument("--quick", action="store_true", help="the ops' quick case lists")
     r.add_argument("--out", help="folder for ab.json")
+    r.add_argument("--eager", action="store_true", help="the eager cases (host cost per call)")
     args = ap.parse_args(argv)
     if args.cmd == "prepare":
         print(f"base {prepare(args.rev, args.dest)} in {args.dest}/llmkernels_base")
         return 0
-    return run(args.ops, args.rounds, args.quick, args.out)
+    return run(args.ops, args.rounds, args.quick, args.out, args.eager)
 
 
 if __name__ == "__main__":
