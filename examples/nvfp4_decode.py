@@ -2,11 +2,14 @@
 
     python examples/nvfp4_decode.py --checkpoint DIR --prompt "The capital of France is"   # a real checkpoint
     python examples/nvfp4_decode.py                # no checkpoint: make one from a random Llama, then run it
+    python examples/nvfp4_decode.py --moe          # ... from a random Qwen3-MoE (a GPU: minutes on the CPU)
 
 DIR is a ModelOpt or compressed-tensors NVFP4 export (config.json, safetensors, and a tokenizer for text).
 Without --checkpoint the script builds a random Llama (Llama-3.1-8B-shaped on a GPU, a tiny one on the CPU, where
-the kernels run through the Triton interpreter), quantizes it with quantize_, writes it with save_nvfp4 and loads
-it back with load_nvfp4: the same path a downloaded checkpoint takes.
+the kernels run through the Triton interpreter), or with --moe a Qwen3-MoE (Qwen3-30B-A3B-shaped on a GPU, a tiny one
+on the CPU), quantizes it with quantize_, writes it with save_nvfp4 and loads it back with load_nvfp4: the same path
+a downloaded checkpoint takes (a MoE checkpoint holds one NVFP4 linear per expert and projection, as ModelOpt and
+llm-compressor write them; its decode steps run the grouped expert kernel, routing on the device).
 """
 import argparse
 import os
@@ -41,6 +44,7 @@ def main():
                     help="tokens to generate (default 64 on a GPU, 4 on the CPU)")
     ap.add_argument("--format", default="modelopt", choices=["modelopt", "compressed-tensors"],
                     help="the format of the checkpoint made without --checkpoint")
+    ap.add_argument("--moe", action="store_true", help="without --checkpoint: a mixture-of-experts model")
     ap.add_argument("--no-graph", action="store_true", help="decode eagerly instead of one CUDA graph per step")
     ap.add_argument("--compile", action="store_true",
                     help="the decode step under torch.compile (GPU; compiled on the first step: ~50 s for an 8B)")
@@ -54,7 +58,8 @@ def main():
         path = args.checkpoint
         if path is None:
             path = os.path.join(tmp, "nvfp4")
-            name = "llama-3.1-8b-shaped" if cuda else "tiny"
+            name = ("qwen3-30b-a3b-shaped" if cuda else "tiny-moe") if args.moe else \
+                ("llama-3.1-8b-shaped" if cuda else "tiny")
             t0 = time.perf_counter()
             make_checkpoint(path, name, device, dtype, args.format)
             print(f"wrote a random {name} NVFP4 checkpoint ({args.format}) in {time.perf_counter() - t0:.1f} s")
