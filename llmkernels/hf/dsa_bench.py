@@ -27,6 +27,7 @@ import triton
 from . import dsa
 from .bench import random_model
 from .patch import patch_attention, unpatch_attention
+from .._runtime import capture_step
 from ..bench.harness import median_ms
 
 V32 = dict(hidden_size=7168, num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
@@ -80,15 +81,7 @@ def graph_ms(fn, reps, device):
     """Median ms of one replay of a CUDA graph holding one fn() call (None off CUDA)."""
     if device.type != "cuda":
         return None
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return median_ms(g.replay, reps, device, warm=3)
+    return median_ms(capture_step(fn).replay, reps, device, warm=3)
 
 
 @contextlib.contextmanager

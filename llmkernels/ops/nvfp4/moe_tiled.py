@@ -11,8 +11,8 @@ import triton.language as tl
 
 from ..._launch import launch
 from ..._pdl import pdl_enter, pdl_enabled
-from ..._runtime import capability, cdiv, interpreting, planned_sms
-from .tiled import _ld_iter, _store_sum, _tiled_step
+from ..._runtime import capability, cdiv, interpreting, next_pow2, planned_sms
+from .tiled import _ld_iter, _pow2, _store_sum, _tiled_step
 from .tiled_layout import TILE_K, TILE_N
 
 
@@ -138,18 +138,11 @@ def moe_tiled_usable(x: torch.Tensor, k: int) -> bool:
     return k <= 16 and x.stride(1) == 1 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0
 
 
-def _pow2_at_most(n: float) -> int:
-    p = 1
-    while p * 2 <= n:
-        p *= 2
-    return p
-
-
 def _up_plan(pairs: int, I: int, KI: int, device):
     """(R, KS, per): about 32 warps an SM over the pairs' gate / up blocks, KS a power of 2 dividing KI with at
     least 2 iterations a warp (tiled_config's rule), R even (blocks alternate gate / up)."""
     want = 32 * planned_sms(None, device) / (pairs * 2 * I // TILE_N)
-    ks = max(1, min(_pow2_at_most(want), 16, _pow2_at_most(max(KI // 2, 1))))
+    ks = max(1, min(_pow2(want, False), 16, _pow2(max(KI // 2, 1), False)))
     while KI % ks:
         ks //= 2
     return max(2, 4 // ks), ks, KI // ks
@@ -169,9 +162,7 @@ def moe_tiled(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd, y, h):
            sg.view(torch.int64), gg, wu.view(torch.int64), su.view(torch.int64), gu, h, E, k, I, H // TILE_K, per,
            x.stride(0) // 4, wg.stride(0) // 8, sg.stride(0) // 8, 1, R=r, KS=ks, LOADS=1, WIDE=wide,
            num_warps=r * ks, **opts)
-    ks = 1
-    while ks < k:
-        ks *= 2
+    ks = next_pow2(k)  # one warp a slot, padded slots add 0
     r = max(1, 4 // ks)
     launch(_moe_down_mma, (cdiv(H // TILE_N, r), T), h.view(torch.int64), idx, rw, wd.view(torch.int64),
            sd.view(torch.int64), gd, y, E, k, H, I // TILE_K, I // 4, y.stride(0), wd.stride(0) // 8,
