@@ -125,25 +125,35 @@ def kept(module: torch.nn.Module, key: torch.Tensor, attention_mask=None):
     state = getattr(module, "_llmk_kept", None)
     if state is not None and state[0] is idx and state[1].shape[:2] == (B, H):
         return state[1:]
-    drop = _padding(attention_mask, B, H, L)
-    if idx is None and drop is None:
-        return None
+    drop = _dropped(idx, _padding(attention_mask, B, H, L), B, H, L, key.device)
     if drop is None:
-        drop = torch.zeros(B, H, L, dtype=torch.bool, device=key.device)
-    if idx is not None:
-        b, h, s = _indices(idx, B, H, L, key.device)
-        drop[b, h, s] = True
+        return None
     module._llmk_kept = (idx, *kept_lists(drop), L)
     return module._llmk_kept[1:]
 
 
+def _dropped(idx, pad, B, H, L, device):
+    """[B, H, L] bool: the press's indices (kvpress's (batch, head, position) tensors) and the padding pad (or
+    None) dropped; None where neither drops anything."""
+    if idx is None and pad is None:
+        return None
+    drop = torch.zeros(B, H, L, dtype=torch.bool, device=device)
+    if pad is not None:
+        drop |= pad
+    if idx is not None:
+        b, h, s = _indices(idx, B, H, L, device)
+        drop[b, h, s] = True
+    return drop
+
+
 def _padding(attention_mask, B, H, L):
-    """[B, H, L] bool, True at padding (transformers' mask row of the new token; SDPA's: True = attend), or None."""
+    """[B, H, L] bool (a broadcast view), True at padding (transformers' mask row of the new token; SDPA's: True =
+    attend), or None."""
     if attention_mask is None:
         return None
     m = attention_mask[:, :, -1, :L]
     ok = m if m.dtype == torch.bool else m == 0
-    return (~ok).expand(B, H, L).contiguous()
+    return (~ok).expand(B, H, L)
 
 
 def _indices(idx, B, H, L, device):
@@ -178,7 +188,7 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     drop = drop_mask(module, key)
     pad = _padding(attention_mask, *key.shape[:3])
     if pad is not None:
-        drop = pad if drop is None else drop | pad
+        drop = pad.contiguous() if drop is None else drop | pad
     out, _ = masked_decode(query, key, value, drop_mask=drop, sm_scale=scaling)
     return out.transpose(1, 2), None
 
@@ -303,12 +313,7 @@ class PressDecoder:
             a = attns[i]
             idx = getattr(a, "masked_key_indices", None)
             a.__dict__.pop("_llmk_kept", None)
-            drop = None
-            if idx is not None or pad is not None:
-                drop = pad.clone() if pad is not None else torch.zeros(B, H, T, dtype=torch.bool, device=dev)
-                if idx is not None:
-                    b, h, s = _indices(idx, B, H, T, dev)
-                    drop[b, h, s] = True
+            drop = _dropped(idx, pad, B, H, T, dev)
             lists.append((idx, *kept_lists(drop)) if drop is not None else None)
         # compact: every row's kept tokens moved to its front, the buffers as wide as the longest row of any layer
         width = max(int(k[2].max()) if k is not None else T for k in lists) if compact else T
