@@ -244,6 +244,15 @@ E2E_HEADER = ("Whole models (`python -m llmkernels.hf.bench`): greedy decode wit
               "docs/results.md.")
 
 
+def _by_impl(records: list[dict], op: str, key) -> dict:
+    """{key(shape): {impl: record}} of the records of op (the model-level tables' rows)."""
+    rows = {}
+    for r in records:
+        if r.get("op") == op:
+            rows.setdefault(key(r["shape"]), {})[r["impl"]] = r
+    return rows
+
+
 DSA_HEADER = ("DeepSeek sparse attention in transformers (`python -m llmkernels.hf.dsa_bench`): one "
               "DeepSeek-V3.2-shaped attention block with its indexer (hidden 7168, 128 heads, index_topk 2048; random "
               "bf16 weights, batch 1), `patch_attention` against transformers' own eager and SDPA paths in the same "
@@ -254,11 +263,7 @@ DSA_HEADER = ("DeepSeek sparse attention in transformers (`python -m llmkernels.
 def dsa_table(records: list[dict]) -> str:
     """Per phase and size: our ms beside transformers' eager and SDPA (speed-up over its fastest), peak memory, and
     our split (indexer, sparse_mla with its % of floor) or decode's cache bytes per token."""
-    rows = {}
-    for r in records:
-        if r.get("op") == "dsa_attention":
-            sh = r["shape"]
-            rows.setdefault((sh["phase"], sh.get("S", sh.get("L"))), {})[r["impl"]] = r
+    rows = _by_impl(records, "dsa_attention", lambda sh: (sh["phase"], sh.get("S", sh.get("L"))))
     if not rows:
         return ""
     order = {"prefill": 0, "decode": 1, "train": 2}
@@ -307,11 +312,8 @@ KVPRESS_HEADER = ("kvpress's head-wise presses (`python -m llmkernels.kvpress_be
 
 def kvpress_table(records: list[dict]) -> str:
     """Per (context, batch, ratio): each impl's ms a step, ours over no-press and kvpress, the attention's scaling."""
-    rows = {}
-    for r in records:
-        if r.get("op") == "kvpress_decode":
-            sh = r["shape"]
-            rows.setdefault((sh["model"], sh["press"], sh["context"], sh["batch"], sh["ratio"]), {})[r["impl"]] = r
+    rows = _by_impl(records, "kvpress_decode",
+                    lambda sh: (sh["model"], sh["press"], sh["context"], sh["batch"], sh["ratio"]))
     if not rows:
         return ""
     lines = ["| model | press | context | batch | ratio | llmkernels ms | compact (cache GB vs all) | no-press | "
@@ -338,10 +340,7 @@ INKLING_HEADER = ("Inkling in transformers (`python -m llmkernels.hf.inkling_ben
 
 def inkling_table(records: list[dict]) -> str:
     """Per context: each impl's ms a step and tokens/s, speed-up over transformers' own path, prefill seconds."""
-    rows = {}
-    for r in records:
-        if r.get("op") == "inkling_model_decode":
-            rows.setdefault((r["shape"]["L"], r["shape"]["B"]), {})[r["impl"]] = r
+    rows = _by_impl(records, "inkling_model_decode", lambda sh: (sh["L"], sh["B"]))
     if not rows:
         return ""
     lines = ["| L | batch | impl | timing | ms / token | tokens/s | vs transformers | prefill s | commit |",
