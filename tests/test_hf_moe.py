@@ -94,6 +94,22 @@ def _reference(path, arch, fmt, device):
     return model.to(device).eval()
 
 
+def _assert_logits_match(ours, reference, device):
+    """ours' logits within 20 DTYPE steps of the reference's (which holds each dequantized weight rounded to DTYPE:
+    test_hf's tolerance and why), on inputs whose routing has no near-tie (a flip would move the logits by O(1)),
+    as drawn."""
+    for _ in range(50):
+        ids = torch.randint(0, BASE["vocab_size"], (2, 7), device=device)
+        with torch.no_grad():
+            ref, margin = _routed(reference, ids)
+        if margin > 8 * ROUND * (1 + ref.abs().max().item()):
+            break
+    with torch.no_grad():
+        out = ours(ids).logits.float()
+    err, scale = (out - ref).abs().max().item(), ref.abs().max().item()
+    assert err <= 20 * ROUND * scale, (err, scale)
+
+
 def _routed(model, ids):
     """model's logits on ids and the smallest router margin in logit units over all tokens and layers: the gap between
     the k-th and (k+1)-th expert's selection score (softmax and sigmoid keep the logits' order; a selection bias is
@@ -138,17 +154,7 @@ def test_moe_checkpoint_roundtrip(tmp_path, device, arch, fmt):
     assert isinstance(ex, Experts) and isinstance(ex[3], ExpertMLP)
     assert all(isinstance(getattr(e, n), NVFP4Linear) for e in ex for n in e.names)  # never densified
     reference = _reference(str(tmp_path), arch, fmt, device)
-    for _ in range(50):  # inputs whose routing has no near-tie (a flip would move the logits by O(1)), as drawn
-        ids = torch.randint(0, BASE["vocab_size"], (2, 7), device=device)
-        with torch.no_grad():
-            ref, margin = _routed(reference, ids)
-        if margin > 8 * ROUND * (1 + ref.abs().max().item()):
-            break
-    with torch.no_grad():
-        out = ours(ids).logits.float()
-    # the reference holds each dequantized weight rounded to DTYPE (test_hf's tolerance and why)
-    err, scale = (out - ref).abs().max().item(), ref.abs().max().item()
-    assert err <= 20 * ROUND * scale, (err, scale)
+    _assert_logits_match(ours, reference, device)
 
 
 @pytest.mark.parametrize("arch", ["Qwen3Moe", "Mixtral"])
@@ -180,16 +186,7 @@ def test_modelopt_producer_checkpoint(tmp_path, device, arch):
     ours = load_nvfp4(tmp_path, device=device, dtype=DTYPE)
     assert all(isinstance(getattr(e, n), NVFP4Linear) for e in ours.model.layers[0].mlp.experts for n in e.names)
     reference = _reference(str(tmp_path), arch, "modelopt", device)
-    for _ in range(50):
-        ids = torch.randint(0, BASE["vocab_size"], (2, 7), device=device)
-        with torch.no_grad():
-            ref, margin = _routed(reference, ids)
-        if margin > 8 * ROUND * (1 + ref.abs().max().item()):
-            break
-    with torch.no_grad():
-        out = ours(ids).logits.float()
-    err, scale = (out - ref).abs().max().item(), ref.abs().max().item()
-    assert err <= 20 * ROUND * scale, (err, scale)
+    _assert_logits_match(ours, reference, device)
 
 
 def test_unsupported_moe_family_is_an_error(monkeypatch):
