@@ -380,6 +380,9 @@ BAD = [
     ("dense_from > L", lambda x: dict(drop_mask=None, kept_idx=kept_lists(x["drop"])[0],
                                       kept_len=kept_lists(x["drop"])[1], dense_from=17), ValueError,
      "dense_from must be"),
+    ("dense_from float", lambda x: dict(drop_mask=None, kept_idx=kept_lists(x["drop"])[0],
+                                        kept_len=kept_lists(x["drop"])[1], dense_from=3.0), TypeError,
+     "dense_from must be an int"),
 ]
 
 

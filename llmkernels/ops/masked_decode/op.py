@@ -108,8 +108,10 @@ def prepare_kept(q, k, drop_mask, kept_idx, kept_len, dense_from):
     check_shape("kept_len", kept_len, (B, Hkv), "one count per (sequence, KV head)")
     if dense_from is None:
         dense_from = L
-    if not isinstance(dense_from, int) or isinstance(dense_from, bool) or not 0 <= dense_from <= L:
-        raise ValueError(f"dense_from must be an int in [0, L={L}], got {dense_from!r}")
+    if not isinstance(dense_from, int) or isinstance(dense_from, bool):
+        raise TypeError(f"dense_from must be an int in [0, L={L}], got {type(dense_from).__name__}")
+    if not 0 <= dense_from <= L:
+        raise ValueError(f"dense_from must be an int in [0, L={L}], got {dense_from}")
     check_same_device(q=q, kept_idx=kept_idx, kept_len=kept_len)
     return kept_idx, kept_len.contiguous(), dense_from
 
