@@ -78,6 +78,5 @@ def benches():
     return [OpBench("nvfp4_moe", _cases, [
         Impl("llmkernels", _ours),
         Impl("llmkernels-plain-triton", _variant(False)),
-        Impl("llmkernels-mma", _variant(True)),
         Impl("transformers-bf16-grouped-mm", _transformers_bf16, _transformers_available),
     ])]

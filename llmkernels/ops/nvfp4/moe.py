@@ -93,8 +93,9 @@ def _nvfp4_moe_op(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: tor
     return _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd)
 
 
-# the mma-fed kernels (moe_tiled) by default: not yet, until a GPU has checked and timed them (LLMKERNELS_MOE_MMA=1: on)
-MMA = os.environ.get("LLMKERNELS_MOE_MMA", "0") == "1"
+# the mma-fed kernels (moe_tiled) by default where they run: 13-37x the plain ones, 36-67 % of the floor at 1-16
+# tokens (H200, Qwen3-30B / 235B layer shapes, benchmarks/notes/nvfp4_moe.md); LLMKERNELS_MOE_MMA=0: off
+MMA = os.environ.get("LLMKERNELS_MOE_MMA", "1") != "0"
 
 
 def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=None):
