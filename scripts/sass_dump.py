@@ -117,6 +117,11 @@ def inkling(layout, dtype=torch.bfloat16, D=128, H=64, Hkv=8, E=1024, window=Non
     return go
 
 
+def _run_topk(logits, k, renormalize):
+    from llmkernels.ops.moe_topk.op import _run
+    _run(logits, k, renormalize)
+
+
 def moe(T, E, H, inter, k, dtype=torch.bfloat16, mma=True):
     """nvfp4_moe: the grouped NVFP4 experts (two launches): the mma kernels (sm_90), or the plain Triton ones."""
     from llmkernels.ops.nvfp4.moe import _moe
@@ -244,6 +249,8 @@ CONFIGS = {
     "moe triton bf16 T1 E128 H2048 I768 k8": moe(1, 128, 2048, 768, 8, mma=False),
     "moe grouped bf16 T512 E128 H2048 I768 k8": moe(512, 128, 2048, 768, 8, mma=False),  # prefill: by expert
     "moe triton fp16 T16 E8 H4096 I1536 k2": moe(16, 8, 4096, 1536, 2, torch.float16, mma=False),
+    "moe_topk bf16 T1 E128 k8": lambda: _run_topk(e(1, 128, dtype=torch.bfloat16), 8, True),
+    "moe_topk fp32 T16 E1024 k32": lambda: _run_topk(e(16, 1024, dtype=torch.float32), 32, False),
     "gemv 7168x16384 L1": gemv(7168, 16384, 1, False),
     "gemv 7168x16384 L1 static": gemv(7168, 16384, 1, True),
     "gemv 4096x7168 L8": gemv(4096, 7168, 8, False),

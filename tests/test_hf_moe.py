@@ -114,7 +114,8 @@ def _assert_logits_match(ours, reference, device):
 
 
 class _Topk(torch.overrides.TorchFunctionMode):
-    """Every top-k's chosen indices, each row's set sorted (the order within a set changes nothing downstream)."""
+    """Every top-k's chosen indices (torch's, and moe_topk's in fused routers), each row's set sorted (the order
+    within a set changes nothing downstream)."""
 
     def __init__(self):
         super().__init__()
@@ -122,7 +123,7 @@ class _Topk(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func in (torch.Tensor.topk, torch.topk):
+        if func in (torch.Tensor.topk, torch.topk, torch.ops.llmkernels.moe_topk.default):  # (weights, indices)
             chosen = out[1].masked_fill(out[0] == float("-inf"), -1)  # masked keys: whichever, they add nothing
             self.picks.append(chosen.sort(dim=-1).values.cpu())
         return out
@@ -200,6 +201,28 @@ def test_unsupported_moe_family_is_an_error(monkeypatch):
         unfuse_experts(model, materialize=True)
     with pytest.raises(ValueError, match="not supported yet"):
         quantize_(model)
+
+
+@pytest.mark.parametrize("arch", ["Qwen3Moe", "Mixtral"])
+def test_fused_routers_match_transformers(device, arch, monkeypatch):
+    """fuse_routers (moe_topk in the router's forward; unfuse_experts calls it) returns transformers' logits,
+    weights (dtype included) and indices; parameters and state_dict stay; a transformers before 5.17 (whose routers
+    returned probabilities as logits) is left alone."""
+    from llmkernels.hf import moe
+    from llmkernels.hf.moe import fuse_routers
+    model = _model(arch).to(device)
+    router = model.model.layers[0].mlp.gate
+    h = torch.randn(7, BASE["hidden_size"], device=device, dtype=DTYPE)
+    with torch.no_grad():
+        ref = router(h)
+        keys = list(model.state_dict())
+        assert fuse_routers(model) == BASE["num_hidden_layers"] and fuse_routers(model) == 0
+        out = router(h)
+    assert type(router).__name__.startswith("Fused") and list(model.state_dict()) == keys
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[2], ref[2]) and out[1].dtype == ref[1].dtype
+    torch.testing.assert_close(out[1].float(), ref[1].float(), rtol=ROUND, atol=0)  # fp32 weights, then dtype
+    monkeypatch.setattr(moe, "ROUTER_LOGITS_SINCE", (99, 0))  # an older transformers
+    assert fuse_routers(_model(arch)) == 0
 
 
 def test_unfused_experts_match_transformers():

@@ -12,6 +12,7 @@ from typing import Dict, Tuple
 
 import torch
 
+from ..ops.moe_topk import moe_topk
 from ..ops.nvfp4.moe import nvfp4_moe
 from ..ops.nvfp4.op import NVFP4Linear
 
@@ -188,7 +189,40 @@ def unfuse_experts(model, materialize: bool) -> int:
                     down.weight.copy_(mod.down_proj[e])
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, Experts(experts, H, inter))
+    fuse_routers(model)
     return len(targets)
+
+
+def _softmax_router_forward(self, hidden_states):
+    """transformers' (>= 5.17) Qwen2 / Qwen3-MoE and Mixtral router forward with moe_topk in place of its softmax,
+    top-k and renormalisation: (logits, weights, indices); Qwen's weights in the logits' dtype, Mixtral's fp32."""
+    logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+    weights, indices = moe_topk(logits, self.top_k, getattr(self, "norm_topk_prob", True))
+    return logits, weights.to(logits.dtype) if hasattr(self, "norm_topk_prob") else weights, indices
+
+
+_ROUTERS = ("Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter", "MixtralTopKRouter")  # softmax, top-k, renormalise
+_FUSED: Dict[type, type] = {}
+ROUTER_LOGITS_SINCE = (5, 17)  # transformers versions whose routers return (logits, weights, indices) as above
+
+
+def fuse_routers(model) -> int:
+    """Give every softmax top-k router of model (_ROUTERS) the moe_topk forward (one launch for torch's softmax,
+    top-k and sort; the same choices and weights), by switching its class to a subclass; the parameters and the
+    state_dict stay. transformers before 5.17 returned its routers' probabilities as the logits: left as they are.
+    Returns how many routers were switched."""
+    import transformers
+    if tuple(int(v) for v in transformers.__version__.split(".")[:2]) < ROUTER_LOGITS_SINCE:
+        return 0
+    n = 0
+    for m in model.modules():
+        cls = type(m)
+        if cls.__name__ in _ROUTERS and cls not in _FUSED.values():
+            if cls not in _FUSED:
+                _FUSED[cls] = type("Fused" + cls.__name__, (cls,), {"forward": _softmax_router_forward})
+            m.__class__ = _FUSED[cls]
+            n += 1
+    return n
 
 
 def renames(model) -> Tuple[Tuple[str, str], ...]:

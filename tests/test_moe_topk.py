@@ -1,0 +1,85 @@
+"""moe_topk (ops/moe_topk): a router's softmax, top-k and renormalisation against the fp32 reference (torch's
+softmax and topk); ties, NaN rows, strides, errors, torch.compile / opcheck; CUDA-graph replay on the GPU. The fused
+routers of hf.moe are tested in test_hf_moe.py."""
+import pytest
+import torch
+
+from llmkernels import moe_topk
+from llmkernels.ops.moe_topk.reference import moe_topk_ref
+
+
+def _logits(T, E, dtype, device):
+    # distinct probabilities well apart (no near-tie for rounding to flip): a random permutation of the values
+    # (j - E / 2) / 32, exact in bf16 for E <= 512 and in fp16 for E <= 1024 (exp(1/32) - 1 >> fp32's step)
+    return ((torch.stack([torch.randperm(E) for _ in range(T)]).float() - E // 2) / 32).to(device, dtype)
+
+
+@pytest.mark.parametrize("T, E, k, renormalize, dtype", [
+    (1, 128, 8, True, torch.float16), (5, 60, 6, False, torch.float32), (3, 256, 8, True, torch.bfloat16),
+    (17, 8, 2, True, torch.float32), (2, 1000, 32, True, torch.float16), (4, 7, 7, False, torch.float16)])
+def test_matches_reference(device, T, E, k, renormalize, dtype):
+    x = _logits(T, E, dtype, device)
+    w, i = moe_topk(x, k, renormalize)
+    rw, ri = moe_topk_ref(x, k, renormalize)
+    assert w.dtype == torch.float32 and i.dtype == torch.int64 and w.shape == i.shape == (T, k)
+    assert torch.equal(i, ri)
+    # fp32 softmax on both sides; exp2-based exp and the sums' order differ by a few fp32 steps
+    torch.testing.assert_close(w, rw, rtol=1e-5, atol=1e-7)
+
+
+def test_strided_logits_and_ties(device):
+    x = _logits(6, 40, torch.float32, device).t().contiguous().t()  # column-major
+    assert torch.equal(moe_topk(x, 4)[1], moe_topk_ref(x, 4)[1])
+    x = _logits(3, 64, torch.float32, device)[:, ::2]  # every other expert
+    assert torch.equal(moe_topk(x, 4)[1], moe_topk_ref(x, 4)[1])
+    w, i = moe_topk(torch.zeros(2, 8, device=device), 3)  # all equal: lowest index first, weights 1/3
+    assert i.tolist() == [[0, 1, 2]] * 2 and torch.allclose(w, torch.full_like(w, 1 / 3))
+
+
+def test_nan_rows_stay_nan(device):
+    x = _logits(4, 16, torch.float32, device)
+    x[1, 3], x[2, 5] = float("nan"), float("inf")
+    w, i = moe_topk(x, 4)
+    assert torch.isnan(w[1:3]).all() and not torch.isnan(w[[0, 3]]).any()
+    assert ((i >= 0) & (i < 16)).all() and i[1].tolist() == [0, 1, 2, 3]  # valid experts, so the NaN reaches y
+    assert torch.equal(i[[0, 3]], moe_topk_ref(x[[0, 3]], 4)[1])
+
+
+def test_empty_and_errors(device):
+    w, i = moe_topk(torch.randn(0, 8, device=device), 2)
+    assert w.shape == i.shape == (0, 2)
+    x = torch.randn(3, 8, device=device)
+    with pytest.raises(TypeError, match="logits"):
+        moe_topk(x.long(), 2)
+    with pytest.raises(ValueError, match="logits"):
+        moe_topk(x[0], 2)
+    with pytest.raises(ValueError, match="experts"):
+        moe_topk(torch.randn(1, 1025, device=device), 2)
+    with pytest.raises(ValueError, match="k must be <= 8"):
+        moe_topk(x, 9)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        moe_topk(x, 0)
+    with pytest.raises(TypeError, match="k must be an int"):
+        moe_topk(x, True)
+    with pytest.raises(TypeError, match="renormalize"):
+        moe_topk(x, 2, renormalize=1)
+
+
+def test_compile_and_opcheck(device):
+    x = _logits(3, 32, torch.float16, device)
+    f = torch.compile(lambda x: moe_topk(x, 4), fullgraph=True, backend="aot_eager")
+    assert torch.equal(f(x)[1], moe_topk_ref(x, 4)[1])
+    torch.library.opcheck(torch.ops.llmkernels.moe_topk.default, (x, 4, True))
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay():
+    x = _logits(4, 128, torch.bfloat16, "cuda")
+    moe_topk(x, 8)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        w, i = moe_topk(x, 8)
+    x.copy_(_logits(4, 128, torch.bfloat16, "cuda"))
+    g.replay()
+    rw, ri = moe_topk_ref(x, 8)
+    assert torch.equal(i, ri) and torch.allclose(w, rw, rtol=1e-5, atol=1e-7)
