@@ -117,9 +117,9 @@ def inkling(layout, dtype=torch.bfloat16, D=128, H=64, Hkv=8, E=1024, window=Non
     return go
 
 
-def _run_topk(logits, k, renormalize):
+def _run_topk(logits, k, renormalize, *rest):
     from llmkernels.ops.moe_topk.op import _run
-    _run(logits, k, renormalize)
+    _run(logits, k, renormalize, *rest)
 
 
 def moe(T, E, H, inter, k, dtype=torch.bfloat16, mma=True):
@@ -251,6 +251,8 @@ CONFIGS = {
     "moe triton fp16 T16 E8 H4096 I1536 k2": moe(16, 8, 4096, 1536, 2, torch.float16, mma=False),
     "moe_topk bf16 T1 E128 k8": lambda: _run_topk(e(1, 128, dtype=torch.bfloat16), 8, True),
     "moe_topk fp32 T16 E1024 k32": lambda: _run_topk(e(16, 1024, dtype=torch.float32), 32, False),
+    "moe_topk sigmoid fp32 T1 E256 k8 groups 8/4": lambda: _run_topk(e(1, 256, dtype=torch.float32), 8, True,
+                                                                     "sigmoid", e(256, dtype=torch.float32), 8, 4, 2.5),
     "gemv 7168x16384 L1": gemv(7168, 16384, 1, False),
     "gemv 7168x16384 L1 static": gemv(7168, 16384, 1, True),
     "gemv 4096x7168 L8": gemv(4096, 7168, 8, False),

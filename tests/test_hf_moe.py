@@ -114,28 +114,44 @@ def _assert_logits_match(ours, reference, device):
 
 
 class _Topk(torch.overrides.TorchFunctionMode):
-    """Every top-k's chosen indices (torch's, and moe_topk's in fused routers), each row's set sorted (the order
-    within a set changes nothing downstream)."""
+    """The chosen indices of each torch.topk while inside a DSA indexer (self.inside), each row's set sorted; keys
+    masked to -inf count as -1 (whichever were taken, they add nothing)."""
 
     def __init__(self):
         super().__init__()
-        self.picks = []
+        self.inside, self.picks = False, []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func in (torch.Tensor.topk, torch.topk, torch.ops.llmkernels.moe_topk.default):  # (weights, indices)
-            chosen = out[1].masked_fill(out[0] == float("-inf"), -1)  # masked keys: whichever, they add nothing
+        if self.inside and func in (torch.Tensor.topk, torch.topk):
+            chosen = out[1].masked_fill(out[0] == float("-inf"), -1)
             self.picks.append(chosen.sort(dim=-1).values.cpu())
         return out
 
 
 def _choices(model, ids):
-    """model's logits on ids and every top-k choice it made (routers, DSA indexers), in call order."""
-    picks = _Topk()
-    with picks:
-        logits = model(ids).logits.float()
-    assert picks.picks, "no top-k choice seen"
-    return logits, picks.picks
+    """model's logits on ids and every discrete choice it made, in call order: each router's experts (its output's
+    indices, transformers' routers and hf.moe's fused ones alike), each DSA indexer's keys."""
+    routed, keys = [], _Topk()
+
+    def inside(flag):
+        return lambda *_: setattr(keys, "inside", flag)
+
+    hooks = []
+    for m in model.modules():
+        name = type(m).__name__
+        if name.lower().endswith("topkrouter"):
+            hooks.append(m.register_forward_hook(lambda m, a, out: routed.append(out[2].sort(dim=-1).values.cpu())))
+        elif name.endswith("Indexer"):
+            hooks += [m.register_forward_pre_hook(inside(True)), m.register_forward_hook(inside(False))]
+    try:
+        with keys:
+            logits = model(ids).logits.float()
+    finally:
+        for h in hooks:
+            h.remove()
+    assert routed, "no router ran"
+    return logits, routed + keys.picks
 
 
 @pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
@@ -203,15 +219,18 @@ def test_unsupported_moe_family_is_an_error(monkeypatch):
         quantize_(model)
 
 
-@pytest.mark.parametrize("arch", ["Qwen3Moe", "Mixtral"])
+@pytest.mark.parametrize("arch", ["Qwen3Moe", "Mixtral", "DeepseekV3", "DeepseekV32"])
 def test_fused_routers_match_transformers(device, arch, monkeypatch):
     """fuse_routers (moe_topk in the router's forward; unfuse_experts calls it) returns transformers' logits,
     weights (dtype included) and indices; parameters and state_dict stay; a transformers before 5.17 (whose routers
     returned probabilities as logits) is left alone."""
     from llmkernels.hf import moe
     from llmkernels.hf.moe import fuse_routers
-    model = _model(arch).to(device)
+    deepseek = arch.startswith("Deepseek")
+    model = _model(arch, **(dict(n_group=2, topk_group=1) if deepseek else {})).to(device)  # groups of 2 experts
     router = model.model.layers[0].mlp.gate
+    if deepseek:
+        router.e_score_correction_bias.normal_(0, 0.1)
     h = torch.randn(7, BASE["hidden_size"], device=device, dtype=DTYPE)
     with torch.no_grad():
         ref = router(h)
@@ -219,8 +238,9 @@ def test_fused_routers_match_transformers(device, arch, monkeypatch):
         assert fuse_routers(model) == BASE["num_hidden_layers"] and fuse_routers(model) == 0
         out = router(h)
     assert type(router).__name__.startswith("Fused") and list(model.state_dict()) == keys
-    assert torch.equal(out[0], ref[0]) and torch.equal(out[2], ref[2]) and out[1].dtype == ref[1].dtype
-    torch.testing.assert_close(out[1].float(), ref[1].float(), rtol=ROUND, atol=0)  # fp32 weights, then dtype
+    (w, i), (rw, ri) = ((r[1].gather(1, r[2].argsort(-1)), r[2].sort(-1).values) for r in (out, ref))  # DeepSeek's
+    assert torch.equal(out[0], ref[0]) and torch.equal(i, ri) and w.dtype == rw.dtype  # top-k is unsorted: as sets
+    torch.testing.assert_close(w.float(), rw.float(), rtol=ROUND, atol=0)  # fp32 weights (Qwen's then in DTYPE)
     monkeypatch.setattr(moe, "ROUTER_LOGITS_SINCE", (99, 0))  # an older transformers
     assert fuse_routers(_model(arch)) == 0
 

@@ -1,6 +1,6 @@
-"""moe_topk (ops/moe_topk): a router's softmax, top-k and renormalisation against the fp32 reference (torch's
-softmax and topk); ties, NaN rows, strides, errors, torch.compile / opcheck; CUDA-graph replay on the GPU. The fused
-routers of hf.moe are tested in test_hf_moe.py."""
+"""moe_topk (ops/moe_topk): a router's softmax / top-k / renormalisation and DeepSeek-V3's grouped sigmoid routing
+against the fp32 reference (torch's ops, as transformers' routers run them); ties, NaN rows, strides, errors,
+torch.compile / opcheck; CUDA-graph replay on the GPU. The fused routers of hf.moe are tested in test_hf_moe.py."""
 import pytest
 import torch
 
@@ -65,11 +65,63 @@ def test_empty_and_errors(device):
         moe_topk(x, 2, renormalize=1)
 
 
+def _sets(w, i):  # DeepSeek's top-k is unsorted: compare (index, weight) sets
+    order = i.argsort(dim=-1)
+    return w.gather(1, order), i.gather(1, order)
+
+
+@pytest.mark.parametrize("T, E, k, n_group, topk_group, renormalize, bias, scale", [
+    (3, 256, 8, 8, 4, True, True, 2.5), (2, 160, 8, 8, 3, True, True, 1.5), (4, 64, 6, 1, 1, True, True, 1.0),
+    (5, 12, 3, 3, 2, False, False, 1.0), (1, 384, 8, 1, 1, True, True, 2.827)])
+def test_sigmoid_grouped_matches_reference(device, T, E, k, n_group, topk_group, renormalize, bias, scale):
+    """DeepSeek-V3 / GLM routing: random logits and biases (fp32 on both sides: a near-tie within ~1e-7 is
+    improbable), groups of a size that is not a power of 2 (160 / 8), no groups, no bias."""
+    x = torch.randn(T, E, device=device)
+    b = torch.randn(E, device=device) * 0.1 if bias else None
+    w, i = moe_topk(x, k, renormalize, scoring="sigmoid", bias=b, n_group=n_group, topk_group=topk_group,
+                    scale=scale)
+    (w, i), (rw, ri) = _sets(w, i), _sets(*moe_topk_ref(x, k, renormalize, "sigmoid", b, n_group, topk_group, scale))
+    assert torch.equal(i, ri)
+    torch.testing.assert_close(w, rw, rtol=1e-5, atol=1e-7)
+    if n_group > 1:  # every choice from topk_group groups
+        assert max(len(set(row)) for row in (i // (E // n_group)).tolist()) <= topk_group
+    x[0, 1] = float("nan")
+    w, i = moe_topk(x, k, renormalize, scoring="sigmoid", bias=b, n_group=n_group, topk_group=topk_group)
+    assert torch.isnan(w[0]).all() and i[0].tolist() == list(range(k))
+
+
+def test_sigmoid_errors(device):
+    x = torch.randn(2, 64, device=device)
+    with pytest.raises(ValueError, match="go with scoring='sigmoid'"):
+        moe_topk(x, 4, bias=torch.zeros(64, device=device))
+    with pytest.raises(ValueError, match="scoring"):
+        moe_topk(x, 4, scoring="relu")
+    with pytest.raises(ValueError, match="n_group must divide"):
+        moe_topk(x, 4, scoring="sigmoid", n_group=3)
+    with pytest.raises(ValueError, match="topk_group must be <= 4"):
+        moe_topk(x, 4, scoring="sigmoid", n_group=4, topk_group=5)
+    with pytest.raises(ValueError, match="k must be <= 16"):
+        moe_topk(x, 17, scoring="sigmoid", n_group=8, topk_group=2)
+    with pytest.raises(ValueError, match="at least 2 experts"):
+        moe_topk(x, 4, scoring="sigmoid", n_group=64, topk_group=4)
+    with pytest.raises(ValueError, match="bias must have one value per expert"):
+        moe_topk(x, 4, scoring="sigmoid", bias=torch.zeros(63, device=device))
+    with pytest.raises(TypeError, match="bias"):
+        moe_topk(x, 4, scoring="sigmoid", bias=torch.zeros(64, device=device, dtype=torch.long))
+    with pytest.raises(ValueError, match="scale must be finite"):
+        moe_topk(x, 4, scale=float("nan"))
+
+
 def test_compile_and_opcheck(device):
     x = _logits(3, 32, torch.float16, device)
     f = torch.compile(lambda x: moe_topk(x, 4), fullgraph=True, backend="aot_eager")
     assert torch.equal(f(x)[1], moe_topk_ref(x, 4)[1])
-    torch.library.opcheck(torch.ops.llmkernels.moe_topk.default, (x, 4, True))
+    torch.library.opcheck(torch.ops.llmkernels.moe_topk.default, (x, 4, True, "softmax", None, 1, 1, 1.0))
+    b = torch.randn(32, device=device)
+    torch.library.opcheck(torch.ops.llmkernels.moe_topk.default, (x, 4, True, "sigmoid", b, 4, 2, 2.5))
+    g = torch.compile(lambda x, b: moe_topk(x, 4, scoring="sigmoid", bias=b, n_group=4, topk_group=2),
+                      fullgraph=True, backend="aot_eager")
+    assert torch.equal(_sets(*g(x, b))[1], _sets(*moe_topk_ref(x, 4, True, "sigmoid", b, 4, 2))[1])
 
 
 @pytest.mark.gpu

@@ -13,6 +13,7 @@ from typing import Dict, Tuple
 import torch
 
 from ..ops.moe_topk import moe_topk
+from ..ops.moe_topk.op import MAX_EXPERTS, MAX_K
 from ..ops.nvfp4.moe import nvfp4_moe
 from ..ops.nvfp4.op import NVFP4Linear
 
@@ -201,25 +202,47 @@ def _softmax_router_forward(self, hidden_states):
     return logits, weights.to(logits.dtype) if hasattr(self, "norm_topk_prob") else weights, indices
 
 
-_ROUTERS = ("Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter", "MixtralTopKRouter")  # softmax, top-k, renormalise
+def _sigmoid_router_forward(self, hidden_states):
+    """transformers' (>= 5.17) DeepSeek-V3 / V3.2, GLM-4-MoE and GLM-5 router forward (fp32 logits) with moe_topk in
+    place of its sigmoid, group-limited choice, gather, renormalisation and scaling (about 15 kernels)."""
+    logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim).float(), self.weight.float())
+    weights, indices = moe_topk(logits, self.top_k, self.norm_topk_prob, scoring="sigmoid",
+                                bias=self.e_score_correction_bias, n_group=self.num_group, topk_group=self.topk_group,
+                                scale=float(self.routed_scaling_factor))
+    return logits, weights, indices
+
+
+# router class -> the forward that replaces it (transformers >= 5.17: these routers return (logits, weights, indices))
+_ROUTERS = {"Qwen2MoeTopKRouter": _softmax_router_forward, "Qwen3MoeTopKRouter": _softmax_router_forward,
+            "MixtralTopKRouter": _softmax_router_forward, "DeepseekV3TopkRouter": _sigmoid_router_forward,
+            "DeepseekV32TopkRouter": _sigmoid_router_forward, "Glm4MoeTopkRouter": _sigmoid_router_forward,
+            "GlmMoeDsaTopkRouter": _sigmoid_router_forward}
 _FUSED: Dict[type, type] = {}
 ROUTER_LOGITS_SINCE = (5, 17)  # transformers versions whose routers return (logits, weights, indices) as above
 
 
+def _fusable(router) -> bool:
+    """moe_topk's limits (experts, k, groups) hold for this router."""
+    E, k = router.weight.shape[0], router.top_k
+    groups, chosen = getattr(router, "num_group", 1), getattr(router, "topk_group", 1)
+    return (E <= MAX_EXPERTS and 1 <= k <= MAX_K and E % groups == 0 and 1 <= chosen <= groups
+            and (groups == 1 or E // groups >= 2) and k <= chosen * (E // groups))
+
+
 def fuse_routers(model) -> int:
-    """Give every softmax top-k router of model (_ROUTERS) the moe_topk forward (one launch for torch's softmax,
-    top-k and sort; the same choices and weights), by switching its class to a subclass; the parameters and the
-    state_dict stay. transformers before 5.17 returned its routers' probabilities as the logits: left as they are.
-    Returns how many routers were switched."""
+    """Give every router of model that _ROUTERS knows the moe_topk forward (one launch for torch's softmax / sigmoid,
+    group choice, top-k and sort; the same choices and weights), by switching its class to a subclass; parameters
+    and state_dict stay. transformers before 5.17 returned its routers' probabilities as the logits: left as they
+    are, as are routers past moe_topk's limits. Returns how many routers were switched."""
     import transformers
     if tuple(int(v) for v in transformers.__version__.split(".")[:2]) < ROUTER_LOGITS_SINCE:
         return 0
     n = 0
     for m in model.modules():
         cls = type(m)
-        if cls.__name__ in _ROUTERS and cls not in _FUSED.values():
+        if cls.__name__ in _ROUTERS and cls not in _FUSED.values() and _fusable(m):
             if cls not in _FUSED:
-                _FUSED[cls] = type("Fused" + cls.__name__, (cls,), {"forward": _softmax_router_forward})
+                _FUSED[cls] = type("Fused" + cls.__name__, (cls,), {"forward": _ROUTERS[cls.__name__]})
             m.__class__ = _FUSED[cls]
             n += 1
     return n
