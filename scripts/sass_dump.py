@@ -66,7 +66,7 @@ def e(*shape, dtype=torch.float16):
 
 # --- configurations: name -> function that makes the launches ---------------------------------------------------
 
-def masked_decode(B, Hkv, Hq, L, D, dtype, drop=False, lens=False, listed=False):
+def masked_decode(B, Hkv, Hq, L, D, dtype, drop=False, lens=False, listed=False, config=None):
     def go():
         q, k, v = e(B, Hq, D, dtype=dtype), e(B, Hkv, L, D, dtype=dtype), e(B, Hkv, L, D, dtype=dtype)
         mask = torch.zeros(B, Hkv, L, dtype=torch.bool) if drop else None
@@ -74,7 +74,7 @@ def masked_decode(B, Hkv, Hq, L, D, dtype, drop=False, lens=False, listed=False)
         kept = (torch.zeros(B, Hkv, L, dtype=torch.int32), torch.zeros(B, Hkv, dtype=torch.int32), L - 7) \
             if listed else None
         MD.masked_decode_fwd(q, k, v, mask, kl, L, D ** -0.5, e(B, Hq, D, dtype=dtype), e(B, Hq, dtype=torch.float32),
-                             kept=kept)
+                             config=config, kept=kept)
     return go
 
 
@@ -230,6 +230,8 @@ CONFIGS = {
     "masked_decode dense bf16 D256 G1": masked_decode(2, 4, 4, 2048, 256, bf16, lens=True),
     "masked_decode listed bf16 D128 G4": masked_decode(8, 8, 32, 4096, 128, bf16, listed=True),
     "masked_decode listed+lens fp16 D64 G8": masked_decode(2, 2, 16, 1000, 64, f16, lens=True, listed=True),
+    "masked_decode listed bf16 D128 G4 entries in the loop": masked_decode(8, 8, 32, 4096, 128, bf16, listed=True,
+                                                                           config={"list_ahead": False}),
     "combine fp32 parts S40 D128 bf16": combine(64, 40, 128, bf16),
     "combine fp32 parts S300 D512 fp16": combine(16, 300, 512, f16),
     "xl nhd fp16 D128 bs16 MHA": xl("nhd"),

@@ -283,9 +283,11 @@ def test_kept_lists_match_the_mask(device, B, Hkv, G, L, D, L0):
         assert rel_err(o, mo) <= OUT_TOL[torch.float16] and rel_err(lse, ml) <= LSE_TOL
 
 
-def test_kept_lists_garbage_entries_are_skipped(device):
+@pytest.mark.parametrize("config", [None, {"list_ahead": False}])
+def test_kept_lists_garbage_entries_are_skipped(device, config):
     """Entries outside [0, min(dense_from, kv_len)), counts outside [0, M] and repeats follow the documented rules
-    (the reference's), NaN-poisoned outputs fully written; an empty row gives out 0, lse -inf."""
+    (the reference's), NaN-poisoned outputs fully written; an empty row gives out 0, lse -inf. Both ways of loading
+    a tile's entries (one iteration ahead, the default; in the iteration)."""
     B, Hkv, G, L, D = 2, 2, 4, 90, 64
     x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device)
     M = 40
@@ -297,7 +299,7 @@ def test_kept_lists_garbage_entries_are_skipped(device):
         lse = torch.full((B, Hkv * G), float("nan"), device=device)
         masked_decode_fwd(x["q"], x["k"], x["v"], None, None if kv_len is None else
                           torch.full((B,), kv_len, dtype=torch.int32, device=device), L, D ** -0.5, out, lse,
-                          kept=(idx, n, dense_from))
+                          config=config, kept=(idx, n, dense_from))
         ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], None, kv_len, None, idx, n, dense_from)
         assert rel_err(out, ro) <= OUT_TOL[torch.float16] and rel_err(lse, rl) <= LSE_TOL
     o, lse = masked_decode(x["q"], x["k"], x["v"], kept_idx=idx, kept_len=n, dense_from=L)
