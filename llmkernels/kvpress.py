@@ -240,8 +240,8 @@ class GrowingCache(DynamicCache):
 
 def _graph_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """PressDecoder's decode attention: masked_decode over the first llmk_kv_len positions of its fixed cache, with
-    the layer's kept lists (module._llmk_kept, from the press's prefill) where it has them."""
-    k = getattr(module, "_llmk_kept", None)
+    the layer's kept lists (module._llmk_decoder_kept, from the press's prefill) where it has them."""
+    k = getattr(module, "_llmk_decoder_kept", None)
     kw = dict(kept_idx=k[1], kept_len=k[2], dense_from=k[3]) if k is not None else {}
     out, _ = masked_decode(query, key, value, kv_len=kwargs["llmk_kv_len"], sm_scale=scaling, **kw)
     return out.transpose(1, 2), None
@@ -283,7 +283,8 @@ class PressDecoder:
     attention_mask from each sequence's count of real tokens, as generate's do (its prefill passes position_ids
     = attention_mask.cumsum(-1) - 1). compact: each (sequence, KV head)'s kept prompt tokens are moved to the front
     of its row and the buffers hold only as many as the row that keeps most (memory: that width, not the prompt's,
-    plus max_new_tokens; the kernel then reads contiguous rows); `length` counts cache positions (that width).
+    plus max_new_tokens; masked_decode then reads each row's kept prefix as contiguous tiles, with no list);
+    `length` counts cache positions (that width).
     The prefill's cache is copied: delete it afterwards to free its memory."""
 
     def __init__(self, model, cache, first: torch.Tensor, max_new_tokens: int, attention_mask=None,
@@ -312,7 +313,7 @@ class PressDecoder:
         for i in range(len(layers)):  # each layer's kept lists (None: nothing dropped)
             a = attns[i]
             idx = getattr(a, "masked_key_indices", None)
-            a.__dict__.pop("_llmk_kept", None)
+            a.__dict__.pop("_llmk_decoder_kept", None)
             drop = _dropped(idx, pad, B, H, T, dev)
             lists.append((idx, *kept_lists(drop)) if drop is not None else None)
         # compact: every row's kept tokens moved to its front, the buffers as wide as the longest row of any layer
@@ -324,12 +325,11 @@ class PressDecoder:
             if compact and k is not None:
                 g = k[1][..., :width].long()[..., None].expand(B, H, width, D)
                 kb[:, :, :width], vb[:, :, :width] = la.keys.gather(2, g), la.values.gather(2, g)
-                front = torch.arange(width, dtype=torch.int32, device=dev).expand(B, H, width).contiguous()
-                a._llmk_kept = (k[0], front, k[2], width)  # entries past a row's count: skipped
+                a._llmk_decoder_kept = (k[0], None, k[2], width)  # each row's first k[2]: a prefix, no list
             else:
                 kb[:, :, :T], vb[:, :, :T] = la.keys, la.values
                 if k is not None:
-                    a._llmk_kept = (*k, T)
+                    a._llmk_decoder_kept = (*k, T)
             fixed.append(_FixedLayer(kb, vb))
         self.cache = DynamicCache()
         self.cache.layers = fixed

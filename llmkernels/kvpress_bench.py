@@ -11,8 +11,9 @@ each row's kept tokens moved to its front: buffers as wide as the longest row; `
 `no-press` (the same decoder with nothing dropped), `llmkernels-eager` (masked_decode_attention's eager steps on
 a GrowingCache, the lists), `kvpress` (kvpress 0.5.5's fake keys, SDPA, transformers' DynamicCache, eager: its path
 cannot be captured) and `transformers` (no press, SDPA, DynamicCache, eager). Records op "kvpress_decode" with
-"timing" graph or eager; each also carries attn_ms, one layer's decode attention on the same cache alone (the kept
-lists, or none for no-press; attn_mask_ms: the same tokens as a drop mask).
+"timing" graph or eager; each also carries attn_ms, one layer's decode attention on the same cache alone, replayed
+from a CUDA graph (the kept lists; compact: each row's kept prefix of the compacted cache; none for no-press;
+attn_mask_ms: the same tokens as a drop mask).
 """
 import argparse
 import datetime
@@ -23,7 +24,7 @@ import time
 import torch
 import triton
 
-from .bench.harness import median_ms
+from .bench.harness import _graph_time_ms, median_ms
 
 LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=500000.0,
@@ -56,11 +57,17 @@ def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=pr
     attns[0].masked_key_indices = indices[0]
     kl = kept(attns[0], k)  # one layer's attention alone: the lists, the same tokens as a mask, nothing dropped
     dm = drop_mask(attns[0], k)
-    attn["llmkernels"] = median_ms(lambda: masked_decode(q, k, v, kept_idx=kl[0], kept_len=kl[1], dense_from=kl[2]),
-                                   20, device)
-    attn_mask_ms = median_ms(lambda: masked_decode(q, k, v, drop_mask=dm), 20, device)
-    attn["no-press"] = median_ms(lambda: masked_decode(q, k, v), 20, device)
-    attn["llmkernels-eager"] = attn["llmkernels-compact"] = attn["llmkernels"]
+    # one call's GPU time: replayed from a CUDA graph (an eager call's events would also hold its host launch)
+    one = (lambda f: _graph_time_ms([f])) if device.type == "cuda" else (lambda f: median_ms(f, 20, device))
+    attn["llmkernels"] = one(lambda: masked_decode(q, k, v, kept_idx=kl[0], kept_len=kl[1], dense_from=kl[2]))
+    attn_mask_ms = one(lambda: masked_decode(q, k, v, drop_mask=dm))
+    attn["no-press"] = one(lambda: masked_decode(q, k, v))
+    width = int(kl[1].max())  # compact: each row's kept tokens at its front, read as a prefix (no list)
+    g = kl[0][..., :width].long()[..., None].expand(*k.shape[:2], width, k.shape[-1])
+    kc, vc = k.gather(2, g), v.gather(2, g)
+    attn["llmkernels-compact"] = one(lambda: masked_decode(q, kc, vc, kept_len=kl[1], dense_from=width))
+    g = kc = vc = None  # (the timed lambda is done with them)
+    attn["llmkernels-eager"] = attn["llmkernels"]
     kept_frac = 1.0 - float(dm.float().mean())
     for impl in ("llmkernels", "llmkernels-compact", "no-press"):  # fixed buffers first: the eager impls' copy after
         for a, idx in zip(attns, indices):

@@ -71,8 +71,8 @@ def masked_decode(B, Hkv, Hq, L, D, dtype, drop=False, lens=False, listed=False,
         q, k, v = e(B, Hq, D, dtype=dtype), e(B, Hkv, L, D, dtype=dtype), e(B, Hkv, L, D, dtype=dtype)
         mask = torch.zeros(B, Hkv, L, dtype=torch.bool) if drop else None
         kl = torch.zeros(B, dtype=torch.int32) if lens else None
-        kept = (torch.zeros(B, Hkv, L, dtype=torch.int32), torch.zeros(B, Hkv, dtype=torch.int32), L - 7) \
-            if listed else None
+        kept = (torch.zeros(B, Hkv, L, dtype=torch.int32) if listed != "prefix" else None,
+                torch.zeros(B, Hkv, dtype=torch.int32), L - 7) if listed else None
         MD.masked_decode_fwd(q, k, v, mask, kl, L, D ** -0.5, e(B, Hq, D, dtype=dtype), e(B, Hq, dtype=torch.float32),
                              config=config, kept=kept)
     return go
@@ -230,6 +230,7 @@ CONFIGS = {
     "masked_decode dense bf16 D256 G1": masked_decode(2, 4, 4, 2048, 256, bf16, lens=True),
     "masked_decode listed bf16 D128 G4": masked_decode(8, 8, 32, 4096, 128, bf16, listed=True),
     "masked_decode listed+lens fp16 D64 G8": masked_decode(2, 2, 16, 1000, 64, f16, lens=True, listed=True),
+    "masked_decode prefix bf16 D128 G4": masked_decode(8, 8, 32, 4096, 128, bf16, listed="prefix"),
     "masked_decode listed bf16 D128 G4 entries in the loop": masked_decode(8, 8, 32, 4096, 128, bf16, listed=True,
                                                                            config={"list_ahead": False}),
     "combine fp32 parts S40 D128 bf16": combine(64, 40, 128, bf16),

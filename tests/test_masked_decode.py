@@ -325,6 +325,33 @@ def test_kept_lists_nan_and_strided(device):
     assert rel_err(rest, torch.cat([ro[0, :G], ro[1]])) <= OUT_TOL[torch.float16]
 
 
+@pytest.mark.parametrize("config", [None, {"block_n": 32, "waves": 16}])
+def test_kept_prefix_matches_lists(device, config):
+    """kept_len without kept_idx (a compacted cache: each row's kept tokens at its front) = the lists 0 .. n - 1, and
+    the reference; counts below 0 or past dense_from, kv_len below dense_from, NaN-poisoned outputs fully written,
+    an empty row out 0 / lse -inf; NaN in a row's prefix makes it NaN, past its count changes nothing."""
+    B, Hkv, G, L, D, W = 2, 3, 4, 150, 64, 100
+    x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device)
+    n = torch.tensor([[37, 0, W + 50], [-4, 100, 64]], dtype=torch.int32, device=device)
+    x["k"][1, 1, 20] = float("nan")  # in row (1, 1)'s prefix
+    x["k"][1, 2, 80] = float("nan")  # past row (1, 2)'s 64 (and below dense_from): skipped
+    front = torch.arange(W, dtype=torch.int32, device=device).expand(B, Hkv, W).contiguous()
+    for lens in (None, torch.tensor([L - 3, 50], dtype=torch.int32, device=device)):
+        out = torch.full((B, Hkv * G, D), float("nan"), dtype=torch.float16, device=device)
+        lse = torch.full((B, Hkv * G), float("nan"), device=device)
+        masked_decode_fwd(x["q"], x["k"], x["v"], None, lens, L, D ** -0.5, out, lse, config=config,
+                          kept=(None, n, W))
+        lo, ll = masked_decode(x["q"], x["k"], x["v"], kv_len=lens, kept_idx=front, kept_len=n, dense_from=W)
+        ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], None, lens, None, None, n, W)
+        rows = torch.ones(B, Hkv * G, dtype=torch.bool, device=device)
+        rows[1, G:2 * G] = False  # (1, 1): NaN
+        assert out[1, G:2 * G].isnan().all() and not out[rows].isnan().any()
+        assert rel_err(out[rows], ro[rows]) <= OUT_TOL[torch.float16] and rel_err(out[rows], lo[rows]) <= 1e-3
+        assert rel_err(lse[rows], rl[rows]) <= LSE_TOL
+    o, lse = masked_decode(x["q"], x["k"], x["v"], kv_len=50, kept_len=n, dense_from=W)  # (1, 0): nothing kept
+    assert torch.all(o[1, :G] == 0) and torch.all(lse[1, :G] == -math.inf)
+
+
 def test_kept_lists_compile_and_opcheck(device):
     x = make_inputs(2, 2, 4, 40, 64, torch.float16, device, kept=0.5)
     idx, n = kept_lists(x["drop"][:, :, :30].contiguous())
@@ -339,6 +366,9 @@ def test_kept_lists_compile_and_opcheck(device):
     torch.library.opcheck(torch.ops.llmkernels.masked_decode.default,
                           (x["q"], x["k"], x["v"], None, None, 40, 0.125, idx, n, 30),
                           test_utils=("test_schema", "test_faketensor"))
+    pre = torch.compile(lambda q, k, v, c: masked_decode(q, k, v, kept_len=c, dense_from=30), fullgraph=True,
+                        backend="aot_eager")(x["q"], x["k"], x["v"], n)  # a prefix (no kept_idx)
+    assert torch.equal(pre[0], masked_decode(x["q"], x["k"], x["v"], kept_len=n, dense_from=30)[0])
 
 
 # ---- bad inputs: each must raise a clear error naming the argument ----
@@ -371,7 +401,8 @@ BAD = [
     ("kept lists and mask", lambda x: dict(kept_idx=kept_lists(x["drop"])[0], kept_len=kept_lists(x["drop"])[1]),
      ValueError, "not both"),
     ("kept_idx alone", lambda x: dict(drop_mask=None, kept_idx=kept_lists(x["drop"])[0]), ValueError,
-     "go together"),
+     "kept_idx needs kept_len"),
+    ("prefix and mask", lambda x: dict(kept_len=kept_lists(x["drop"])[1]), ValueError, "not both"),
     ("dense_from alone", lambda x: dict(dense_from=3), ValueError, "dense_from goes with"),
     ("kept_idx dtype", lambda x: dict(drop_mask=None, kept_idx=kept_lists(x["drop"])[0].long(),
                                       kept_len=kept_lists(x["drop"])[1]), TypeError, "kept_idx must have dtype"),
@@ -470,7 +501,8 @@ def test_gpu_cuda_graph():
 @pytest.mark.parametrize("G,D", [(1, 64), (4, 128), (8, 256)])
 def test_gpu_kept_lists(dtype, G, D):
     """Lists of an AdaKV-like mask (per-head kept fractions 0.1-0.9) at 30K, new tokens past dense_from, equal to
-    the mask; NaN-poisoned outputs; a CUDA graph replayed with new lists and counts (read on the device)."""
+    the mask; NaN-poisoned outputs; a CUDA graph replayed with new lists and counts (read on the device); the kept
+    tokens compacted, read as a prefix."""
     B, Hkv, L, L0 = 2, 4, 30001, 29000
     x = make_inputs(B, Hkv, Hkv * G, L, D, dtype, torch.device("cuda"), cache_len=32768)
     frac = torch.rand(B, Hkv, 1, device="cuda") * 0.8 + 0.1
@@ -493,6 +525,13 @@ def test_gpu_kept_lists(dtype, G, D):
     n.copy_(n2)
     g.replay()
     ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], drop)
+    assert rel_err(o, ro) <= OUT_TOL[dtype] and rel_err(lse, rl) <= LSE_TOL
+    # the same tokens compacted (each row's kept ones at its front, as PressDecoder(compact=True)): a prefix
+    width = int(n.max())
+    gi = idx[..., :width].long()[..., None].expand(B, Hkv, width, D)
+    kc = torch.cat([x["k"].gather(2, gi), x["k"][:, :, L0:]], dim=2)
+    vc = torch.cat([x["v"].gather(2, gi), x["v"][:, :, L0:]], dim=2)
+    o, lse = masked_decode(x["q"], kc, vc, kept_len=n, dense_from=width)
     assert rel_err(o, ro) <= OUT_TOL[dtype] and rel_err(lse, rl) <= LSE_TOL
 
 

@@ -326,6 +326,8 @@ def kvpress_table(records: list[dict]) -> str:
         ms = lambda r: f"{r['ms']:.2f}" + (" (graph)" if r.get("timing") == "graph" else "") if r else "-"  # noqa
         up = f"{n['ms'] / o['ms']:.2f}x / {k['ms'] / o['ms']:.2f}x" if o and n and k else "-"
         att = f"{o['attn_ms'] / n['attn_ms']:.2f} ({o['kept']:.2f})" if o and n and n.get("attn_ms") else "-"
+        if att != "-" and c and c.get("attn_ms") and c["attn_ms"] != o["attn_ms"]:  # compact: the kept prefix
+            att += f"; compact {c['attn_ms'] / n['attn_ms']:.2f}"
         lines.append(f"| {model} | {press} | {ctx} | {b} | {ratio} | {ms(o)} | {cm} | {ms(n)} | {ms(e)} | {ms(k)} | "
                      f"{ms(t)} | {up} | {att} |")
     return "\n".join(lines)

@@ -16,11 +16,13 @@ from ..combine.kernel import SplitParts, merge_if_last, softmax_step
 @triton.jit
 def _attend(q, k_base, v_base, m_base, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
             BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DROP: tl.constexpr,
-            n_list=0, dense_from=0, length=0, INDEXED: tl.constexpr = False, LIST_AHEAD: tl.constexpr = True):
+            n_list=0, dense_from=0, length=0, INDEXED: tl.constexpr = False, LIST_AHEAD: tl.constexpr = True,
+            PREFIX: tl.constexpr = False):
     """Online softmax of the G query rows over the kept tokens of the tiles at lo, lo + step, ... below hi:
     (running max, sum, unnormalised out). INDEXED: the tiles run over a row of n_list listed positions (m_base, the
     list; those outside [0, min(dense_from, length)) skipped) followed by the positions dense_from .. length - 1;
-    LIST_AHEAD: a tile's list entries loaded one iteration ahead (else in the iteration, left to the pipeliner)."""
+    LIST_AHEAD: a tile's list entries loaded one iteration ahead (else in the iteration, left to the pipeliner);
+    PREFIX: the list is 0 .. n_list - 1 (a compacted row: contiguous tiles, no list read)."""
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, BLOCK_N)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -30,7 +32,7 @@ def _attend(q, k_base, v_base, m_base, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
         nxt = tl.load(m_base + (lo + offs_n) * s_ml, mask=lo + offs_n < hi, other=1)
     if INDEXED:  # likewise the next tile's listed positions
         lim = tl.minimum(dense_from, length)
-        if LIST_AHEAD:
+        if LIST_AHEAD and not PREFIX:
             nxt = tl.load(m_base + (lo + offs_n) * s_ml, mask=lo + offs_n < n_list, other=-1)
     for n0 in tl.range(lo, hi, step):
         offs = n0 + offs_n
@@ -40,13 +42,15 @@ def _attend(q, k_base, v_base, m_base, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
             nxt = tl.load(m_base + (offs + step) * s_ml, mask=offs + step < hi, other=1)
         if INDEXED:
             listed = offs < n_list
-            if LIST_AHEAD:
+            if PREFIX:
+                ent = offs
+            elif LIST_AHEAD:
                 ent = nxt
             else:
                 ent = tl.load(m_base + offs * s_ml, mask=listed, other=-1)
             pos = tl.where(listed, ent, dense_from + (offs - n_list))
             keep = keep & tl.where(listed, (pos >= 0) & (pos < lim), pos < length)
-            if LIST_AHEAD:
+            if LIST_AHEAD and not PREFIX:
                 nxt = tl.load(m_base + (offs + step) * s_ml, mask=offs + step < n_list, other=-1)
             offs = pos
         # dropped rows are never fetched: the predicated load issues no memory traffic for them
@@ -63,7 +67,8 @@ def _attend(q, k_base, v_base, m_base, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
 def row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, hi, step, qk_scale,
              s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
              G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DROP: tl.constexpr,
-             n_list=0, dense_from=0, length=0, INDEXED: tl.constexpr = False, LIST_AHEAD: tl.constexpr = True):
+             n_list=0, dense_from=0, length=0, INDEXED: tl.constexpr = False, LIST_AHEAD: tl.constexpr = True,
+             PREFIX: tl.constexpr = False):
     """The G query heads of kv head h of sequence b (row r) over the tiles lo, lo + step, ... below hi: stores the
     part in slot `split` (normalised out; lse, -inf if nothing was kept). INDEXED: drop_ptr holds the lists (see
     _attend)."""
@@ -73,7 +78,7 @@ def row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, 
                 mask=(offs_g < G)[:, None], other=0.0)
     m_i, l_i, acc = _attend(q, k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh,
                             drop_ptr + b * s_mb + h * s_mh, s_kl, s_vl, s_ml, lo, hi, step, qk_scale,
-                            BLOCK_G, D, BLOCK_N, HAS_DROP, n_list, dense_from, length, INDEXED, LIST_AHEAD)
+                            BLOCK_G, D, BLOCK_N, HAS_DROP, n_list, dense_from, length, INDEXED, LIST_AHEAD, PREFIX)
     # l == 0 only when nothing was kept; a NaN logit makes l NaN, and NaN flows into out and lse (not "empty")
     o = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]
     lse = tl.where(l_i == 0, float("-inf"), (m_i + tl.log2(l_i)) * LN2_C)
@@ -91,6 +96,7 @@ def _masked_decode_split_kernel(
     HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr,
     FUSED: tl.constexpr = False, MB_S: tl.constexpr = 1, MB_D: tl.constexpr = 1, MB_ONE: tl.constexpr = True,
     TRIGGER: tl.constexpr = True, INDEXED: tl.constexpr = False, LIST_AHEAD: tl.constexpr = True,
+    PREFIX: tl.constexpr = False,
 ):
     """Grid (splits, B * Hkv): program (s, b * Hkv + h) attends the G query heads of kv head h of sequence b to
     tiles s, s + S, ... of the row (INTERLEAVE; S splits) or to tokens [s * chunk, (s + 1) * chunk), and stores
@@ -123,7 +129,7 @@ def _masked_decode_split_kernel(
         step = BLOCK_N
     row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, hi, step, qk_scale,
              s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
-             G, BLOCK_G, D, BLOCK_N, HAS_DROP, n_list, dense_from, length, INDEXED, LIST_AHEAD)
+             G, BLOCK_G, D, BLOCK_N, HAS_DROP, n_list, dense_from, length, INDEXED, LIST_AHEAD, PREFIX)
     if FUSED:
         merge_if_last(cnt_ptr, r, o_ptr, lse_ptr, out_ptr, lse_out_ptr, r * G, tl.num_programs(0), D, s_os, s_or,
                       s_lr, G, MB_S, MB_D, MB_ONE)
@@ -186,11 +192,13 @@ class DecodePlan:
         block_n = cfg.block_n if D <= 128 else cfg.block_n // 2  # same tile bytes at D=256
         span = L if kv_lens is not None else kv_len
         if listed is not None:  # a row: at most M listed positions, then those from dense_from on
-            span = listed[0].shape[2] + max(span - listed[1], 0)
+            M = listed[0].shape[2] if listed[0] is not None else listed[1]  # a prefix list: at most dense_from
+            span = M + max(span - listed[1], 0)
         splits, chunk = _plan(B, Hkv, span, q.device, cfg.waves)
-        ms = drop_mask.stride() if drop_mask is not None else listed[0].stride() if listed is not None else (0, 0, 0)
+        ms = drop_mask.stride() if drop_mask is not None else \
+            listed[0].stride() if listed is not None and listed[0] is not None else (0, 0, 0)
         if listed is not None:
-            chunk = listed[0].shape[2]  # the lists' length (INDEXED reads `chunk` as it)
+            chunk = M  # the lists' length (INDEXED reads `chunk` as it)
         pdl = pdl_enabled(q.device)
         G = Hq // Hkv
         self.parts = SplitParts(B * Hq, splits, D, B * Hkv, G * splits <= cfg.fuse_merge, q.device)
@@ -200,7 +208,8 @@ class DecodePlan:
         consts = dict(G=G, BLOCK_G=max(16, next_pow2(G)), D=D, BLOCK_N=block_n, HAS_DROP=drop_mask is not None,
                       HAS_LENS=kv_lens is not None, USE_GDC=pdl, INTERLEAVE=cfg.interleave or listed is not None,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                      **({"INDEXED": True, "LIST_AHEAD": cfg.list_ahead} if listed is not None else {}),
+                      **({"INDEXED": True, "LIST_AHEAD": cfg.list_ahead, "PREFIX": listed[0] is None}
+                         if listed is not None else {}),
                       **({"launch_pdl": True} if pdl and cfg.pdl else {}))
         self.split, self.fused = self.parts.launches(_masked_decode_split_kernel, (splits, B * Hkv), consts)
 

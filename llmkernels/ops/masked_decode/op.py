@@ -18,7 +18,7 @@ def _masked_decode_op(
     kv_lens: Optional[torch.Tensor], kv_len: int, sm_scale: float, kept_idx: Optional[torch.Tensor] = None,
     kept_len: Optional[torch.Tensor] = None, dense_from: int = 0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    listed = (kept_idx, dense_from) if kept_idx is not None else None
+    listed = (kept_idx, dense_from) if kept_len is not None else None
     return _run(decode_plan(q, k, v, drop_mask, kv_lens, kv_len, sm_scale, listed), q, k, v, drop_mask, kv_lens,
                 kept_idx, kept_len)
 
@@ -91,19 +91,21 @@ def prepare(q, k, v, drop_mask, kv_len, sm_scale, names=("k", "v")):
 
 
 def prepare_kept(q, k, drop_mask, kept_idx, kept_len, dense_from):
-    """The kept lists' checks: (kept_idx, kept_len contiguous, dense_from int), or None without lists."""
+    """The kept lists' checks: (kept_idx or None (a prefix), kept_len contiguous, dense_from int), or None without
+    lists."""
     if kept_idx is None and kept_len is None:
         if dense_from is not None:
-            raise ValueError("dense_from goes with kept_idx and kept_len")
+            raise ValueError("dense_from goes with kept_len (and kept_idx)")
         return None
-    if kept_idx is None or kept_len is None:
-        raise ValueError("kept_idx and kept_len go together (the lists and their lengths)")
+    if kept_len is None:
+        raise ValueError("kept_idx needs kept_len (how many of each row's entries count)")
     if drop_mask is not None:
         raise ValueError("pass drop_mask or kept_idx / kept_len, not both")
     B, Hkv, L = k.shape[0], k.shape[1], k.shape[2]
-    check_tensor("kept_idx", kept_idx, dtypes=(torch.int32,), ndim=3)
-    if tuple(kept_idx.shape[:2]) != (B, Hkv):
-        raise ValueError(f"kept_idx must be [B={B}, Hkv={Hkv}, M], got shape {tuple(kept_idx.shape)}")
+    if kept_idx is not None:
+        check_tensor("kept_idx", kept_idx, dtypes=(torch.int32,), ndim=3)
+        if tuple(kept_idx.shape[:2]) != (B, Hkv):
+            raise ValueError(f"kept_idx must be [B={B}, Hkv={Hkv}, M], got shape {tuple(kept_idx.shape)}")
     check_tensor("kept_len", kept_len, dtypes=(torch.int32,))
     check_shape("kept_len", kept_len, (B, Hkv), "one count per (sequence, KV head)")
     if dense_from is None:
@@ -144,6 +146,8 @@ def masked_decode(
             in [0, L] (default L): row (b, h) attends to its listed positions below min(dense_from, kv_len) (other
             entries are skipped, never read) and to every position from dense_from up to kv_len (the tokens added
             since the lists were made). A position listed twice counts twice. `kept_lists(drop_mask)` builds them.
+            kept_len without kept_idx: row (b, h) keeps its first kept_len[b, h] positions (below dense_from), as
+            in a cache whose kept tokens were moved to the front of each row: read as contiguous tiles, no list.
     Returns:
         (out, lse): out has q's shape and dtype; lse [B, Hq] fp32 is the natural-log log-sum-exp of the
         scaled logits of the kept tokens. A row with no kept token gets out = 0 and lse = -inf.
@@ -164,7 +168,7 @@ def masked_decode(
     kept = prepare_kept(q, k, drop_mask, kept_idx, kept_len, dense_from)
     ki, kl, df = kept if kept is not None else (None, None, 0)
     if not tracing() and direct_ok(q, k, v, drop_mask, kv_lens, ki, kl):  # the custom op would only run _run
-        listed = (ki, df) if ki is not None else None
+        listed = (ki, df) if kl is not None else None
         plan = _CHECKED.put(key, (decode_plan(q, k, v, drop_mask, kv_lens, kv_len_int, scale, listed), squeeze))[0]
         out, lse = _run(plan, q, k, v, drop_mask, kv_lens, ki, kl)
     else:
