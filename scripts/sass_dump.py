@@ -231,6 +231,8 @@ CONFIGS = {
     "masked_decode listed bf16 D128 G4": masked_decode(8, 8, 32, 4096, 128, bf16, listed=True),
     "masked_decode listed+lens fp16 D64 G8": masked_decode(2, 2, 16, 1000, 64, f16, lens=True, listed=True),
     "masked_decode prefix bf16 D128 G4": masked_decode(8, 8, 32, 4096, 128, bf16, listed="prefix"),
+    "masked_decode prefix bf16 D128 G4 heavy first": masked_decode(8, 8, 32, 4096, 128, bf16, listed="prefix",
+                                                                   config={"heavy_first": True}),
     "masked_decode listed bf16 D128 G4 entries in the loop": masked_decode(8, 8, 32, 4096, 128, bf16, listed=True,
                                                                            config={"list_ahead": False}),
     "combine fp32 parts S40 D128 bf16": combine(64, 40, 128, bf16),

@@ -283,11 +283,11 @@ def test_kept_lists_match_the_mask(device, B, Hkv, G, L, D, L0):
         assert rel_err(o, mo) <= OUT_TOL[torch.float16] and rel_err(lse, ml) <= LSE_TOL
 
 
-@pytest.mark.parametrize("config", [None, {"list_ahead": False}])
+@pytest.mark.parametrize("config", [None, {"list_ahead": False}, {"heavy_first": True}])
 def test_kept_lists_garbage_entries_are_skipped(device, config):
     """Entries outside [0, min(dense_from, kv_len)), counts outside [0, M] and repeats follow the documented rules
     (the reference's), NaN-poisoned outputs fully written; an empty row gives out 0, lse -inf. Both ways of loading
-    a tile's entries (one iteration ahead, the default; in the iteration)."""
+    a tile's entries (one iteration ahead, the default; in the iteration); rows launched longest first."""
     B, Hkv, G, L, D = 2, 2, 4, 90, 64
     x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device)
     M = 40
@@ -325,7 +325,7 @@ def test_kept_lists_nan_and_strided(device):
     assert rel_err(rest, torch.cat([ro[0, :G], ro[1]])) <= OUT_TOL[torch.float16]
 
 
-@pytest.mark.parametrize("config", [None, {"block_n": 32, "waves": 16}])
+@pytest.mark.parametrize("config", [None, {"block_n": 32, "waves": 16}, {"heavy_first": True, "waves": 3}])
 def test_kept_prefix_matches_lists(device, config):
     """kept_len without kept_idx (a compacted cache: each row's kept tokens at its front) = the lists 0 .. n - 1, and
     the reference; counts below 0 or past dense_from, kv_len below dense_from, NaN-poisoned outputs fully written,

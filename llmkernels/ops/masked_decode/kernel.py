@@ -96,17 +96,25 @@ def _masked_decode_split_kernel(
     HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr,
     FUSED: tl.constexpr = False, MB_S: tl.constexpr = 1, MB_D: tl.constexpr = 1, MB_ONE: tl.constexpr = True,
     TRIGGER: tl.constexpr = True, INDEXED: tl.constexpr = False, LIST_AHEAD: tl.constexpr = True,
-    PREFIX: tl.constexpr = False,
+    PREFIX: tl.constexpr = False, HEAVY_FIRST: tl.constexpr = False, BLOCK_R: tl.constexpr = 1,
 ):
     """Grid (splits, B * Hkv): program (s, b * Hkv + h) attends the G query heads of kv head h of sequence b to
     tiles s, s + S, ... of the row (INTERLEAVE; S splits) or to tokens [s * chunk, (s + 1) * chunk), and stores
     that part (normalised out; lse, -inf if empty); with one split, o / lse are out and lse. FUSED: the row's last
     program merges its parts into out_ptr / lse_out_ptr (merge_if_last with counters cnt_ptr; MB_*: its blocks).
     INDEXED (interleaved): the row is its kept list (drop_ptr, klen_ptr[r] entries of at most `chunk`) followed by
-    the positions dense_from .. length - 1; klen_ptr and dense_from are None otherwise."""
+    the positions dense_from .. length - 1; klen_ptr and dense_from are None otherwise. HEAVY_FIRST (INDEXED, rows
+    <= BLOCK_R): grid row i takes the row of the i-th largest count (ties by index), so that the longest rows start
+    first and the short ones fill the tail (a press's per-head budgets differ)."""
     pdl_enter(USE_GDC, TRIGGER)
     split = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
+    if HEAVY_FIRST:
+        rr = tl.arange(0, BLOCK_R)
+        n_all = tl.minimum(tl.maximum(tl.load(klen_ptr + rr, mask=rr < tl.num_programs(1), other=-1), -1), chunk)
+        ahead = (n_all[None, :] > n_all[:, None]) | ((n_all[None, :] == n_all[:, None]) & (rr[None, :] < rr[:, None]))
+        rank = tl.sum(ahead.to(tl.int32), 1)
+        r = tl.sum(tl.where(rank == r, rr, 0), 0).to(tl.int64)
     b = r // Hkv
     h = r % Hkv
     if HAS_LENS:
@@ -154,6 +162,7 @@ class DecodeConfig(KernelConfig):
     interleave: bool = True
     fuse_merge: int = 64
     list_ahead: bool = True  # kept lists: a tile's entries loaded one iteration ahead (else left to the pipeliner)
+    heavy_first: bool = False  # kept lists / prefixes: rows launched longest first (<= 256 rows)
 
 
 CONFIG = DecodeConfig()
@@ -210,6 +219,8 @@ class DecodePlan:
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                       **({"INDEXED": True, "LIST_AHEAD": cfg.list_ahead, "PREFIX": listed[0] is None}
                          if listed is not None else {}),
+                      **({"HEAVY_FIRST": True, "BLOCK_R": next_pow2(B * Hkv)}
+                         if listed is not None and cfg.heavy_first and B * Hkv <= 256 else {}),
                       **({"launch_pdl": True} if pdl and cfg.pdl else {}))
         self.split, self.fused = self.parts.launches(_masked_decode_split_kernel, (splits, B * Hkv), consts)
 
