@@ -109,13 +109,14 @@ def test_gpu_bf16_and_graph_replay(T):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("T, E, H, inter, k, routing", [
     (1, 16, 2048, 768, 8, "random"),  # a Qwen3-30B-A3B layer's shapes, fewer experts
-    (100, 16, 2048, 768, 8, "dropped"),  # past MOE_MAX_T: grouped by expert (both mma settings take that path)
+    (100, 16, 2048, 768, 8, "dropped"),  # past MOE_MAX_T: grouped by expert by default; the pair paths forced
     (5, 6, 768, 512, 3, "dropped"),   # k not a power of 2 (the down kernel's slot warps padded); dropped slots
     (16, 8, 512, 256, 6, "one"),      # all tokens to one expert (twice: repeated indices), the others unused
     (3, 4, 4096, 256, 2, "random"),   # K of 16 iterations
 ])
 def test_gpu_mma_kernels_match_plain_and_reference(dtype, T, E, H, inter, k, routing):
-    """The mma kernels (moe_tiled) against the fp32 reference and the plain kernels (the interpreter's path)."""
+    """The mma kernels (moe_tiled) against the fp32 reference and the plain kernels (the interpreter's path), and the
+    grouped kernels; each path forced at every T (the per-pair ones past MOE_MAX_T too, the grouped one below)."""
     from llmkernels.ops.nvfp4.moe import _flat, _moe
     from llmkernels.ops.nvfp4.spec import MOE_TOL, make_moe_inputs
     x = make_moe_inputs(T, E, H, inter, k, dtype, torch.device("cuda"), plain=True)
@@ -126,9 +127,12 @@ def test_gpu_mma_kernels_match_plain_and_reference(dtype, T, E, H, inter, k, rou
         idx.fill_(E - 1)
     ref = nvfp4_moe_ref(x["x"], idx, x["w"], *x["plain"])
     flat = _flat(x["gate"], x["up"], x["down"])
-    mma, plain = _moe(x["x"], idx, x["w"], *flat, mma=True), _moe(x["x"], idx, x["w"], *flat, mma=False)
+    mma = _moe(x["x"], idx, x["w"], *flat, mma=True, grouped=False)
+    plain = _moe(x["x"], idx, x["w"], *flat, mma=False, grouped=False)
+    grouped = _moe(x["x"], idx, x["w"], *flat, grouped=True)
     assert rel_err(mma, ref) <= MOE_TOL[dtype] and rel_err(plain, ref) <= MOE_TOL[dtype]
+    assert rel_err(grouped, ref) <= MOE_TOL[dtype]
     xs = torch.full((T, H + 8), float("nan"), dtype=dtype, device="cuda")[:, :H]  # a strided view, NaN outside
     xs.copy_(x["x"])
-    assert rel_err(_moe(xs, idx, x["w"], *flat, mma=True), ref) <= MOE_TOL[dtype]
+    assert rel_err(_moe(xs, idx, x["w"], *flat, mma=True, grouped=False), ref) <= MOE_TOL[dtype]
     assert rel_err(nvfp4_moe(xs, idx, x["w"], x["gate"], x["up"], x["down"]), ref) <= MOE_TOL[dtype]

@@ -10,7 +10,8 @@ from ...ops.nvfp4.spec import make_moe_inputs, moe_routing
 
 # name -> (experts, hidden, expert intermediate, active per token)
 MOE_SHAPES = {"qwen3-30b-a3b": (128, 2048, 768, 8), "qwen3-235b-a22b": (128, 4096, 1536, 8)}
-MOE_TOKENS = (1, 4, 16, 256)  # decode sizes; a prefill chunk (grouped by expert)
+MOE_TOKENS = (1, 4, 16, 32, 64, 128, 256)  # decode sizes; mid-size batches (where mma pairs and grouped cross); a
+# prefill chunk
 
 
 def expert_bytes(H: int, I: int) -> int:
@@ -41,10 +42,10 @@ def _ours(x):
     return lambda: nvfp4_moe(x["x"], x["idx"], x["w"], x["gate"], x["up"], x["down"])
 
 
-def _variant(mma: bool):  # the plain-Triton kernels (the interpreter's path) or the mma-fed ones, on the GPU
+def _variant(**path):  # _moe forced onto one path: the plain-Triton pair, the mma pair or the grouped kernels
     def build(x):
         flat = _flat(x["gate"], x["up"], x["down"])
-        return lambda: _moe(x["x"], x["idx"], x["w"], *flat, mma=mma)
+        return lambda: _moe(x["x"], x["idx"], x["w"], *flat, **path)
     return build
 
 
@@ -77,6 +78,8 @@ def _transformers_bf16(x):
 def benches():
     return [OpBench("nvfp4_moe", _cases, [
         Impl("llmkernels", _ours),
-        Impl("llmkernels-plain-triton", _variant(False)),
+        Impl("llmkernels-plain-triton", _variant(mma=False, grouped=False)),
+        Impl("llmkernels-mma", _variant(mma=True, grouped=False)),  # one program group a pair, at any T
+        Impl("llmkernels-grouped", _variant(grouped=True)),  # sorted by expert, at any T
         Impl("transformers-bf16-grouped-mm", _transformers_bf16, _transformers_available),
     ])]

@@ -98,9 +98,11 @@ def _nvfp4_moe_op(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: tor
 MMA = os.environ.get("LLMKERNELS_MOE_MMA", "1") != "0"
 
 
-def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=None):
-    """Scales as their bytes (uint8): the kernels decode them. mma (None: MMA): the mma-fed kernels where they run
-    (moe_tiled_usable), else the plain ones (the interpreter's)."""
+def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=None, grouped=None):
+    """Scales as their bytes (uint8): the kernels decode them. grouped (None: past MOE_MAX_T tokens): the pairs
+    sorted by expert (moe_grouped), else one program group a pair: mma (None: MMA) the mma-fed kernels where they
+    run (moe_tiled_usable), else the plain ones (the interpreter's). Both per-pair paths take any T (benchmarks and
+    tests force them past MOE_MAX_T)."""
     T, H = x.shape
     E, I = wg.shape[0], wg.shape[1]
     K_TOP = top_k_index.shape[1]
@@ -109,7 +111,7 @@ def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=
         return y
     h = torch.empty(T * K_TOP, I, dtype=x.dtype, device=x.device)  # a dropped slot's row is never read
     idx = top_k_index.contiguous()
-    if T > MOE_MAX_T:  # many tokens: grouped by expert, each expert's weights read once per tile of its tokens
+    if (T > MOE_MAX_T) if grouped is None else grouped:  # grouped by expert: its weights read once per tile of tokens
         return moe_grouped(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd)
     if (MMA if mma is None else mma) and moe_tiled_usable(x, K_TOP):
         return moe_tiled(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd, y, h)
