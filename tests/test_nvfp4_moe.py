@@ -132,6 +132,7 @@ def test_gpu_mma_kernels_match_plain_and_reference(dtype, T, E, H, inter, k, rou
     grouped = _moe(x["x"], idx, x["w"], *flat, grouped=True)
     assert rel_err(mma, ref) <= MOE_TOL[dtype] and rel_err(plain, ref) <= MOE_TOL[dtype]
     assert rel_err(grouped, ref) <= MOE_TOL[dtype]
+    assert torch.equal(_moe(x["x"], idx, x["w"], *flat, mma=True, grouped=False, sort=True), mma)  # same sums
     xs = torch.full((T, H + 8), float("nan"), dtype=dtype, device="cuda")[:, :H]  # a strided view, NaN outside
     xs.copy_(x["x"])
     assert rel_err(_moe(xs, idx, x["w"], *flat, mma=True, grouped=False), ref) <= MOE_TOL[dtype]

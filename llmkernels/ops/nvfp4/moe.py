@@ -98,11 +98,12 @@ def _nvfp4_moe_op(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: tor
 MMA = os.environ.get("LLMKERNELS_MOE_MMA", "1") != "0"
 
 
-def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=None, grouped=None):
+def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=None, grouped=None, sort=False):
     """Scales as their bytes (uint8): the kernels decode them. grouped (None: past MOE_MAX_T tokens): the pairs
     sorted by expert (moe_grouped), else one program group a pair: mma (None: MMA) the mma-fed kernels where they
     run (moe_tiled_usable), else the plain ones (the interpreter's). Both per-pair paths take any T (benchmarks and
-    tests force them past MOE_MAX_T)."""
+    tests force them past MOE_MAX_T). sort: the mma up kernel takes the pairs in order of their experts (an argsort
+    on the device; a shared expert's weights come from L2), for the benchmarks until timed."""
     T, H = x.shape
     E, I = wg.shape[0], wg.shape[1]
     K_TOP = top_k_index.shape[1]
@@ -114,7 +115,8 @@ def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=
     if (T > MOE_MAX_T) if grouped is None else grouped:  # grouped by expert: its weights read once per tile of tokens
         return moe_grouped(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd)
     if (MMA if mma is None else mma) and moe_tiled_usable(x, K_TOP):
-        return moe_tiled(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd, y, h)
+        order = torch.argsort(idx.view(-1), stable=True) if sort else None
+        return moe_tiled(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd, y, h, order)
     BN, BKW, fix = 16, 4, interpreting()
     s_we, s_se = wg.stride(0) // 8, sg.stride(0)  # the kernels address the packed bytes as int64 words
     launch(_moe_up_kernel, (T * K_TOP, cdiv(I, BN)), x, idx, wg.view(torch.int64), sg, gg, wu.view(torch.int64), su,
