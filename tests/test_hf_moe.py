@@ -222,7 +222,7 @@ def test_unsupported_moe_family_is_an_error(monkeypatch):
 @pytest.mark.parametrize("arch", ["Qwen3Moe", "Mixtral", "DeepseekV3", "DeepseekV32"])
 def test_fused_routers_match_transformers(device, arch, monkeypatch):
     """fuse_routers (moe_topk in the router's forward; unfuse_experts calls it) returns transformers' logits,
-    weights (dtype included) and indices; parameters and state_dict stay; a transformers before 5.17 (whose routers
+    weights (dtype included) and indices, and the same router-weight gradient; parameters and state_dict stay; a transformers before 5.17 (whose routers
     returned probabilities as logits) is left alone."""
     from llmkernels.hf import moe
     from llmkernels.hf.moe import fuse_routers
@@ -232,15 +232,23 @@ def test_fused_routers_match_transformers(device, arch, monkeypatch):
     if deepseek:
         router.e_score_correction_bias.normal_(0, 0.1)
     h = torch.randn(7, BASE["hidden_size"], device=device, dtype=DTYPE)
-    with torch.no_grad():
-        ref = router(h)
-        keys = list(model.state_dict())
-        assert fuse_routers(model) == BASE["num_hidden_layers"] and fuse_routers(model) == 0
-        out = router(h)
+    g = torch.randn(7, router.top_k, device=device)
+
+    def run():  # the router's outputs, DeepSeek's unsorted top-k as sets, and d weight of a loss on the weights
+        router.weight.grad = None
+        logits, w, i = router(h)
+        w, i = w.gather(1, i.argsort(-1)), i.sort(-1).values
+        (w.float() * g).sum().backward()
+        return logits.detach(), w.detach(), i, router.weight.grad.float()
+
+    ref = run()
+    keys = list(model.state_dict())
+    assert fuse_routers(model) == BASE["num_hidden_layers"] and fuse_routers(model) == 0
+    out = run()
     assert type(router).__name__.startswith("Fused") and list(model.state_dict()) == keys
-    (w, i), (rw, ri) = ((r[1].gather(1, r[2].argsort(-1)), r[2].sort(-1).values) for r in (out, ref))  # DeepSeek's
-    assert torch.equal(out[0], ref[0]) and torch.equal(i, ri) and w.dtype == rw.dtype  # top-k is unsorted: as sets
-    torch.testing.assert_close(w.float(), rw.float(), rtol=ROUND, atol=0)  # fp32 weights (Qwen's then in DTYPE)
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[2], ref[2]) and out[1].dtype == ref[1].dtype
+    torch.testing.assert_close(out[1].float(), ref[1].float(), rtol=ROUND, atol=0)  # fp32 weights (Qwen's in DTYPE)
+    torch.testing.assert_close(out[3], ref[3], rtol=4 * ROUND, atol=4 * ROUND * ref[3].abs().max().item())
     monkeypatch.setattr(moe, "ROUTER_LOGITS_SINCE", (99, 0))  # an older transformers
     assert fuse_routers(_model(arch)) == 0
 

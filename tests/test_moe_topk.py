@@ -112,6 +112,25 @@ def test_sigmoid_errors(device):
         moe_topk(x, 4, scale=float("nan"))
 
 
+@pytest.mark.parametrize("scoring, renormalize", [("softmax", True), ("softmax", False), ("sigmoid", True),
+                                                   ("sigmoid", False)])
+def test_gradient_matches_torch(device, scoring, renormalize):
+    """d logits of the weights, as autograd through transformers' ops (the reference) gives them."""
+    E, k = 64, 6
+    kw = dict(n_group=4, topk_group=2, scale=2.5) if scoring == "sigmoid" else dict(scale=1.0)
+    x = (torch.randn(5, E, device=device) if scoring == "sigmoid" else _logits(5, E, torch.float32, device))
+    b = torch.randn(E, device=device) * 0.1 if scoring == "sigmoid" else None
+    g = torch.randn(5, k, device=device)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    w, i = moe_topk(xa, k, renormalize, scoring=scoring, bias=b, **kw)
+    rw, ri = moe_topk_ref(xb, k, renormalize, scoring, b, kw.get("n_group", 1), kw.get("topk_group", 1), kw["scale"])
+    (w, i), (rw, ri) = _sets(w, i), _sets(rw, ri)
+    assert torch.equal(i, ri)
+    (w * g).sum().backward()
+    (rw * g).sum().backward()
+    torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-5, atol=1e-7)
+
+
 def test_compile_and_opcheck(device):
     x = _logits(3, 32, torch.float16, device)
     f = torch.compile(lambda x: moe_topk(x, 4), fullgraph=True, backend="aot_eager")

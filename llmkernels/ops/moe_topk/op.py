@@ -48,6 +48,29 @@ def _(logits, k, renormalize, scoring, bias, n_group, topk_group, scale):
     return logits.new_empty(T, k, dtype=torch.float32), logits.new_empty(T, k, dtype=torch.int64)
 
 
+def _setup(ctx, inputs, output):
+    logits, _, renormalize, scoring, _, _, _, scale = inputs
+    ctx.save_for_backward(logits, output[1])
+    ctx.renormalize, ctx.sigmoid, ctx.scale = renormalize, scoring == "sigmoid", scale
+
+
+def _backward(ctx, g_w, _g_i):
+    """d logits from d weights (the choice itself is a constant): through the renormalisation, the gather and the
+    softmax / sigmoid, as transformers' routers differentiate (the bias only ranks: no gradient)."""
+    logits, idx = ctx.saved_tensors
+    x = logits.float()
+    s = torch.sigmoid(x) if ctx.sigmoid else torch.softmax(x, dim=-1)
+    g = g_w.float() * ctx.scale
+    if ctx.renormalize:
+        v = s.gather(1, idx)
+        tot = v.sum(dim=-1, keepdim=True) + (1e-20 if ctx.sigmoid else 0.0)
+        g = (g - (g * v).sum(dim=-1, keepdim=True) / tot) / tot
+    ds = torch.zeros_like(x).scatter_add_(1, idx, g)
+    dx = ds * s * (1 - s) if ctx.sigmoid else s * (ds - (ds * s).sum(dim=-1, keepdim=True))
+    return dx.to(logits.dtype), None, None, None, None, None, None, None
+
+
+_moe_topk_op.register_autograd(_backward, setup_context=_setup)
 _CHECKED = PlanCache()
 
 
@@ -61,7 +84,8 @@ def moe_topk(logits: torch.Tensor, k: int, renormalize: bool = True, *, scoring:
     weights divided by their sum when renormalize. scoring="sigmoid" (DeepSeek-V3 / V3.2, GLM-4-MoE, GLM-5): scores
     sigmoid(logits); the choice ranks scores + bias (fp32 [E], optional) among the topk_group of n_group equal groups
     whose two best sum highest; weights are the chosen scores, / (sum + 1e-20) when renormalize. Equal values go
-    lowest index first. A row holding a NaN logit gets NaN weights (on experts 0 .. k-1). Errors name the argument."""
+    lowest index first. A row holding a NaN logit gets NaN weights (on experts 0 .. k-1). Differentiable in logits
+    (the weights' gradient, as transformers' routers have it; the choice is a constant). Errors name the argument."""
     key = None
     if not tracing():
         key = (tkey(logits), k, type(k), renormalize, type(renormalize), scoring, tkey(bias), n_group, topk_group,
