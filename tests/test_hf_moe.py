@@ -222,8 +222,8 @@ def test_unsupported_moe_family_is_an_error(monkeypatch):
 @pytest.mark.parametrize("arch", ["Qwen3Moe", "Mixtral", "DeepseekV3", "DeepseekV32"])
 def test_fused_routers_match_transformers(device, arch, monkeypatch):
     """fuse_routers (moe_topk in the router's forward; unfuse_experts calls it) returns transformers' logits,
-    weights (dtype included) and indices, and the same router-weight gradient; parameters and state_dict stay; a transformers before 5.17 (whose routers
-    returned probabilities as logits) is left alone."""
+    weights (dtype included) and indices, and the same router-weight gradient; parameters and state_dict stay; a
+    transformers before 5.17 (whose routers returned probabilities as logits) is left alone."""
     from llmkernels.hf import moe
     from llmkernels.hf.moe import fuse_routers
     deepseek = arch.startswith("Deepseek")

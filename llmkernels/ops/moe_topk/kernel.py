@@ -4,7 +4,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _moe_topk_kernel(x_ptr, w_ptr, i_ptr, E, s_xt, s_xe, K: tl.constexpr, K_PAD: tl.constexpr,
+def _moe_topk_kernel(x_ptr, w_ptr, i_ptr, E, s_xt, s_xe, scale, K: tl.constexpr, K_PAD: tl.constexpr,
                      BLOCK_E: tl.constexpr, RENORM: tl.constexpr):
     """Weights fp32 / indices int64 [T, K] contiguous. Equal probabilities go lowest index first; a row whose softmax
     holds a NaN (a NaN or +inf logit) gets NaN weights on experts 0 .. K-1, so the NaN reaches the layer's output."""
@@ -28,7 +28,7 @@ def _moe_topk_kernel(x_ptr, w_ptr, i_ptr, E, s_xt, s_xe, K: tl.constexpr, K_PAD:
         q = tl.where(offs == i, -2.0, q)
     if RENORM:
         vals = vals / tl.sum(vals, 0)  # padded slots hold 0
-    vals = tl.where(bad, float("nan"), vals)
+    vals = tl.where(bad, float("nan"), vals * scale)
     idxs = tl.where(bad, slots, idxs)
     tl.store(w_ptr + t * K + slots, vals, mask=slots < K)
     tl.store(i_ptr + t * K + slots, idxs.to(tl.int64), mask=slots < K)

@@ -23,10 +23,8 @@ def _run(logits: torch.Tensor, k: int, renormalize: bool, scoring: str = "softma
     if not T:
         return w, i
     if scoring == "softmax":
-        launch(_moe_topk_kernel, (T,), logits, w, i, E, logits.stride(0), logits.stride(1), K=k,
+        launch(_moe_topk_kernel, (T,), logits, w, i, E, logits.stride(0), logits.stride(1), scale, K=k,
                K_PAD=next_pow2(k), BLOCK_E=max(16, next_pow2(E)), RENORM=renormalize, num_warps=4 if E > 256 else 1)
-        if scale != 1.0:
-            w.mul_(scale)
     else:
         GS = E // n_group
         launch(_moe_topk_grouped_kernel, (T,), logits, bias.contiguous() if bias is not None else logits, w, i, GS,
