@@ -3,6 +3,7 @@ quantized, saved in both producers' layouts (one quantized linear per expert and
 checkpoints' names), loaded back with the experts kept NVFP4, against transformers' own model holding the dequantized
 weights in its fused 3-D expert parameters."""
 import os
+import pickle
 
 import pytest
 import torch
@@ -249,6 +250,9 @@ def test_fused_routers_match_transformers(device, arch, monkeypatch):
     assert torch.equal(out[0], ref[0]) and torch.equal(out[2], ref[2]) and out[1].dtype == ref[1].dtype
     torch.testing.assert_close(out[1].float(), ref[1].float(), rtol=ROUND, atol=0)  # fp32 weights (Qwen's in DTYPE)
     torch.testing.assert_close(out[3], ref[3], rtol=4 * ROUND, atol=4 * ROUND * ref[3].abs().max().item())
+    name = type(router).__name__  # a whole saved model (pickle) loads back, here and in a process that never fused
+    monkeypatch.delitem(vars(moe), name)
+    assert type(pickle.loads(pickle.dumps(router))).__name__ == name
     monkeypatch.setattr(moe, "ROUTER_LOGITS_SINCE", (99, 0))  # an older transformers
     assert fuse_routers(_model(arch)) == 0
 

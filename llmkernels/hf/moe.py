@@ -241,11 +241,32 @@ def fuse_routers(model) -> int:
     for m in model.modules():
         cls = type(m)
         if cls.__name__ in _ROUTERS and cls not in _FUSED.values() and _fusable(m):
-            if cls not in _FUSED:
-                _FUSED[cls] = type("Fused" + cls.__name__, (cls,), {"forward": _ROUTERS[cls.__name__]})
-            m.__class__ = _FUSED[cls]
+            m.__class__ = _fused_class(cls)
             n += 1
     return n
+
+
+def _fused_class(cls: type) -> type:
+    """The router class with moe_topk's forward, made once and kept as this module's attribute Fused<name>, so that
+    pickle (torch.save of a whole model) finds it."""
+    if cls not in _FUSED:
+        name = "Fused" + cls.__name__
+        fused = type(name, (cls,), {"forward": _ROUTERS[cls.__name__], "__module__": __name__, "__qualname__": name})
+        _FUSED[cls] = globals()[name] = fused
+    return _FUSED[cls]
+
+
+def __getattr__(name: str):
+    """Fused<router> in a process that has not fused one yet (unpickling a saved model): made from transformers'."""
+    base = name[len("Fused"):] if name.startswith("Fused") else None
+    if base in _ROUTERS:
+        import importlib
+        package = {"Qwen2Moe": "qwen2_moe", "Qwen3Moe": "qwen3_moe", "Mixtral": "mixtral", "DeepseekV3": "deepseek_v3",
+                   "DeepseekV32": "deepseek_v32", "Glm4Moe": "glm4_moe", "GlmMoeDsa": "glm_moe_dsa"}[
+            base.removesuffix("TopKRouter").removesuffix("TopkRouter")]
+        mod = importlib.import_module(f"transformers.models.{package}.modeling_{package}")
+        return _fused_class(getattr(mod, base))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def renames(model) -> Tuple[Tuple[str, str], ...]:
