@@ -107,13 +107,13 @@ def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=
     T, H = x.shape
     E, I = wg.shape[0], wg.shape[1]
     K_TOP = top_k_index.shape[1]
-    y = torch.empty_like(x)
     if T == 0:
-        return y
-    h = torch.empty(T * K_TOP, I, dtype=x.dtype, device=x.device)  # a dropped slot's row is never read
+        return torch.empty_like(x)
     idx = top_k_index.contiguous()
     if (T > MOE_MAX_T) if grouped is None else grouped:  # grouped by expert: its weights read once per tile of tokens
         return moe_grouped(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd)
+    y = torch.empty_like(x)
+    h = torch.empty(T * K_TOP, I, dtype=x.dtype, device=x.device)  # a dropped slot's row is never read
     if (MMA if mma is None else mma) and moe_tiled_usable(x, K_TOP):
         order = torch.argsort(idx.view(-1), stable=True) if sort else None
         return moe_tiled(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd, y, h, order)
