@@ -216,10 +216,12 @@ def nvfp4_moe(dev) -> int:
 
 
 def masked_decode(dev) -> int:
-    """Kept lists with garbage entries (negative, past dense_from and the cache, int32 extremes) and counts outside
-    [0, M]: nothing read out of bounds, the reference's result."""
+    """Kept lists with garbage entries (negative, past dense_from and the cache, int32 extremes), counts outside
+    [0, M] (and as prefixes: no lists), rows launched heavy first: nothing read out of bounds, the reference's
+    result."""
     from llmkernels import masked_decode as md
     from llmkernels.checking import rel_err
+    from llmkernels.ops.masked_decode.kernel import masked_decode_fwd
     from llmkernels.ops.masked_decode.reference import masked_decode_ref
     torch.manual_seed(0)
     B, Hkv, G, L, D, M = 3, 2, 4, 300, 128, 50
@@ -230,15 +232,22 @@ def masked_decode(dev) -> int:
     n = torch.tensor([[M, I32_MAX], [I32_MIN, 3], [0, M - 1]], dtype=torch.int32, device=dev)
     lens = torch.tensor([L, 120, I32_MAX], dtype=torch.int32, device=dev)
     bad = 0
-    for dense_from in (0, 200, L):
+    for dense_from, lists, heavy in ((0, idx, False), (200, idx, True), (L, idx, False), (200, None, False),
+                                     (L, None, True)):
         sync(dev)
-        o, _ = md(q, k, v, kv_len=lens, kept_idx=idx, kept_len=n, dense_from=dense_from)
+        if heavy:  # a launch knob: through the launcher
+            o = torch.empty_like(q)
+            masked_decode_fwd(q, k, v, None, lens, L, D ** -0.5, o, torch.empty(B, Hkv * G, device=dev),
+                              config={"heavy_first": True}, kept=(lists, n, dense_from))
+        else:
+            o, _ = md(q, k, v, kv_len=lens, kept_idx=lists, kept_len=n, dense_from=dense_from)
         sync(dev)
-        err = rel_err(o, masked_decode_ref(q, k, v, None, lens, None, idx, n, dense_from)[0])
+        err = rel_err(o, masked_decode_ref(q, k, v, None, lens, None, lists, n, dense_from)[0])
         good = err <= 2e-2
         bad += not good
-        print(f"masked_decode kept lists dense_from={dense_from}: err {err:.2e} {'ok' if good else 'MISMATCH'}",
-              flush=True)
+        what = "kept lists" if lists is not None else "kept prefixes"
+        print(f"masked_decode {what} dense_from={dense_from}{' heavy first' if heavy else ''}: err {err:.2e} "
+              f"{'ok' if good else 'MISMATCH'}", flush=True)
     return bad
 
 
