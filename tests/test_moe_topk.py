@@ -110,6 +110,9 @@ def test_sigmoid_errors(device):
         moe_topk(x, 4, scoring="sigmoid", bias=torch.zeros(64, device=device, dtype=torch.long))
     with pytest.raises(ValueError, match="scale must be finite"):
         moe_topk(x, 4, scale=float("nan"))
+    moe_topk(x, 4, scoring="sigmoid", n_group=1)  # checked once: a bool equal to it (True == 1) still is an error
+    with pytest.raises(TypeError, match="n_group must be an int"):
+        moe_topk(x, 4, scoring="sigmoid", n_group=True)
 
 
 @pytest.mark.parametrize("scoring, renormalize", [("softmax", True), ("softmax", False), ("sigmoid", True),

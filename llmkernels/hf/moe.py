@@ -13,7 +13,7 @@ from typing import Dict, Tuple
 import torch
 
 from ..ops.moe_topk import moe_topk
-from ..ops.moe_topk.op import MAX_EXPERTS, MAX_K
+from ..ops.moe_topk.op import check_routing
 from ..ops.nvfp4.moe import nvfp4_moe
 from ..ops.nvfp4.op import NVFP4Linear
 
@@ -223,10 +223,12 @@ ROUTER_LOGITS_SINCE = (5, 17)  # transformers versions whose routers return (log
 
 def _fusable(router) -> bool:
     """moe_topk's limits (experts, k, groups) hold for this router."""
-    E, k = router.weight.shape[0], router.top_k
-    groups, chosen = getattr(router, "num_group", 1), getattr(router, "topk_group", 1)
-    return (E <= MAX_EXPERTS and 1 <= k <= MAX_K and E % groups == 0 and 1 <= chosen <= groups
-            and (groups == 1 or E // groups >= 2) and k <= chosen * (E // groups))
+    try:
+        check_routing(router.weight.shape[0], router.top_k, getattr(router, "num_group", 1),
+                      getattr(router, "topk_group", 1))
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def fuse_routers(model) -> int:

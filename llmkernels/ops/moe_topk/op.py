@@ -5,7 +5,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..._launch import PlanCache, current_device, direct_ok, launch, tkey, tracing
+from ..._launch import PlanCache, current_device, direct_ok, launch, skey, tkey, tracing
 from ..._runtime import next_pow2
 from ..._validate import check_bool, check_choice, check_int, check_same_device, check_scale, check_tensor
 from .kernel import _moe_topk_grouped_kernel, _moe_topk_kernel
@@ -72,6 +72,20 @@ _moe_topk_op.register_autograd(_backward, setup_context=_setup)
 _CHECKED = PlanCache()
 
 
+def check_routing(E: int, k, n_group=1, topk_group=1) -> None:
+    """moe_topk's limits on a router of E experts choosing k (from topk_group of n_group groups): ValueError /
+    TypeError naming the argument. hf.moe fuses only the routers that pass."""
+    if not 1 <= E <= MAX_EXPERTS:
+        raise ValueError(f"logits must have 1 to {MAX_EXPERTS} experts (its last dim), got {E}")
+    check_int("n_group", n_group, lo=1)
+    check_int("topk_group", topk_group, lo=1, hi=n_group)
+    if E % n_group:
+        raise ValueError(f"n_group must divide the {E} experts, got {n_group}")
+    if n_group > 1 and E // n_group < 2:
+        raise ValueError(f"a group must hold at least 2 experts (its top-2 sum ranks it), got {E // n_group}")
+    check_int("k", k, lo=1, hi=min(topk_group * (E // n_group), MAX_K))
+
+
 def moe_topk(logits: torch.Tensor, k: int, renormalize: bool = True, *, scoring: str = "softmax",
              bias: Optional[torch.Tensor] = None, n_group: int = 1, topk_group: int = 1,
              scale: float = 1.0) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -86,26 +100,18 @@ def moe_topk(logits: torch.Tensor, k: int, renormalize: bool = True, *, scoring:
     (the weights' gradient, as transformers' routers have it; the choice is a constant). Errors name the argument."""
     key = None
     if not tracing():
-        key = (tkey(logits), k, type(k), renormalize, type(renormalize), scoring, tkey(bias), n_group, topk_group,
-               scale, type(scale), current_device())
+        key = (tkey(logits), skey(k), skey(renormalize), skey(scoring), tkey(bias), skey(n_group), skey(topk_group),
+               skey(scale), current_device())
         if _CHECKED.get(key) is not None and direct_ok(logits, bias):
             return _run(logits, k, renormalize, scoring, bias, n_group, topk_group, scale)
     check_tensor("logits", logits, dtypes=(torch.float16, torch.bfloat16, torch.float32), ndim=2)
-    E = logits.shape[1]
-    if not 1 <= E <= MAX_EXPERTS:
-        raise ValueError(f"logits must have 1 to {MAX_EXPERTS} experts (its last dim), got {E}")
     check_bool("renormalize", renormalize)
     check_choice("scoring", scoring, ("softmax", "sigmoid"))
-    check_int("n_group", n_group, lo=1)
-    check_int("topk_group", topk_group, lo=1, hi=n_group)
     scale = check_scale("scale", scale)
+    check_routing(logits.shape[1], k, n_group, topk_group)
     if scoring == "softmax" and (bias is not None or n_group != 1 or topk_group != 1):
         raise ValueError("bias, n_group and topk_group go with scoring='sigmoid' (DeepSeek-V3's routing)")
-    if E % n_group:
-        raise ValueError(f"n_group must divide the {E} experts, got {n_group}")
-    if n_group > 1 and E // n_group < 2:
-        raise ValueError(f"a group must hold at least 2 experts (its top-2 sum ranks it), got {E // n_group}")
-    check_int("k", k, lo=1, hi=min(topk_group * (E // n_group), MAX_K))
+    E = logits.shape[1]
     if bias is not None:
         check_tensor("bias", bias, dtypes=(torch.float16, torch.bfloat16, torch.float32), ndim=1)
         if bias.shape[0] != E:
