@@ -238,6 +238,14 @@ class GrowingCache(DynamicCache):
                 self.layers[i] = _GrowingLayer()
 
 
+def compacted(keys: torch.Tensor, values: torch.Tensor, kept_idx: torch.Tensor, width: int):
+    """keys, values [B, Hkv, L, D] with each row's first `width` entries of kept_idx (kept_lists' order: the kept
+    positions first) moved to its front: [B, Hkv, width, D] each, which masked_decode reads as prefixes (kept_len
+    without kept_idx)."""
+    g = kept_idx[..., :width].long()[..., None].expand(*keys.shape[:2], width, keys.shape[-1])
+    return keys.gather(2, g), values.gather(2, g)
+
+
 def _graph_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """PressDecoder's decode attention: masked_decode over the first llmk_kv_len positions of its fixed cache, with
     the layer's kept lists (module._llmk_decoder_kept, from the press's prefill) where it has them."""
@@ -323,8 +331,7 @@ class PressDecoder:
             kb = la.keys.new_empty(B, H, width + max_new_tokens, D)
             vb = la.values.new_empty(B, H, width + max_new_tokens, D)
             if compact and k is not None:
-                g = k[1][..., :width].long()[..., None].expand(B, H, width, D)
-                kb[:, :, :width], vb[:, :, :width] = la.keys.gather(2, g), la.values.gather(2, g)
+                kb[:, :, :width], vb[:, :, :width] = compacted(la.keys, la.values, k[1], width)
                 a._llmk_decoder_kept = (k[0], None, k[2], width)  # each row's first k[2]: a prefix, no list
             else:
                 kb[:, :, :T], vb[:, :, :T] = la.keys, la.values

@@ -36,7 +36,7 @@ TINY = dict(vocab_size=256, hidden_size=128, intermediate_size=128, num_hidden_l
 def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=print):
     import kvpress
     from transformers import DynamicCache
-    from .kvpress import GrowingCache, PressDecoder, drop_mask, kept, masked_decode_attention
+    from .kvpress import GrowingCache, PressDecoder, compacted, drop_mask, kept, masked_decode_attention
     from .ops.masked_decode.op import masked_decode
     attns = [la.self_attn for la in model.model.layers]
     ids = torch.randint(0, model.config.vocab_size, (batch, context), device=device)
@@ -63,10 +63,9 @@ def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=pr
     attn_mask_ms = one(lambda: masked_decode(q, k, v, drop_mask=dm))
     attn["no-press"] = one(lambda: masked_decode(q, k, v))
     width = int(kl[1].max())  # compact: each row's kept tokens at its front, read as a prefix (no list)
-    g = kl[0][..., :width].long()[..., None].expand(*k.shape[:2], width, k.shape[-1])
-    kc, vc = k.gather(2, g), v.gather(2, g)
+    kc, vc = compacted(k, v, kl[0], width)
     attn["llmkernels-compact"] = one(lambda: masked_decode(q, kc, vc, kept_len=kl[1], dense_from=width))
-    g = kc = vc = None  # (the timed lambda is done with them)
+    kc = vc = None  # (the timed lambda is done with them)
     attn["llmkernels-eager"] = attn["llmkernels"]
     kept_frac = 1.0 - float(dm.float().mean())
     for impl in ("llmkernels", "llmkernels-compact", "no-press"):  # fixed buffers first: the eager impls' copy after
