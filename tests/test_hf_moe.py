@@ -335,11 +335,11 @@ def _loop(layer, x, idx, w):
 
 
 def test_grouped_prefill_matches_one_by_one():
-    """Past MOE_MAX_T tokens nvfp4_moe groups the pairs by expert (one weight read per tile of an expert's tokens):
-    the same as the one-by-one path, with a dropped slot and an expert no token chose."""
+    """Past MOE_MAX_T tokens (MMA_MAX_T on sm_90) nvfp4_moe groups the pairs by expert (one weight read per tile of
+    an expert's tokens): the same as the one-by-one path, with a dropped slot and an expert no token chose."""
     layer = _tiled_experts(E=4)
     dev = layer[0].gate_proj.packed.device
-    T = 40
+    T = 160 if CUDA else 40
     x = torch.randn(T, 256, device=dev).to(DTYPE)
     idx = torch.randint(0, 3, (T, 2), device=dev)  # expert 3 unused
     idx[5, 1] = 4  # = E: dropped

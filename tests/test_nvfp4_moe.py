@@ -46,16 +46,20 @@ def test_matches_reference_with_a_dropped_slot(device):
 @pytest.mark.parametrize("T, E, H, inter, k, routing", [(20, 4, 256, 256, 2, "random"), (33, 6, 512, 256, 3, "dropped"),
                                                        (17, 3, 256, 512, 2, "one")])
 def test_grouped_prefill_matches_reference(device, T, E, H, inter, k, routing):
-    """Past MOE_MAX_T tokens: the pairs grouped by expert (tiles of one expert's tokens), dropped slots, an expert
-    taking every token, NaN-poisoned intermediates (rows of dropped slots are never read)."""
+    """The pairs grouped by expert (tiles of one expert's tokens; the default past MOE_MAX_T off sm_90, forced
+    here), dropped slots, an expert taking every token, NaN-poisoned intermediates (rows of dropped slots are never
+    read); the public call (on sm_90 the mma pairs, sorted from SORT_FROM_T) too."""
+    from llmkernels.ops.nvfp4.moe import _flat, _moe
     from llmkernels.ops.nvfp4.spec import MOE_TOL, make_moe_inputs
     x = make_moe_inputs(T, E, H, inter, k, torch.float16, device, plain=True)
     if routing == "dropped":
         x["idx"][0, 0], x["idx"][3, -1], x["idx"][7, 1] = E, -1, E + 9
     elif routing == "one":
         x["idx"].fill_(1)
-    y = nvfp4_moe(x["x"], x["idx"], x["w"], x["gate"], x["up"], x["down"])
-    assert rel_err(y, nvfp4_moe_ref(x["x"], x["idx"], x["w"], *x["plain"])) <= MOE_TOL[torch.float16]
+    ref = nvfp4_moe_ref(x["x"], x["idx"], x["w"], *x["plain"])
+    y = _moe(x["x"], x["idx"], x["w"], *_flat(x["gate"], x["up"], x["down"]), grouped=True)
+    assert rel_err(y, ref) <= MOE_TOL[torch.float16]
+    assert rel_err(nvfp4_moe(x["x"], x["idx"], x["w"], x["gate"], x["up"], x["down"]), ref) <= MOE_TOL[torch.float16]
 
 
 @pytest.mark.parametrize("T", [2, 20])  # the decode kernels; grouped by expert
@@ -109,14 +113,15 @@ def test_gpu_bf16_and_graph_replay(T):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("T, E, H, inter, k, routing", [
     (1, 16, 2048, 768, 8, "random"),  # a Qwen3-30B-A3B layer's shapes, fewer experts
-    (100, 16, 2048, 768, 8, "dropped"),  # past MOE_MAX_T: grouped by expert by default; the pair paths forced
+    (100, 16, 2048, 768, 8, "dropped"),  # past SORT_FROM_T: the mma pairs sorted by default; each path forced
     (5, 6, 768, 512, 3, "dropped"),   # k not a power of 2 (the down kernel's slot warps padded); dropped slots
     (16, 8, 512, 256, 6, "one"),      # all tokens to one expert (twice: repeated indices), the others unused
     (3, 4, 4096, 256, 2, "random"),   # K of 16 iterations
 ])
 def test_gpu_mma_kernels_match_plain_and_reference(dtype, T, E, H, inter, k, routing):
     """The mma kernels (moe_tiled) against the fp32 reference and the plain kernels (the interpreter's path), and the
-    grouped kernels; each path forced at every T (the per-pair ones past MOE_MAX_T too, the grouped one below)."""
+    grouped kernels; each path forced at every T (the per-pair ones past MOE_MAX_T too, the grouped one below), the
+    mma pairs sorted by expert too (the default from SORT_FROM_T tokens)."""
     from llmkernels.ops.nvfp4.moe import _flat, _moe
     from llmkernels.ops.nvfp4.spec import MOE_TOL, make_moe_inputs
     x = make_moe_inputs(T, E, H, inter, k, dtype, torch.device("cuda"), plain=True)

@@ -38,3 +38,11 @@ def test_e2e_records_get_their_own_table():
     assert "| m | 1 | 125 | 166 | 6.00 (8 %) | 6.5 | abc |" in text
     assert "e2e_decode" not in text  # neither a headline row nor an eager-call row
     assert "| masked_decode | B=4 | 40.0 |" in text
+
+
+def test_latency_bound_op_shows_no_percent_of_floor():
+    """A latency-bound op's memory floor is nanoseconds: the tables show "-" for its % of floor."""
+    records = [dict(_rec("moe_topk", "llmkernels", 0.005, {"T": 1}), bound="latency")]
+    assert "| 0.005 | - (latency) |" in report.headline_table(records)
+    assert "| - |  |" in report.summary_table(records)
+    assert report.table(records).splitlines()[-1].split()[-1] == "-"

@@ -36,7 +36,7 @@ class Case:
     bytes: int
     flops: Optional[int] = None
     # "memory": floor = (bytes - write_bytes) at the read rate + write_bytes at the write rate; "compute": flops at
-    # the GEMM rate
+    # the GEMM rate; "latency": the memory floor is recorded but is nanoseconds (reports show no % of it)
     bound: str = "memory"
     # "do_bench" (L2 flushed by triton before each rep), "graph" (rotated inputs, CUDA-graph replay) or "eager"
     # (wall time per call of back-to-back eager calls: what a caller outside a graph pays, host included)

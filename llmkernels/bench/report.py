@@ -13,12 +13,17 @@ def shape_str(shape: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in shape.items())
 
 
+def pct_str(r: dict) -> str:
+    """% of floor, or "-" for a latency-bound op (its bytes take nanoseconds: the figure would say nothing)."""
+    return "-" if r.get("bound") == "latency" else f"{r['pct_of_floor']:.1f}"
+
+
 def table(records: list[dict], markdown: bool = False) -> str:
     head = ["op", "shape", "impl", "ms", "floor ms", "% of floor", "TFLOP/s"]
     rows = []
     for r in records:
         rows.append([r["op"], shape_str(r["shape"]), r["impl"], f"{r['ms']:.4f}", f"{r['floor_ms']:.4f}",
-                     f"{r['pct_of_floor']:.1f}", "" if r.get("tflops") is None else f"{r['tflops']:.1f}"])
+                     pct_str(r), "" if r.get("tflops") is None else f"{r['tflops']:.1f}"])
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -38,7 +43,7 @@ def plot(records: list[dict], path: str) -> bool:
         print("matplotlib is not installed (pip install 'llmkernels[plot]'): no plot written")
         return False
     # % of floor is a GPU-time figure; the model-level records (DSA block, kvpress, Inkling model) carry none
-    records = [r for r in records if not eager(r) and "pct_of_floor" in r]
+    records = [r for r in records if not eager(r) and "pct_of_floor" in r and r.get("bound") != "latency"]
     ops = sorted({r["op"] for r in records})
     if not ops:
         return False
@@ -161,7 +166,7 @@ def summary_table(records: list[dict]) -> str:
         peer_txt = ", ".join(f"{p['impl']} {p['ms']:.4g}" for p in _peers(records, r, False)) or "-"
         tf = "" if r.get("tflops") is None else f"{r['tflops']:.1f}"
         lines.append(f"| {r['op']} | {shape_str(r['shape'])} | {r['impl']} | {r['ms']:.4f} | {r['floor_ms']:.4f} | "
-                     f"{r['pct_of_floor']:.1f} | {tf} | {peer_txt} |")
+                     f"{pct_str(r)} | {tf} | {peer_txt} |")
     return "\n".join(lines)
 
 
@@ -192,7 +197,7 @@ def headline_table(records: list[dict]) -> str:
         impl = "" if r["impl"] == "llmkernels" else f" ({r['impl'].removeprefix('llmkernels-')})"
         tf = f", {r['tflops']:.0f} TFLOP/s" if r["bound"] == "compute" else ""
         peer = ["-", "-", "-"] if best is None else [best["impl"], f"{best['ms']:.4g}", f"{best['ms'] / r['ms']:.2f}x"]
-        lines.append(f"| {r['op']}{impl} | {shape_str(r['shape'])} | {r['ms']:.4g} | {r['pct_of_floor']:.1f} "
+        lines.append(f"| {r['op']}{impl} | {shape_str(r['shape'])} | {r['ms']:.4g} | {pct_str(r)} "
                      f"({r['bound']}{tf}) | " + " | ".join(peer) + " |")
     return "\n".join(lines)
 

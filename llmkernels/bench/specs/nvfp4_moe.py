@@ -79,7 +79,7 @@ def benches():
     return [OpBench("nvfp4_moe", _cases, [
         Impl("llmkernels", _ours),
         Impl("llmkernels-plain-triton", _variant(mma=False, grouped=False)),
-        Impl("llmkernels-mma", _variant(mma=True, grouped=False)),  # one program group a pair, at any T
+        Impl("llmkernels-mma", _variant(mma=True, grouped=False, sort=False)),  # one program group a pair, any T
         Impl("llmkernels-mma-sorted", _variant(mma=True, grouped=False, sort=True)),  # pairs in expert order
         Impl("llmkernels-grouped", _variant(grouped=True)),  # sorted by expert, at any T
         Impl("transformers-bf16-grouped-mm", _transformers_bf16, _transformers_available),

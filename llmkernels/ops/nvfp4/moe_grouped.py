@@ -1,10 +1,10 @@
-"""nvfp4_moe for many tokens (prefill; batches past MOE_MAX_T): the (token, slot) pairs grouped by expert on the
-device (a stable sort and counts: no host sync, CUDA-graph capturable), then a program per (block of BN rows, tile of
-up to BT pairs of one expert) decodes the expert's weight tile (tiled_layout's recipe, plain Triton: the interpreter
-runs it too) into a tl.dot against the pairs' rows, so an expert's weights are read once per tile of its tokens.
-Up: h[pair] = silu(gate) * up (gate / up rounded to x's dtype first); down: o[pair] = weight x down(h[pair]) in fp32,
-summed over each token's k slots after. The grid covers E + P / BT tiles, the most any routing needs (P pairs);
-programs past the routing's own tiles exit."""
+"""nvfp4_moe for many tokens (prefill; batches past MMA_MAX_T, MOE_MAX_T off sm_90): the (token, slot) pairs grouped by
+expert on the device (a stable sort and counts: no host sync, CUDA-graph capturable), then a program per (block of BN
+rows, tile of up to BT pairs of one expert) decodes the expert's weight tile (tiled_layout's recipe, plain Triton:
+the interpreter runs it too) into a tl.dot against the pairs' rows, so an expert's weights are read once per tile of
+its tokens. Up: h[pair] = silu(gate) * up (gate / up rounded to x's dtype first); down: o[pair] = weight x
+down(h[pair]) in fp32, summed over each token's k slots after. The grid covers E + P / BT tiles, the most any routing
+needs (P pairs); programs past the routing's own tiles exit."""
 import math
 
 import torch
