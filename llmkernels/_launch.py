@@ -7,7 +7,7 @@ the same compiled kernels, which specialise on exactly those properties (dtype, 
 by 16). So a cached plan skips the checks and Triton's per-launch argument binding (~0.6 us an argument), and an
 eager call skips torch's custom-op dispatch (~18 us) where that dispatch would only run the implementation: no
 torch.compile tracing, no dispatch or function mode, plain tensors, no autograd. Any other key runs the full checks:
-a bad input always gets its error.
+a bad input always gets its error. Every op takes this path through one mechanism, HostPath, over one plan cache.
 """
 import itertools
 import threading
@@ -18,7 +18,7 @@ from triton import knobs
 
 from ._runtime import interpreting
 
-_MAX_PLANS = 256  # per op; a process sees few shapes, and a full cache is simply cleared
+_MAX_PLANS = 1024  # over all ops; a process sees few shapes, and a full cache is simply cleared
 
 
 class PlanCache(dict):
@@ -36,6 +36,48 @@ class PlanCache(dict):
         except TypeError:
             pass
         return plan
+
+
+_PLANS = PlanCache()  # the one plan cache: (site, device, key parts ...) -> plan, for every HostPath
+
+
+class HostPath:
+    """One op's eager host path (see the module doc), its plans in the one plan cache. A public op reads:
+
+        key = PATH.key(lambda: (tkey(x), skey(n), ...))  # the raw arguments' key; None while tracing (a
+                                                 # lambda: dynamo must not trace data_ptr(), it breaks the graph)
+        plan = PATH.hit(key, x, ...)             # the plan a checked call with this key kept, where this call
+        if plan is not None:                     # may run directly too (direct_ok over its tensors), else None
+            return run(plan, x, ...)
+        ...the checks: a bad input raises, naming the argument...
+        plan = PATH.keep(key, lambda: make(...), x, ...)   # made and kept where a direct call is allowed
+        return run(plan, x, ...) if plan is not None else the_custom_op(x, ...)
+
+    A plan maker on checked arguments (a custom op's body, a module's call) uses plan(make, key parts ...)."""
+    __slots__ = ("site",)
+
+    def __init__(self, site: str):
+        self.site = site
+
+    def key(self, parts):
+        return None if tracing() else (self.site, current_device(), *parts())
+
+    def hit(self, key, *tensors):
+        if key is None:
+            return None
+        plan = _PLANS.get(key)
+        return plan if plan is not None and direct_ok(*tensors) else None
+
+    def keep(self, key, make, *tensors):
+        if key is None or not direct_ok(*tensors):
+            return None
+        return _PLANS.put(key, make())
+
+    def plan(self, make, *parts):
+        """The plan kept for these key parts (the current device added), made by make() the first time."""
+        key = (self.site, current_device(), *parts)
+        plan = _PLANS.get(key)
+        return plan if plan is not None else _PLANS.put(key, make())
 
 
 def tkey(t):

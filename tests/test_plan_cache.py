@@ -216,3 +216,44 @@ def test_repeated_calls_with_fresh_data(device):
         xg = gemv_inputs(16, 64, 1, device, n_pad=1)
         c = nvfp4_gemv(xg["a"], xg["b"], xg["sfa"], xg["sfb"], out=xg["c"])
         assert c is xg["c"] and rel_err(c, nvfp4_gemv_ref(xg["a"], xg["b"], xg["sfa"], xg["sfb"])) <= 2e-3
+
+
+def test_dsa_indexer_and_moe_topk(device):
+    """The indexer ops and moe_topk on the one plan cache: positions [1, S] expanded over B on every call (kept in
+    the plan), key_end and scalars in the key, a bad input after a good call of the same shapes still raises."""
+    from llmkernels import dsa_index_scores, dsa_topk_logits, moe_topk
+    from llmkernels.ops.dsa_indexer.reference import dsa_index_scores_ref, dsa_topk_logits_ref
+    from llmkernels.ops.moe_topk.reference import moe_topk_ref
+    for B, S, T, end, pos_rows, scale in ((2, 3, 40, None, 1, 0.1), (2, 3, 40, None, 1, 0.1), (2, 3, 40, 30, 1, 0.1),
+                                          (2, 3, 40, 30, 2, 0.1), (2, 3, 40, 30, 2, 0.2)):
+        q = torch.randn(B, S, 4, 32, device=device).half()
+        k = torch.randn(B, T, 32, device=device).half()
+        w = torch.randn(B, S, 4, device=device)
+        pos = (torch.arange(S, device=device) + 20)[None].repeat(pos_rows, 1)
+        out, ref = dsa_index_scores(q, k, w, scale, pos, 0, end), dsa_index_scores_ref(q, k, w, scale, pos, 0, end)
+        fin = torch.isfinite(ref)
+        assert torch.equal(fin, torch.isfinite(out)) and rel_err(out[fin], ref[fin]) <= 1e-4
+        idx = torch.randint(-1, T, (B, S, 5), device=device, dtype=torch.int32)
+        assert rel_err(dsa_topk_logits(q, k, w, idx, scale), dsa_topk_logits_ref(q, k, w, idx, scale)) <= 1e-4
+    with pytest.raises(ValueError, match="key_end"):
+        dsa_index_scores(q, k, w, 0.2, pos, 0, T + 1)
+    with pytest.raises(ValueError, match="sm_scale"):
+        dsa_topk_logits(q, k, w, idx, -0.2)
+    for k_top in (2, 2, 3):
+        x = torch.randn(5, 16, device=device)
+        got, ref = moe_topk(x, k_top), moe_topk_ref(x, k_top)
+        assert torch.equal(got[1], ref[1]) and rel_err(got[0], ref[0]) <= 1e-5
+    with pytest.raises(ValueError, match="k must be"):
+        moe_topk(x, 17)
+
+
+def test_one_plan_cache_for_every_op(device):
+    """Checked calls of different ops land in the one cache, each under its own site."""
+    from llmkernels import _launch, moe_topk
+    x = torch.randn(3, 8, device=device)
+    moe_topk(x, 2)
+    q = torch.randn(1, 4, 64, device=device).half()
+    k = torch.randn(1, 2, 40, 64, device=device).half()
+    masked_decode(q, k, k)
+    sites = {key[0] for key in _launch._PLANS}
+    assert {"moe_topk", "masked_decode", "masked_decode.plan"} <= sites

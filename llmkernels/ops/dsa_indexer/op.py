@@ -4,6 +4,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..._launch import HostPath, skey, tkey
 from ..._runtime import interpreting, sm_count
 from ..._validate import check_interpreter_dtype, check_same_device, check_tensor
 from .kernel import launch, topk_logits_launch
@@ -14,7 +15,13 @@ _IN = (torch.float16, torch.bfloat16)
 @torch.library.custom_op("llmkernels::dsa_index_scores", mutates_args=())
 def _op(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, positions: Optional[torch.Tensor],
         sm_scale: float, key_start: int, key_end: int) -> torch.Tensor:
+    return _scores(q, k, weights, positions, sm_scale, key_start, key_end)
+
+
+def _scores(q, k, weights, positions, sm_scale: float, key_start: int, key_end: int) -> torch.Tensor:
     B, S = q.shape[:2]
+    if interpreting():
+        q, k = q.contiguous(), k.contiguous()
     out = torch.empty(B, S, key_end - key_start, dtype=torch.float32, device=q.device)
     if out.numel():
         sms = 1 if q.device.type != "cuda" else sm_count(q.device.index or 0)
@@ -64,6 +71,13 @@ def dsa_index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, sm
     [B, S, H] fp32 (transformers' weights_proj output times H^-0.5); positions [B or 1, S] int32 / int64, or None (no
     mask). NaN in q, k or weights gives NaN scores where they reach (a NaN key: that key's column; the top-k over them
     is then torch.topk's). Differentiable: no (the indexer selects under no_grad)."""
+    key = _SCORES.key(lambda: (tkey(q), tkey(k), tkey(weights), skey(sm_scale), tkey(positions), skey(key_start),
+                               skey(key_end)))
+    plan = _SCORES.hit(key, q, k, weights, positions)  # (key_end, positions expanded over B)
+    if plan is not None:
+        if plan[1]:
+            positions = positions.expand(q.shape[0], -1)
+        return _scores(q, k, weights, positions, float(sm_scale), key_start, plan[0])
     B, S, H, D = _check_qkw(q, k, weights, sm_scale)
     if q.stride(3) != 1 or k.stride(2) != 1 or weights.stride(2) != 1:
         raise ValueError("q, k and weights must have unit stride in their last dim")
@@ -78,18 +92,26 @@ def dsa_index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, sm
         if positions.shape[0] not in (1, B) or positions.shape[1] != S or positions.stride(1) != 1:
             raise ValueError(f"positions must be [B={B} or 1, S={S}] with unit stride in S, got "
                              f"{tuple(positions.shape)}")
-        if positions.shape[0] == 1 and B > 1:
-            positions = positions.expand(B, S)
+    expand = positions is not None and positions.shape[0] == 1 and B > 1
+    if expand:
+        positions = positions.expand(B, S)
     check_same_device(q=q, k=k, weights=weights, positions=positions)
     check_interpreter_dtype(q=q)
-    if interpreting():
-        q, k = q.contiguous(), k.contiguous()
+    if _SCORES.keep(key, lambda: (key_end, expand), q, k, weights, positions):  # the custom op would only run it
+        return _scores(q, k, weights, positions, float(sm_scale), key_start, key_end)
     return _op(q, k, weights, positions, float(sm_scale), key_start, key_end)
+
+
+_SCORES = HostPath("dsa_index_scores")  # a checked call's key -> (key_end, positions expanded over B)
 
 
 @torch.library.custom_op("llmkernels::dsa_topk_logits", mutates_args=())
 def _logits_op(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
                sm_scale: float) -> torch.Tensor:
+    return _logits(q, k, weights, indices, sm_scale)
+
+
+def _logits(q, k, weights, indices, sm_scale: float) -> torch.Tensor:
     out = torch.empty(indices.shape, dtype=torch.float32, device=q.device)
     if out.numel():
         topk_logits_launch(q, k, weights, indices, sm_scale, out=out)
@@ -142,11 +164,23 @@ def dsa_topk_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, ind
     gradient to the indexer, llmkernels.indexer_kl_loss taking these logits): the backward recomputes the products
     (nothing [S, H, topk] is kept), its per-key sums fp16 / bf16 operands with fp32 accumulation, k's gradient added
     atomically (summation order varies from run to run). Shapes and dtypes as dsa_index_scores; indices int32."""
+    key = _LOGITS.key(lambda: (tkey(q), tkey(k), tkey(weights), tkey(indices), skey(sm_scale)))
+    if _LOGITS.hit(key, q, k, weights, indices):  # (no gradient wanted: direct_ok)
+        return _logits(*_unit_last(q, k, weights, indices), float(sm_scale))
     B, S, H, D = _check_qkw(q, k, weights, sm_scale)
     check_tensor("indices", indices, dtypes=(torch.int32,), ndim=3)
     if tuple(indices.shape[:2]) != (B, S):
         raise ValueError(f"indices must be [B={B}, S={S}, topk], got {tuple(indices.shape)}")
     check_same_device(q=q, k=k, weights=weights, indices=indices)
     check_interpreter_dtype(q=q)
-    q, k, weights, indices = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, weights, indices))
+    q, k, weights, indices = _unit_last(q, k, weights, indices)
+    if _LOGITS.keep(key, lambda: True, q, k, weights, indices):
+        return _logits(q, k, weights, indices, float(sm_scale))
     return _logits_op(q, k, weights, indices, float(sm_scale))
+
+
+def _unit_last(*ts):
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in ts)
+
+
+_LOGITS = HostPath("dsa_topk_logits")  # a checked call's key -> True

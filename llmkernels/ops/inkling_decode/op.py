@@ -4,7 +4,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..._launch import PlanCache, current_device, direct_ok, skey, tkey, tracing
+from ..._launch import HostPath, skey, tkey
 from ..._validate import (check_bool, check_int, check_interpreter_dtype, check_same_device, check_scale,
                           check_tensor, check_unit_last_stride)
 from ..xl_paged_decode.kernel import xl_plan
@@ -32,7 +32,7 @@ def _run(plan, q, k, v, rel_bias, lengths, block_tables, starts):
     return out, lse
 
 
-_CHECKED = PlanCache()  # key of a call's raw arguments -> its plan, once that call passed every check
+_PATH = HostPath("inkling_decode")  # a checked call's key -> its plan
 
 
 def _plan(q, k, v, rel_bias, lengths, block_tables, starts, window: int, scale: float):
@@ -132,19 +132,18 @@ def inkling_decode(
         out [S, H, D] in q's dtype (and lse). A row with no key (len 0, or lo >= len) gets out 0, lse -inf; a NaN in
         an attended key, value or bias entry makes its row NaN.
     """
-    if not tracing():
-        key = (tkey(q), tkey(k), tkey(v), tkey(rel_bias), tkey(lengths), tkey(block_tables), skey(window),
-               tkey(starts), skey(scale), skey(return_lse), skey(validate), current_device())
-        plan = _CHECKED.get(key)
-        if plan is not None and direct_ok(q, k, v, rel_bias, lengths, block_tables, starts):
-            out, lse = _run(plan, q, k, v, rel_bias, lengths, block_tables, starts)
-            return (out, lse) if return_lse else out
+    args = (q, k, v, rel_bias, lengths, block_tables, starts)
+    key = _PATH.key(lambda: (*map(tkey, args), skey(window), skey(scale), skey(return_lse), skey(validate)))
+    plan = _PATH.hit(key, *args)
+    if plan is not None:
+        out, lse = _run(plan, *args)
+        return (out, lse) if return_lse else out
     window, scale, return_lse = prepare(q, k, v, rel_bias, lengths, block_tables, window, starts, scale, return_lse,
                                         validate)
     contig = lengths.stride(0) == 1 and (starts is None or starts.stride(0) == 1)
-    if contig and not validate and not tracing() and direct_ok(q, k, v, rel_bias, lengths, block_tables, starts):
-        plan = _CHECKED.put(key, _plan(q, k, v, rel_bias, lengths, block_tables, starts, window, scale))
-        out, lse = _run(plan, q, k, v, rel_bias, lengths, block_tables, starts)
+    plan = _PATH.keep(key, lambda: _plan(*args, window, scale), *args) if contig and not validate else None
+    if plan is not None:
+        out, lse = _run(plan, *args)
     else:
         out, lse = _inkling_decode_op(q, k, v, rel_bias, lengths.contiguous(), block_tables,
                                       None if starts is None else starts.contiguous(), window, scale)

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from ..._constants import LN2_C, LOG2E
-from ..._launch import PlanCache, current_device, tkey
+from ..._launch import HostPath, tkey
 from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
 from ..._pdl import pdl_enabled, pdl_enter
@@ -235,16 +235,14 @@ class DecodePlan:
                           self.ints, out, lse, q, (kept_len, self.dense_from))
 
 
-_PLANS = PlanCache()
+_PLANS = HostPath("masked_decode.plan")
 
 
 def decode_plan(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, listed=None) -> DecodePlan:
     """The cached plan for these (already checked) arguments; listed: (kept_idx, dense_from) or None."""
-    key = (tkey(q), tkey(k), tkey(v), tkey(drop_mask), tkey(kv_lens), kv_len, sm_scale, current_device(),
-           (tkey(listed[0]), listed[1]) if listed is not None else None)
-    plan = _PLANS.get(key)
-    return plan if plan is not None else _PLANS.put(key, DecodePlan(q, k, v, drop_mask, kv_lens, kv_len, sm_scale,
-                                                                    listed=listed))
+    return _PLANS.plan(lambda: DecodePlan(q, k, v, drop_mask, kv_lens, kv_len, sm_scale, listed=listed),
+                       tkey(q), tkey(k), tkey(v), tkey(drop_mask), tkey(kv_lens), kv_len, sm_scale,
+                       (tkey(listed[0]), listed[1]) if listed is not None else None)
 
 
 def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, out, lse, config=None,

@@ -3,7 +3,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..._launch import PlanCache, current_device, direct_ok, skey, tkey, tracing
+from ..._launch import HostPath, skey, tkey
 from ..._validate import (check_interpreter_dtype, check_same_device, check_scale, check_shape, check_tensor,
                           check_unit_last_stride)
 from .kernel import decode_plan
@@ -30,7 +30,7 @@ def _run(plan, q, k, v, drop_mask, kv_lens, kept_idx=None, kept_len=None):
     return out, lse
 
 
-_CHECKED = PlanCache()  # key of a call's raw arguments -> (plan, q is 4-d) once that call passed every check
+_PATH = HostPath("masked_decode")  # a checked call's key -> (plan, q is 4-d)
 
 
 @_masked_decode_op.register_fake
@@ -154,23 +154,24 @@ def masked_decode(
     Eager calls repeating a checked call's shapes, strides, dtypes and scalars reuse its launch plan (see _launch.py).
     """
     lens_t = kv_len if isinstance(kv_len, torch.Tensor) else None
-    if not tracing():
-        key = (tkey(q), tkey(k), tkey(v), tkey(drop_mask), tkey(lens_t), skey(kv_len) if lens_t is None else None,
-               skey(sm_scale), current_device(), tkey(kept_idx), tkey(kept_len), skey(dense_from))
-        hit = _CHECKED.get(key)
-        if hit is not None and direct_ok(q, k, v, drop_mask, lens_t, kept_idx, kept_len):
-            plan, squeeze = hit
-            out, lse = _run(plan, q[:, :, 0] if squeeze else q, k, v, drop_mask,
-                            lens_t.contiguous() if lens_t is not None else None, kept_idx,
-                            kept_len.contiguous() if kept_len is not None else None)
-            return (out.unsqueeze(2) if squeeze else out), lse
+    key = _PATH.key(lambda: (tkey(q), tkey(k), tkey(v), tkey(drop_mask), tkey(lens_t),
+                             skey(kv_len) if lens_t is None else None, skey(sm_scale), tkey(kept_idx), tkey(kept_len),
+                             skey(dense_from)))
+    hit = _PATH.hit(key, q, k, v, drop_mask, lens_t, kept_idx, kept_len)
+    if hit is not None:
+        plan, squeeze = hit
+        out, lse = _run(plan, q[:, :, 0] if squeeze else q, k, v, drop_mask,
+                        lens_t.contiguous() if lens_t is not None else None, kept_idx,
+                        kept_len.contiguous() if kept_len is not None else None)
+        return (out.unsqueeze(2) if squeeze else out), lse
     q, k, v, drop_mask, kv_lens, kv_len_int, scale, squeeze = prepare(q, k, v, drop_mask, kv_len, sm_scale)
     kept = prepare_kept(q, k, drop_mask, kept_idx, kept_len, dense_from)
     ki, kl, df = kept if kept is not None else (None, None, 0)
-    if not tracing() and direct_ok(q, k, v, drop_mask, kv_lens, ki, kl):  # the custom op would only run _run
-        listed = (ki, df) if kl is not None else None
-        plan = _CHECKED.put(key, (decode_plan(q, k, v, drop_mask, kv_lens, kv_len_int, scale, listed), squeeze))[0]
-        out, lse = _run(plan, q, k, v, drop_mask, kv_lens, ki, kl)
+    listed = (ki, df) if kl is not None else None
+    hit = _PATH.keep(key, lambda: (decode_plan(q, k, v, drop_mask, kv_lens, kv_len_int, scale, listed), squeeze),
+                     q, k, v, drop_mask, kv_lens, ki, kl)  # where the custom op would only run _run
+    if hit is not None:
+        out, lse = _run(hit[0], q, k, v, drop_mask, kv_lens, ki, kl)
     else:
         out, lse = _masked_decode_op(q, k, v, drop_mask, kv_lens, kv_len_int, scale, ki, kl, df)
     return (out.unsqueeze(2) if squeeze else out), lse

@@ -18,7 +18,7 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 
-from ..._launch import PlanCache, current_device, direct_ok, tkey, tracing
+from ..._launch import HostPath, tkey, tracing
 from ..._runtime import capability
 from .op import NVFP4Linear, _linear_tiled, check_tiled_call
 from .tiled import MMA_MAX_T, TiledPlan, tiled_launch, tiled_usable
@@ -51,6 +51,9 @@ def _(x, packed, scales, global_scale, bias, glu=False):
     return x.new_empty((x.shape[0], _width(packed, glu)))
 
 
+_GROUPS = HostPath("nvfp4_group")  # a checked stacked call's key -> its TiledPlan, or False (not tiled)
+
+
 class NVFP4Group:
     """Computes the NVFP4Linear layers `parts` (2-3, tiled, one in_features, one device, bias in all or none)
     together; installed as each part's `group` (see group_linears)."""
@@ -70,7 +73,6 @@ class NVFP4Group:
             cols.append(cols[-1] + m.out_features)
         self.cols = cols
         self.stash = None  # (x, its version, the stacked output) between the first part's call and the last's
-        self.plans = PlanCache()
 
     def _buffers(self):
         return [(m.packed, m.scales, m.global_scale, m.bias) for m in self.parts]
@@ -88,20 +90,16 @@ class NVFP4Group:
         bufs = self._buffers()
         flat = [t for w in bufs for t in w]
         width = self.cols[-1] // 2 if glu else self.cols[-1]
-        if not tracing():
-            key = (tkey(x), *(tkey(t) for t in flat), current_device(), glu)
-            plan = self.plans.get(key)
-            if plan is None:
-                x2 = None
-                for m in self.parts:
-                    x2 = check_tiled_call(m, x)
-                plan = self.plans.put(key, TiledPlan(x2, [m.out_features for m in self.parts], flat[3] is not None,
-                                                     glu) if x.stride(-1) == 1 and tiled_usable(x2) else False)
-            if plan and direct_ok(x, *flat):
-                return plan(x.reshape(-1, x.shape[-1]), *flat).reshape(*x.shape[:-1], width)
-        else:
+        key = _GROUPS.key(lambda: (tkey(x), *map(tkey, flat), glu))
+        plan = _GROUPS.hit(key, x, *flat)  # False: checked, but the tiled kernel cannot run it
+        if plan is None:
             for m in self.parts:
-                check_tiled_call(m, x)
+                x2 = check_tiled_call(m, x)
+            plan = _GROUPS.keep(key, lambda: TiledPlan(x2, [m.out_features for m in self.parts], flat[3] is not None,
+                                                       glu) if x.stride(-1) == 1 and tiled_usable(x2) else False,
+                                x, *flat)
+        if plan:
+            return plan(x.reshape(-1, x.shape[-1]), *flat).reshape(*x.shape[:-1], width)
         p, s, g, b = zip(*bufs)
         y = _parts_op(x.reshape(-1, x.shape[-1]), list(p), list(s), list(g), list(b), glu)
         return y.reshape(*x.shape[:-1], width)

@@ -3,7 +3,7 @@ from typing import Optional, Union
 
 import torch
 
-from ..._launch import PlanCache, current_device, direct_ok, new_token, run_planned, skey, tkey, tracing
+from ..._launch import HostPath, new_token, run_planned, skey, tkey
 from ..._validate import (check_bool, check_int, check_interpreter_dtype, check_no_self_overlap, check_same_device,
                           check_scale, check_shape, check_tensor)
 from .format import BLOCK, SCALE_DTYPES, as_bytes, check_k, nvfp4_quantize, u8
@@ -92,31 +92,26 @@ def nvfp4_gemv(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.T
     K must be a multiple of 16 (any M and L). Products and block sums are exact; blocks are accumulated in fp32;
     the result is rounded once to fp16 (overflow gives +-inf; a NaN scale (0x7f/0xff) makes its output NaN).
     """
-    key = None
-    if not tracing():
-        key = (tkey(a), tkey(b), tkey(sfa), tkey(sfb), tkey(out), skey(alpha), skey(static_weights), current_device())
-        hit = _CHECKED_GEMV.get(key)
-        if hit is not None and direct_ok(a, b, sfa, sfb, out):
-            if hit[2] is not None:
-                return _gemv_kept(hit[2], a, b, sfa, sfb, out)
-            return run_planned(hit[1], _gemv, a, b, sfa, sfb, out, hit[0], static_weights)
-    _check_gemv(a, b, sfa, sfb, out)
-    al = 1.0 if alpha is None else check_scale("alpha", alpha)
-    check_bool("static_weights", static_weights)
-    if key is not None and direct_ok(a, b, sfa, sfb, out):  # the custom op would only run _gemv: call it
-        plan = gemv_kept_plan(a, b, sfa, sfb, out if out is not None else _new_out(a), al, static_weights) \
-            if a.is_cuda else None
-        _, token, _ = _CHECKED_GEMV.put(key, (al, new_token(), plan))
-        if plan is not None:
-            return _gemv_kept(plan, a, b, sfa, sfb, out)
-        return run_planned(token, _gemv, a, b, sfa, sfb, out, al, static_weights)
+    key = _GEMV.key(lambda: (tkey(a), tkey(b), tkey(sfa), tkey(sfb), tkey(out), skey(alpha), skey(static_weights)))
+    hit = _GEMV.hit(key, a, b, sfa, sfb, out)
+    if hit is None:
+        _check_gemv(a, b, sfa, sfb, out)
+        al = 1.0 if alpha is None else check_scale("alpha", alpha)
+        check_bool("static_weights", static_weights)
+        hit = _GEMV.keep(key, lambda: (al, new_token(), gemv_kept_plan(
+            a, b, sfa, sfb, out if out is not None else _new_out(a), al, static_weights) if a.is_cuda else None),
+            a, b, sfa, sfb, out)  # where the custom op would only run _gemv: call it
+    if hit is not None:
+        if hit[2] is not None:
+            return _gemv_kept(hit[2], a, b, sfa, sfb, out)
+        return run_planned(hit[1], _gemv, a, b, sfa, sfb, out, hit[0], static_weights)
     if out is None:
         return _gemv_op(a, b, sfa, sfb, al, static_weights)
     _gemv_out_op(a, b, sfa, sfb, al, out, static_weights)
     return out
 
 
-_CHECKED_GEMV = PlanCache()  # raw-argument key -> (its alpha, plan token, kept GemvPlan or None) once fully checked
+_GEMV = HostPath("nvfp4_gemv")  # a checked call's key -> (its alpha, plan token, kept GemvPlan or None)
 
 
 def _gemv_kept(plan, a, b, sfa, sfb, out):
@@ -199,21 +194,19 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     (decode in registers, tensor-core dot, fp32 accumulation); larger T dequantizes W * global_scale to x's
     dtype (one rounding; the bias is rounded to x's dtype too) and calls cuBLAS.
     """
-    key = None
-    if not tracing():
-        gk = tkey(global_scale) if isinstance(global_scale, torch.Tensor) else skey(global_scale)
-        key = (tkey(x), tkey(packed), tkey(scales), gk, tkey(bias), current_device())
-        hit = _CHECKED_LINEAR.get(key)
-        gs_t = global_scale if isinstance(global_scale, torch.Tensor) else None
-        if hit is not None and direct_ok(x, packed, scales, bias, gs_t):
-            # (a plan's kernels read the global scale's address only: a 0-d or [1, 1] tensor needs no reshape)
-            gs = hit.gs if gs_t is None else gs_t if hit.flat_gs or hit.plan is not None else gs_t.reshape(1)
-            x2 = x if hit.flat_x else x.reshape(-1, x.shape[-1])
-            if hit.plan is not None:
-                y = hit.plan(x2, packed, scales, gs, bias)
-            else:
-                y = run_planned(hit.token, _linear, x2, packed, scales, gs, bias)
-            return y if hit.flat_x else y.reshape(*x.shape[:-1], -1)
+    gs_t = global_scale if isinstance(global_scale, torch.Tensor) else None
+    key = _LINEAR.key(lambda: (tkey(x), tkey(packed), tkey(scales), skey(global_scale) if gs_t is None else
+                               tkey(gs_t), tkey(bias)))
+    hit = _LINEAR.hit(key, x, packed, scales, bias, gs_t)
+    if hit is not None:
+        # (a plan's kernels read the global scale's address only: a 0-d or [1, 1] tensor needs no reshape)
+        gs = hit.gs if gs_t is None else gs_t if hit.flat_gs or hit.plan is not None else gs_t.reshape(1)
+        x2 = x if hit.flat_x else x.reshape(-1, x.shape[-1])
+        if hit.plan is not None:
+            y = hit.plan(x2, packed, scales, gs, bias)
+        else:
+            y = run_planned(hit.token, _linear, x2, packed, scales, gs, bias)
+        return y if hit.flat_x else y.reshape(*x.shape[:-1], -1)
     check_tensor("x", x, dtypes=_X_DTYPES)
     if x.dim() < 1:
         raise ValueError("x must have at least one dim [..., K]")
@@ -246,9 +239,9 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         check_interpreter_dtype(x=x)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    gs_t = global_scale if isinstance(global_scale, torch.Tensor) else None
-    if key is not None and direct_ok(x, packed, scales, bias, gs_t):  # the custom op would only run _linear
-        hit = _CHECKED_LINEAR.put(key, _LinearHit(x, x2, packed, scales, gs, gs_t, bias))
+    hit = _LINEAR.keep(key, lambda: _LinearPlan(x, x2, packed, scales, gs, gs_t, bias), x, packed, scales, bias,
+                       gs_t)  # where the custom op would only run _linear
+    if hit is not None:
         y = hit.plan(x2, packed, scales, gs, bias) if hit.plan is not None else \
             run_planned(hit.token, _linear, x2, packed, scales, gs, bias)
         return y.reshape(*lead, N)
@@ -256,7 +249,7 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     return y.reshape(*lead, N)
 
 
-class _LinearHit:
+class _LinearPlan:
     """What a checked nvfp4_linear key keeps: a number global scale's fp32 tensor (made once; a tensor's is the
     caller's), whether x and the global scale need no reshape, and the mma plan (else a token for run_planned)."""
     __slots__ = ("gs", "flat_x", "flat_gs", "plan", "token")
@@ -270,7 +263,7 @@ class _LinearHit:
         self.token = new_token()
 
 
-_CHECKED_LINEAR = PlanCache()  # raw-argument key -> _LinearHit, once the call passed every check
+_LINEAR = HostPath("nvfp4_linear")  # a checked call's key -> _LinearPlan
 
 
 @torch.library.custom_op("llmkernels::nvfp4_linear_tiled", mutates_args=())
@@ -301,7 +294,9 @@ def _(x, packed, scales, global_scale, bias):
     return x.new_empty((x.shape[0], packed.shape[0]))
 
 
-class _TiledHit:
+class _TiledPlan:
+    """What a checked tiled NVFP4Linear call keeps: whether x is its own [T, K], the kept plan (TiledPlan or
+    WgmmaPrefillPlan) where one runs, else a token for run_planned."""
     __slots__ = ("flat", "plan", "token")
 
     def __init__(self, x, x2, N, has_bias):
@@ -312,7 +307,7 @@ class _TiledHit:
         self.token = new_token()
 
 
-_CHECKED_TILED = PlanCache()
+_TILED = HostPath("nvfp4_linear_tiled")  # a checked call's key -> _TiledPlan
 
 
 def check_tiled_call(m: "NVFP4Linear", x: torch.Tensor) -> torch.Tensor:
@@ -340,20 +335,18 @@ def _tiled_forward(m: "NVFP4Linear", x: torch.Tensor) -> torch.Tensor:
     """NVFP4Linear.forward on its tiled weights: checks once per key (x's and the buffers' shapes, strides, dtypes,
     devices), then a cached plan."""
     p, s, gs, b = m.packed, m.scales, m.global_scale, m.bias
-    key = None
-    if not tracing():
-        key = (tkey(x), tkey(p), tkey(s), tkey(gs), tkey(b), current_device())
-        hit = _CHECKED_TILED.get(key)
-        if hit is not None and direct_ok(x, p, s, gs, b):
-            if hit.plan is not None:
-                if hit.flat:
-                    return hit.plan(x, p, s, gs, b)
-                return hit.plan(x.reshape(-1, m.in_features), p, s, gs, b).reshape(*x.shape[:-1], m.out_features)
-            y = run_planned(hit.token, _linear_tiled, x.reshape(-1, m.in_features), p, s, gs, b)
-            return y.reshape(*x.shape[:-1], m.out_features)
+    key = _TILED.key(lambda: (tkey(x), tkey(p), tkey(s), tkey(gs), tkey(b)))
+    hit = _TILED.hit(key, x, p, s, gs, b)
+    if hit is not None:
+        if hit.plan is not None:
+            if hit.flat:
+                return hit.plan(x, p, s, gs, b)
+            return hit.plan(x.reshape(-1, m.in_features), p, s, gs, b).reshape(*x.shape[:-1], m.out_features)
+        y = run_planned(hit.token, _linear_tiled, x.reshape(-1, m.in_features), p, s, gs, b)
+        return y.reshape(*x.shape[:-1], m.out_features)
     x2 = check_tiled_call(m, x)
-    if key is not None and direct_ok(x, p, s, gs, b):
-        hit = _CHECKED_TILED.put(key, _TiledHit(x, x2, m.out_features, b is not None))
+    hit = _TILED.keep(key, lambda: _TiledPlan(x, x2, m.out_features, b is not None), x, p, s, gs, b)
+    if hit is not None:
         if hit.plan is not None:
             return hit.plan(x2, p, s, gs, b).reshape(*x.shape[:-1], m.out_features)
         return run_planned(hit.token, _linear_tiled, x2, p, s, gs, b).reshape(*x.shape[:-1], m.out_features)

@@ -5,7 +5,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..._launch import PlanCache, direct_ok, new_token, run_planned, skey, tkey, tracing
+from ..._launch import HostPath, new_token, run_planned, skey, tkey
 from ..._validate import check_bool, check_shape, check_tensor, check_unit_last_stride
 from .bwd import BwdWsPlan, sparse_mla_bwd_launch
 from .common import Checked, SparseArgs, bare, call_key, prepare, rebind, rebind_is_view
@@ -84,16 +84,14 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
     """
     raw = (q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start, k_stride)
     qs_t = q_start if isinstance(q_start, torch.Tensor) else None
-    key = None
-    if not tracing():
-        key = call_key(*raw) + (tkey(out), tkey(dout), tkey(lse), skey(deterministic), dkv_dtype)
-        hit = _CHECKED.get(key)
-        if hit is not None and direct_ok(q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t):
-            if hit.raw_plan() is not None:
-                return _bwd_raw(hit.plan, q, kv, out, dout, indices, lse, attn_sink, topk_length, q_start)
-            a = rebind(hit.args, q, kv, indices, attn_sink, topk_length, q_start)
-            return _public(run_planned(hit.token, _bwd, a, out, dout, lse, None, deterministic,
-                                       dkv_dtype == torch.float32, hit.plan), kv, attn_sink)
+    key = _PATH.key(lambda: call_key(*raw) + (tkey(out), tkey(dout), tkey(lse), skey(deterministic), dkv_dtype))
+    hit = _PATH.hit(key, q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t)
+    if hit is not None:
+        if hit.raw_plan() is not None:
+            return _bwd_raw(hit.plan, q, kv, out, dout, indices, lse, attn_sink, topk_length, q_start)
+        a = rebind(hit.args, q, kv, indices, attn_sink, topk_length, q_start)
+        return _public(run_planned(hit.token, _bwd, a, out, dout, lse, None, deterministic,
+                                   dkv_dtype == torch.float32, hit.plan), kv, attn_sink)
     a = prepare(*raw)
     s_q, h_q, _ = a.q.shape
     for name, t in (("out", out), ("dout", dout)):
@@ -108,19 +106,20 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
     for name, t in (("out", out), ("dout", dout), ("lse", lse)):
         if t.device != a.q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {a.q.device}; all tensors must be on one device")
-    if key is not None and direct_ok(q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t):
-        # the custom op would only run _bwd: call it (a kept plan for the default mode: see bwd.BwdWsPlan)
-        fp32 = dkv_dtype == torch.float32
-        plan = None if deterministic else BwdWsPlan.make(a, out, dout, lse, torch.empty_like(a.q), fp32)
-        token = _CHECKED.put(key, Checked(bare(a), new_token(), plan, rebind_is_view(attn_sink, topk_length))).token
-        return _public(run_planned(token, _bwd, a, out, dout, lse, None, deterministic, dkv_dtype == torch.float32,
-                                   plan), kv, attn_sink)
+    fp32 = dkv_dtype == torch.float32
+    # where the custom op would only run _bwd: call it (a kept plan for the default mode: see bwd.BwdWsPlan)
+    hit = _PATH.keep(key, lambda: Checked(bare(a), new_token(), None if deterministic else BwdWsPlan.make(
+        a, out, dout, lse, torch.empty_like(a.q), fp32), rebind_is_view(attn_sink, topk_length)),
+        q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t)
+    if hit is not None:
+        return _public(run_planned(hit.token, _bwd, a, out, dout, lse, None, deterministic, fp32, hit.plan), kv,
+                       attn_sink)
     return _public(sparse_mla_bwd_op(
         a.q, a.kv, out, dout, a.indices, lse, None, a.sm_scale, a.d_v, a.attn_sink, a.topk_length, a.q_start_t,
         a.q_start_int, a.causal, a.k_stride, deterministic, dkv_dtype == torch.float32), kv, attn_sink)
 
 
-_CHECKED = PlanCache()  # key of a call's raw arguments -> its common.Checked, once that call passed every check
+_PATH = HostPath("sparse_mla_bwd")  # a checked call's key -> its common.Checked
 
 
 def _public(grads, kv, attn_sink):

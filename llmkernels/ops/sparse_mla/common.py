@@ -8,7 +8,7 @@ import triton.language as tl
 
 from ..._config import KernelConfig
 from ..._constants import LN2, LN2_C, LOG2E, LOG2E_C  # noqa: F401  (re-exported to the sparse MLA modules)
-from ..._launch import current_device, skey, tkey
+from ..._launch import skey, tkey
 from ..._validate import (check_int, check_interpreter_dtype, check_same_device, check_scale, check_tensor,
                           check_unit_last_stride)
 
@@ -132,10 +132,11 @@ def prepare(q, kv, indices, sm_scale, d_v: int = D_V, attn_sink=None, topk_lengt
 
 
 def call_key(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start, k_stride) -> tuple:
-    """The plan key of prepare's raw arguments (see _launch.py): a call with this key passed the same checks."""
+    """The plan key parts of prepare's raw arguments (HostPath.key adds the device): a call with this key passed the
+    same checks."""
     qs = tkey(q_start) if isinstance(q_start, torch.Tensor) else skey(q_start)
     return (tkey(q), tkey(kv), tkey(indices), skey(sm_scale), skey(d_v), tkey(attn_sink), tkey(topk_length), qs,
-            skey(k_stride), current_device())
+            skey(k_stride))
 
 
 def bare(a: SparseArgs) -> SparseArgs:

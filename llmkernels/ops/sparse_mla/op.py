@@ -4,7 +4,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..._launch import PlanCache, direct_ok, new_token, run_planned, tkey, tracing, zero_async
+from ..._launch import HostPath, new_token, run_planned, tkey, tracing, zero_async
 from ..._runtime import capturing
 from ..._validate import check_same_device, check_shape, check_tensor
 from .attn_dist import attn_dist_launch
@@ -58,22 +58,21 @@ def _dist_plan(a: SparseArgs, lse):
     return DistWsPlan(a, lse, torch.empty(a.indices.shape, dtype=torch.float32, device=a.q.device))
 
 
-# key of a call's raw arguments -> its common.Checked, once that call passed every check and ran directly
-_CHECKED = {"fwd": PlanCache(), "flash": PlanCache(), "dist": PlanCache()}
+# a checked call's key -> its common.Checked, where that call ran directly
+_PATHS = {"fwd": HostPath("sparse_mla"), "flash": HostPath("flash_mla_sparse_fwd"),
+          "dist": HostPath("sparse_mla_attn_dist")}
+
+
+def _tensors(raw, extra_tensors):
+    q, kv, indices, _, _, attn_sink, topk_length, q_start, _ = raw
+    return q, kv, indices, attn_sink, topk_length, *extra_tensors, q_start if isinstance(q_start, Tensor) else None
 
 
 def _lookup(kind, raw, extra_tensors=()):
     """(key, hit): hit = the common.Checked a direct call recorded for the key, where this call may run directly
     too, else None; the key is None while tracing."""
-    if tracing():
-        return None, None
-    key = call_key(*raw) + tuple(tkey(t) for t in extra_tensors)
-    hit = _CHECKED[kind].get(key)
-    q, kv, indices, _, _, attn_sink, topk_length, q_start, _ = raw
-    if hit is None or not direct_ok(q, kv, indices, attn_sink, topk_length, *extra_tensors,
-                                    q_start if isinstance(q_start, Tensor) else None):
-        return key, None
-    return key, hit
+    key = _PATHS[kind].key(lambda: call_key(*raw) + tuple(map(tkey, extra_tensors)))
+    return key, _PATHS[kind].hit(key, *_tensors(raw, extra_tensors))
 
 
 def _rebind(hit, raw):
@@ -84,12 +83,8 @@ def _rebind(hit, raw):
 def _direct(kind, key, a, raw, extra_tensors=(), plan=None):
     """After the checks: the hit (see _lookup) recorded for a call that runs directly, or None: the custom op.
     plan: a function of the canonical arguments making the kept plan (or None)."""
-    q, kv, indices, _, _, attn_sink, topk_length, q_start, _ = raw
-    if key is None or not direct_ok(q, kv, indices, attn_sink, topk_length, *extra_tensors,
-                                    q_start if isinstance(q_start, Tensor) else None):
-        return None
-    return _CHECKED[kind].put(key, Checked(bare(a), new_token(), plan(a) if plan is not None else None,
-                                           rebind_is_view(attn_sink, topk_length)))
+    return _PATHS[kind].keep(key, lambda: Checked(bare(a), new_token(), plan(a) if plan is not None else None,
+                                                  rebind_is_view(raw[5], raw[6])), *_tensors(raw, extra_tensors))
 
 
 def _fwd_raw(plan, raw):
