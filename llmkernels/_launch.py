@@ -7,7 +7,8 @@ the same compiled kernels, which specialise on exactly those properties (dtype, 
 by 16). So a cached plan skips the checks and Triton's per-launch argument binding (~0.6 us an argument), and an
 eager call skips torch's custom-op dispatch (~18 us) where that dispatch would only run the implementation: no
 torch.compile tracing, no dispatch or function mode, plain tensors, no autograd. Any other key runs the full checks:
-a bad input always gets its error. Every op takes this path through one mechanism, HostPath, over one plan cache.
+a bad input always gets its error. Every op takes this path through one mechanism (kept_plan / keep_plan below)
+over one plan cache.
 """
 import itertools
 import threading
@@ -38,54 +39,48 @@ class PlanCache(dict):
         return plan
 
 
-_PLANS = PlanCache()  # the one plan cache: (site, device, key parts ...) -> plan, for every HostPath
+_PLANS = PlanCache()  # the one plan cache: (site, device, key parts ...) -> plan, for every op
 
 
-class HostPath:
-    """One op's eager host path (see the module doc), its plans in the one plan cache. A public op reads:
+# The one eager host path every public op takes (see the module doc), over the one plan cache:
+#
+#     key = None if tracing() else (SITE, current_device(), tkey(x), skey(n), ...)  # SITE: the op's name
+#     plan = kept_plan(key, (x, ...))         # what a checked call with this key kept, where this call may run
+#     if plan is not None:                    # directly too (direct_ok over its tensors), else None
+#         return run(plan, x, ...)
+#     ...the checks: a bad input raises, naming the argument...
+#     plan = keep_plan(key, lambda: make(...), (x, ...))   # made and kept where a direct call is allowed
+#     return run(plan, x, ...) if plan is not None else the_custom_op(x, ...)
+#
+# (dynamo must not trace a key: data_ptr() breaks the graph.) Plan makers on checked arguments (a custom op's body)
+# use cached_plan(key, make). Module functions and tuple arguments: each method call or star-pack costs ~0.05-0.1 us
+# of a ~25 us call (benchmarks/notes/host_path.md, version 6).
 
-        key = PATH.key(lambda: (tkey(x), skey(n), ...))  # the raw arguments' key; None while tracing (a
-                                                 # lambda: dynamo must not trace data_ptr(), it breaks the graph)
-        plan = PATH.hit(key, x, ...)             # the plan a checked call with this key kept, where this call
-        if plan is not None:                     # may run directly too (direct_ok over its tensors), else None
-            return run(plan, x, ...)
-        ...the checks: a bad input raises, naming the argument...
-        plan = PATH.keep(key, lambda: make(...), x, ...)   # made and kept where a direct call is allowed
-        return run(plan, x, ...) if plan is not None else the_custom_op(x, ...)
+def kept_plan(key, tensors):
+    if key is None:
+        return None
+    plan = _PLANS.get(key)
+    return plan if plan is not None and _direct_ok(tensors) else None
 
-    A plan maker on checked arguments (a custom op's body, a module's call) uses plan(make, key parts ...)."""
-    __slots__ = ("site",)
 
-    def __init__(self, site: str):
-        self.site = site
+def keep_plan(key, make, tensors):
+    if key is None or not _direct_ok(tensors):
+        return None
+    return _PLANS.put(key, make())
 
-    def key(self, parts):
-        return None if tracing() else (self.site, current_device(), *parts())
 
-    def hit(self, key, *tensors):
-        if key is None:
-            return None
-        plan = _PLANS.get(key)
-        return plan if plan is not None and direct_ok(*tensors) else None
-
-    def keep(self, key, make, *tensors):
-        if key is None or not direct_ok(*tensors):
-            return None
-        return _PLANS.put(key, make())
-
-    def plan(self, make, *parts):
-        """The plan kept for these key parts (the current device added), made by make() the first time."""
-        key = (self.site, current_device(), *parts)
-        plan = _PLANS.get(key)
-        return plan if plan is not None else _PLANS.put(key, make())
+def cached_plan(key, make):
+    plan = _PLANS.get(key)
+    return plan if plan is not None else _PLANS.put(key, make())
 
 
 def tkey(t):
-    """What a tensor contributes to a plan key (None for an absent optional tensor)."""
+    """What a tensor contributes to a plan key (None for an absent optional tensor). Not its type: plans are kept
+    and hit only for plain tensors (direct_ok), and plan makers read shapes, strides and dtypes only."""
     if t is None:
         return None
     try:
-        return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15, type(t)
+        return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
     except Exception:  # not a tensor, or one without storage: never cached (the checks refuse or route it)
         return type(t), id(t)
 
@@ -132,15 +127,23 @@ def run_planned(token: int, fn, *args):
 def direct_ok(*tensors) -> bool:
     """True where calling an op's implementation directly is what torch's dispatcher would do anyway. The first tensor
     is the op's leading input: on CUDA, or the CPU under the interpreter (meta tensors go to the fake kernel)."""
+    return _direct_ok(tensors)
+
+
+def _direct_ok(tensors) -> bool:
     if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
         return False
     t0 = tensors[0]
     if not t0.is_cuda and (t0.device.type != "cpu" or not interpreting()):
         return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
-            return False
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and (type(t) is not torch.Tensor or t.requires_grad):
+                return False
+    else:
+        for t in tensors:
+            if t is not None and type(t) is not torch.Tensor:
+                return False
     return True
 
 

@@ -3,7 +3,7 @@ from typing import Sequence, Tuple, Union
 
 import torch
 
-from ..._launch import HostPath, tkey
+from ..._launch import current_device, keep_plan, kept_plan, tkey, tracing
 from ..._validate import check_same_device, check_tensor
 from .kernel import CombinePlan, Merge2Plan
 
@@ -45,7 +45,7 @@ def _stack(parts) -> torch.Tensor:
     return parts.contiguous() if isinstance(parts, torch.Tensor) else torch.stack(parts)
 
 
-_PATH = HostPath("merge_attention_states")  # a checked call's key -> its plan
+_SITE = "merge_attention_states"  # a checked call's key -> its plan
 
 
 def _stacked(name: str, parts, dtypes) -> torch.Tensor:
@@ -81,8 +81,8 @@ def merge_attention_states(
         (out [..., D] in the dtype of outs, lse [...] fp32): exactly what one pass over the union of the
         keys gives. Rows where every part saw no key get out 0 and lse -inf; a NaN lse makes its row NaN.
     """
-    key = _PATH.key(lambda: (_key(outs), _key(lses)))
-    plan = _PATH.hit(key, *_tensors(outs), *_tensors(lses))
+    key = None if tracing() else (_SITE, current_device(), _key(outs), _key(lses))
+    plan = kept_plan(key, (*_tensors(outs), *_tensors(lses)))
     if plan is not None:
         if type(plan) is Merge2Plan:
             return _run2(plan, outs, lses)
@@ -98,8 +98,8 @@ def merge_attention_states(
     check_same_device(outs=outs, lses=lses)
     outs, lses = outs.contiguous(), lses.contiguous()  # the kernel reads lse in any float dtype, +inf as -inf
     two = _two_contiguous(*raw)  # two separate parts: read in place, no stack (the checks above stacked them)
-    plan = _PATH.keep(key, lambda: Merge2Plan(outs[0].numel() // outs.shape[-1], outs.shape[-1]) if two else
-                      _plan(outs), *_tensors(raw[0]), *_tensors(raw[1]))
+    plan = keep_plan(key, lambda: Merge2Plan(outs[0].numel() // outs.shape[-1], outs.shape[-1]) if two else
+                      _plan(outs), (*_tensors(raw[0]), *_tensors(raw[1])))
     if plan is not None:
         return _run2(plan, *raw) if two else _run(plan, outs, lses)
     return _merge_op(outs, lses)

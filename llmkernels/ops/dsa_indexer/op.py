@@ -4,7 +4,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..._launch import HostPath, skey, tkey
+from ..._launch import current_device, keep_plan, kept_plan, skey, tkey, tracing
 from ..._runtime import interpreting, sm_count
 from ..._validate import check_interpreter_dtype, check_same_device, check_tensor
 from .kernel import launch, topk_logits_launch
@@ -71,9 +71,9 @@ def dsa_index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, sm
     [B, S, H] fp32 (transformers' weights_proj output times H^-0.5); positions [B or 1, S] int32 / int64, or None (no
     mask). NaN in q, k or weights gives NaN scores where they reach (a NaN key: that key's column; the top-k over them
     is then torch.topk's). Differentiable: no (the indexer selects under no_grad)."""
-    key = _SCORES.key(lambda: (tkey(q), tkey(k), tkey(weights), skey(sm_scale), tkey(positions), skey(key_start),
-                               skey(key_end)))
-    plan = _SCORES.hit(key, q, k, weights, positions)  # (key_end, positions expanded over B)
+    key = None if tracing() else (_SCORES, current_device(), tkey(q), tkey(k), tkey(weights), skey(sm_scale),
+                                  tkey(positions), skey(key_start), skey(key_end))
+    plan = kept_plan(key, (q, k, weights, positions))  # (key_end, positions expanded over B)
     if plan is not None:
         if plan[1]:
             positions = positions.expand(q.shape[0], -1)
@@ -97,12 +97,12 @@ def dsa_index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, sm
         positions = positions.expand(B, S)
     check_same_device(q=q, k=k, weights=weights, positions=positions)
     check_interpreter_dtype(q=q)
-    if _SCORES.keep(key, lambda: (key_end, expand), q, k, weights, positions):  # the custom op would only run it
+    if keep_plan(key, lambda: (key_end, expand), (q, k, weights, positions)):  # the custom op would only run it
         return _scores(q, k, weights, positions, float(sm_scale), key_start, key_end)
     return _op(q, k, weights, positions, float(sm_scale), key_start, key_end)
 
 
-_SCORES = HostPath("dsa_index_scores")  # a checked call's key -> (key_end, positions expanded over B)
+_SCORES = "dsa_index_scores"  # a checked call's key -> (key_end, positions expanded over B)
 
 
 @torch.library.custom_op("llmkernels::dsa_topk_logits", mutates_args=())
@@ -164,8 +164,9 @@ def dsa_topk_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, ind
     gradient to the indexer, llmkernels.indexer_kl_loss taking these logits): the backward recomputes the products
     (nothing [S, H, topk] is kept), its per-key sums fp16 / bf16 operands with fp32 accumulation, k's gradient added
     atomically (summation order varies from run to run). Shapes and dtypes as dsa_index_scores; indices int32."""
-    key = _LOGITS.key(lambda: (tkey(q), tkey(k), tkey(weights), tkey(indices), skey(sm_scale)))
-    if _LOGITS.hit(key, q, k, weights, indices):  # (no gradient wanted: direct_ok)
+    key = None if tracing() else (_LOGITS, current_device(), tkey(q), tkey(k), tkey(weights), tkey(indices),
+                                  skey(sm_scale))
+    if kept_plan(key, (q, k, weights, indices)):  # (no gradient wanted: direct_ok)
         return _logits(*_unit_last(q, k, weights, indices), float(sm_scale))
     B, S, H, D = _check_qkw(q, k, weights, sm_scale)
     check_tensor("indices", indices, dtypes=(torch.int32,), ndim=3)
@@ -174,7 +175,7 @@ def dsa_topk_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, ind
     check_same_device(q=q, k=k, weights=weights, indices=indices)
     check_interpreter_dtype(q=q)
     q, k, weights, indices = _unit_last(q, k, weights, indices)
-    if _LOGITS.keep(key, lambda: True, q, k, weights, indices):
+    if keep_plan(key, lambda: True, (q, k, weights, indices)):
         return _logits(q, k, weights, indices, float(sm_scale))
     return _logits_op(q, k, weights, indices, float(sm_scale))
 
@@ -183,4 +184,4 @@ def _unit_last(*ts):
     return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in ts)
 
 
-_LOGITS = HostPath("dsa_topk_logits")  # a checked call's key -> True
+_LOGITS = "dsa_topk_logits"  # a checked call's key -> True

@@ -4,7 +4,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..._launch import HostPath, skey, tkey
+from ..._launch import current_device, keep_plan, kept_plan, skey, tkey, tracing
 from ..._validate import (check_bool, check_int, check_interpreter_dtype, check_same_device, check_scale,
                           check_tensor, check_unit_last_stride)
 from ..xl_paged_decode.kernel import xl_plan
@@ -32,7 +32,7 @@ def _run(plan, q, k, v, rel_bias, lengths, block_tables, starts):
     return out, lse
 
 
-_PATH = HostPath("inkling_decode")  # a checked call's key -> its plan
+_SITE = "inkling_decode"  # a checked call's key -> its plan
 
 
 def _plan(q, k, v, rel_bias, lengths, block_tables, starts, window: int, scale: float):
@@ -133,15 +133,17 @@ def inkling_decode(
         an attended key, value or bias entry makes its row NaN.
     """
     args = (q, k, v, rel_bias, lengths, block_tables, starts)
-    key = _PATH.key(lambda: (*map(tkey, args), skey(window), skey(scale), skey(return_lse), skey(validate)))
-    plan = _PATH.hit(key, *args)
+    key = None if tracing() else (_SITE, current_device(), tkey(q), tkey(k), tkey(v), tkey(rel_bias), tkey(lengths),
+                                  tkey(block_tables), tkey(starts), skey(window), skey(scale), skey(return_lse),
+                                  skey(validate))
+    plan = kept_plan(key, args)
     if plan is not None:
         out, lse = _run(plan, *args)
         return (out, lse) if return_lse else out
     window, scale, return_lse = prepare(q, k, v, rel_bias, lengths, block_tables, window, starts, scale, return_lse,
                                         validate)
     contig = lengths.stride(0) == 1 and (starts is None or starts.stride(0) == 1)
-    plan = _PATH.keep(key, lambda: _plan(*args, window, scale), *args) if contig and not validate else None
+    plan = keep_plan(key, lambda: _plan(*args, window, scale), args) if contig and not validate else None
     if plan is not None:
         out, lse = _run(plan, *args)
     else:

@@ -3,7 +3,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..._launch import HostPath, skey, tkey
+from ..._launch import current_device, keep_plan, kept_plan, skey, tkey, tracing
 from ..._validate import (check_interpreter_dtype, check_same_device, check_scale, check_shape, check_tensor,
                           check_unit_last_stride)
 from .kernel import decode_plan
@@ -30,7 +30,7 @@ def _run(plan, q, k, v, drop_mask, kv_lens, kept_idx=None, kept_len=None):
     return out, lse
 
 
-_PATH = HostPath("masked_decode")  # a checked call's key -> (plan, q is 4-d)
+_SITE = "masked_decode"  # a checked call's key -> (plan, q is 4-d)
 
 
 @_masked_decode_op.register_fake
@@ -154,10 +154,10 @@ def masked_decode(
     Eager calls repeating a checked call's shapes, strides, dtypes and scalars reuse its launch plan (see _launch.py).
     """
     lens_t = kv_len if isinstance(kv_len, torch.Tensor) else None
-    key = _PATH.key(lambda: (tkey(q), tkey(k), tkey(v), tkey(drop_mask), tkey(lens_t),
-                             skey(kv_len) if lens_t is None else None, skey(sm_scale), tkey(kept_idx), tkey(kept_len),
-                             skey(dense_from)))
-    hit = _PATH.hit(key, q, k, v, drop_mask, lens_t, kept_idx, kept_len)
+    key = None if tracing() else (_SITE, current_device(), tkey(q), tkey(k), tkey(v), tkey(drop_mask), tkey(lens_t),
+                                  skey(kv_len) if lens_t is None else None, skey(sm_scale), tkey(kept_idx),
+                                  tkey(kept_len), skey(dense_from))
+    hit = kept_plan(key, (q, k, v, drop_mask, lens_t, kept_idx, kept_len))
     if hit is not None:
         plan, squeeze = hit
         out, lse = _run(plan, q[:, :, 0] if squeeze else q, k, v, drop_mask,
@@ -168,8 +168,8 @@ def masked_decode(
     kept = prepare_kept(q, k, drop_mask, kept_idx, kept_len, dense_from)
     ki, kl, df = kept if kept is not None else (None, None, 0)
     listed = (ki, df) if kl is not None else None
-    hit = _PATH.keep(key, lambda: (decode_plan(q, k, v, drop_mask, kv_lens, kv_len_int, scale, listed), squeeze),
-                     q, k, v, drop_mask, kv_lens, ki, kl)  # where the custom op would only run _run
+    hit = keep_plan(key, lambda: (decode_plan(q, k, v, drop_mask, kv_lens, kv_len_int, scale, listed), squeeze),
+                    (q, k, v, drop_mask, kv_lens, ki, kl))  # where the custom op would only run _run
     if hit is not None:
         out, lse = _run(hit[0], q, k, v, drop_mask, kv_lens, ki, kl)
     else:

@@ -5,7 +5,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..._launch import HostPath, launch, skey, tkey
+from ..._launch import current_device, keep_plan, kept_plan, launch, skey, tkey, tracing
 from ..._runtime import next_pow2
 from ..._validate import check_bool, check_choice, check_int, check_same_device, check_scale, check_tensor
 from .kernel import _moe_topk_grouped_kernel, _moe_topk_kernel
@@ -69,7 +69,7 @@ def _backward(ctx, g_w, _g_i):
 
 
 _moe_topk_op.register_autograd(_backward, setup_context=_setup)
-_PATH = HostPath("moe_topk")  # a checked call's key -> True
+_SITE = "moe_topk"  # a checked call's key -> True
 
 
 def check_routing(E: int, k, n_group=1, topk_group=1) -> None:
@@ -98,9 +98,9 @@ def moe_topk(logits: torch.Tensor, k: int, renormalize: bool = True, *, scoring:
     whose two best sum highest; weights are the chosen scores, / (sum + 1e-20) when renormalize. Equal values go
     lowest index first. A row holding a NaN logit gets NaN weights (on experts 0 .. k-1). Differentiable in logits
     (the weights' gradient, as transformers' routers have it; the choice is a constant). Errors name the argument."""
-    key = _PATH.key(lambda: (tkey(logits), skey(k), skey(renormalize), skey(scoring), tkey(bias), skey(n_group),
-                             skey(topk_group), skey(scale)))
-    if _PATH.hit(key, logits, bias):
+    key = None if tracing() else (_SITE, current_device(), tkey(logits), skey(k), skey(renormalize), skey(scoring),
+                                  tkey(bias), skey(n_group), skey(topk_group), skey(scale))
+    if kept_plan(key, (logits, bias)):
         return _run(logits, k, renormalize, scoring, bias, n_group, topk_group, scale)
     check_tensor("logits", logits, dtypes=(torch.float16, torch.bfloat16, torch.float32), ndim=2)
     check_bool("renormalize", renormalize)
@@ -115,6 +115,6 @@ def moe_topk(logits: torch.Tensor, k: int, renormalize: bool = True, *, scoring:
         if bias.shape[0] != E:
             raise ValueError(f"bias must have one value per expert ({E}), got shape {tuple(bias.shape)}")
     check_same_device(logits=logits, bias=bias)
-    if _PATH.keep(key, lambda: True, logits, bias):
+    if keep_plan(key, lambda: True, (logits, bias)):
         return _run(logits, k, renormalize, scoring, bias, n_group, topk_group, scale)
     return _moe_topk_op(logits, k, renormalize, scoring, bias, n_group, topk_group, scale)

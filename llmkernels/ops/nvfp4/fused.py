@@ -18,7 +18,7 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 
-from ..._launch import HostPath, tkey, tracing
+from ..._launch import current_device, keep_plan, kept_plan, tkey, tracing
 from ..._runtime import capability
 from .op import NVFP4Linear, _linear_tiled, check_tiled_call
 from .tiled import MMA_MAX_T, TiledPlan, tiled_launch, tiled_usable
@@ -51,7 +51,7 @@ def _(x, packed, scales, global_scale, bias, glu=False):
     return x.new_empty((x.shape[0], _width(packed, glu)))
 
 
-_GROUPS = HostPath("nvfp4_group")  # a checked stacked call's key -> its TiledPlan, or False (not tiled)
+_GROUPS = "nvfp4_group"  # a checked stacked call's key -> its TiledPlan, or False (not tiled)
 
 
 class NVFP4Group:
@@ -90,14 +90,14 @@ class NVFP4Group:
         bufs = self._buffers()
         flat = [t for w in bufs for t in w]
         width = self.cols[-1] // 2 if glu else self.cols[-1]
-        key = _GROUPS.key(lambda: (tkey(x), *map(tkey, flat), glu))
-        plan = _GROUPS.hit(key, x, *flat)  # False: checked, but the tiled kernel cannot run it
+        key = None if tracing() else (_GROUPS, current_device(), tkey(x), *map(tkey, flat), glu)
+        plan = kept_plan(key, (x, *flat))  # False: checked, but the tiled kernel cannot run it
         if plan is None:
             for m in self.parts:
                 x2 = check_tiled_call(m, x)
-            plan = _GROUPS.keep(key, lambda: TiledPlan(x2, [m.out_features for m in self.parts], flat[3] is not None,
-                                                       glu) if x.stride(-1) == 1 and tiled_usable(x2) else False,
-                                x, *flat)
+            plan = keep_plan(key, lambda: TiledPlan(x2, [m.out_features for m in self.parts], flat[3] is not None,
+                                                    glu) if x.stride(-1) == 1 and tiled_usable(x2) else False,
+                             (x, *flat))
         if plan:
             return plan(x.reshape(-1, x.shape[-1]), *flat).reshape(*x.shape[:-1], width)
         p, s, g, b = zip(*bufs)

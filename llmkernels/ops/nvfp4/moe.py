@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._launch import HostPath, launch, tkey
+from ..._launch import current_device, keep_plan, kept_plan, launch, tkey, tracing
 from ..._runtime import cdiv, interpreting
 from ..._validate import check_same_device, check_tensor
 from .moe_grouped import moe_grouped
@@ -138,7 +138,7 @@ def _(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd):
     return torch.empty_like(x)
 
 
-_PATH = HostPath("nvfp4_moe")  # a checked call's key -> True
+_SITE = "nvfp4_moe"  # a checked call's key -> True
 
 
 def _flat(gate, up, down) -> tuple:
@@ -152,8 +152,9 @@ def nvfp4_moe(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.T
     (NVFP4Linear's, stacked), down likewise [E, H, I/2] ... -> y [T, H] in x's dtype: each token's sum over its k
     chosen experts of weight * down(silu(gate(x)) * up(x)). Indices outside [0, E) add nothing. Errors name the
     argument. Eager calls repeating a checked call's shapes, strides, dtypes and devices skip the checks."""
-    key = _PATH.key(lambda: tuple(map(tkey, (x, top_k_index, top_k_weights, *gate, *up, *down))))
-    if _PATH.hit(key, x, top_k_index, top_k_weights):
+    key = None if tracing() else (_SITE, current_device(),
+                                  *map(tkey, (x, top_k_index, top_k_weights, *gate, *up, *down)))
+    if kept_plan(key, (x, top_k_index, top_k_weights)):
         return _moe(x, top_k_index, top_k_weights, *_flat(gate, up, down))
     check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16), ndim=2)
     T, H = x.shape
@@ -170,6 +171,6 @@ def nvfp4_moe(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.T
     _check_proj("down", down, E, H, I)
     check_same_device(x=x, top_k_index=top_k_index, top_k_weights=top_k_weights, gate=gate[0], up=up[0],
                       down=down[0])
-    if _PATH.keep(key, lambda: True, x, top_k_index, top_k_weights):  # the custom op would only run _moe
+    if keep_plan(key, lambda: True, (x, top_k_index, top_k_weights)):  # the custom op would only run _moe
         return _moe(x, top_k_index, top_k_weights, *_flat(gate, up, down))
     return _nvfp4_moe_op(x, top_k_index, top_k_weights, *_flat(gate, up, down))

@@ -3,7 +3,7 @@ from typing import Optional, Union
 
 import torch
 
-from ..._launch import HostPath, new_token, run_planned, skey, tkey
+from ..._launch import current_device, keep_plan, kept_plan, new_token, run_planned, skey, tkey, tracing
 from ..._validate import (check_bool, check_int, check_interpreter_dtype, check_no_self_overlap, check_same_device,
                           check_scale, check_shape, check_tensor)
 from .format import BLOCK, SCALE_DTYPES, as_bytes, check_k, nvfp4_quantize, u8
@@ -92,15 +92,16 @@ def nvfp4_gemv(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.T
     K must be a multiple of 16 (any M and L). Products and block sums are exact; blocks are accumulated in fp32;
     the result is rounded once to fp16 (overflow gives +-inf; a NaN scale (0x7f/0xff) makes its output NaN).
     """
-    key = _GEMV.key(lambda: (tkey(a), tkey(b), tkey(sfa), tkey(sfb), tkey(out), skey(alpha), skey(static_weights)))
-    hit = _GEMV.hit(key, a, b, sfa, sfb, out)
+    key = None if tracing() else (_GEMV, current_device(), tkey(a), tkey(b), tkey(sfa), tkey(sfb), tkey(out),
+                                  skey(alpha), skey(static_weights))
+    hit = kept_plan(key, (a, b, sfa, sfb, out))
     if hit is None:
         _check_gemv(a, b, sfa, sfb, out)
         al = 1.0 if alpha is None else check_scale("alpha", alpha)
         check_bool("static_weights", static_weights)
-        hit = _GEMV.keep(key, lambda: (al, new_token(), gemv_kept_plan(
+        hit = keep_plan(key, lambda: (al, new_token(), gemv_kept_plan(
             a, b, sfa, sfb, out if out is not None else _new_out(a), al, static_weights) if a.is_cuda else None),
-            a, b, sfa, sfb, out)  # where the custom op would only run _gemv: call it
+            (a, b, sfa, sfb, out))  # where the custom op would only run _gemv: call it
     if hit is not None:
         if hit[2] is not None:
             return _gemv_kept(hit[2], a, b, sfa, sfb, out)
@@ -111,7 +112,7 @@ def nvfp4_gemv(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.T
     return out
 
 
-_GEMV = HostPath("nvfp4_gemv")  # a checked call's key -> (its alpha, plan token, kept GemvPlan or None)
+_GEMV = "nvfp4_gemv"  # a checked call's key -> (its alpha, plan token, kept GemvPlan or None)
 
 
 def _gemv_kept(plan, a, b, sfa, sfb, out):
@@ -195,9 +196,9 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     dtype (one rounding; the bias is rounded to x's dtype too) and calls cuBLAS.
     """
     gs_t = global_scale if isinstance(global_scale, torch.Tensor) else None
-    key = _LINEAR.key(lambda: (tkey(x), tkey(packed), tkey(scales), skey(global_scale) if gs_t is None else
-                               tkey(gs_t), tkey(bias)))
-    hit = _LINEAR.hit(key, x, packed, scales, bias, gs_t)
+    key = None if tracing() else (_LINEAR, current_device(), tkey(x), tkey(packed), tkey(scales),
+                                  skey(global_scale) if gs_t is None else tkey(gs_t), tkey(bias))
+    hit = kept_plan(key, (x, packed, scales, bias, gs_t))
     if hit is not None:
         # (a plan's kernels read the global scale's address only: a 0-d or [1, 1] tensor needs no reshape)
         gs = hit.gs if gs_t is None else gs_t if hit.flat_gs or hit.plan is not None else gs_t.reshape(1)
@@ -239,8 +240,8 @@ def nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         check_interpreter_dtype(x=x)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    hit = _LINEAR.keep(key, lambda: _LinearPlan(x, x2, packed, scales, gs, gs_t, bias), x, packed, scales, bias,
-                       gs_t)  # where the custom op would only run _linear
+    hit = keep_plan(key, lambda: _LinearPlan(x, x2, packed, scales, gs, gs_t, bias), (x, packed, scales, bias,
+                       gs_t))  # where the custom op would only run _linear
     if hit is not None:
         y = hit.plan(x2, packed, scales, gs, bias) if hit.plan is not None else \
             run_planned(hit.token, _linear, x2, packed, scales, gs, bias)
@@ -263,7 +264,7 @@ class _LinearPlan:
         self.token = new_token()
 
 
-_LINEAR = HostPath("nvfp4_linear")  # a checked call's key -> _LinearPlan
+_LINEAR = "nvfp4_linear"  # a checked call's key -> _LinearPlan
 
 
 @torch.library.custom_op("llmkernels::nvfp4_linear_tiled", mutates_args=())
@@ -307,7 +308,7 @@ class _TiledPlan:
         self.token = new_token()
 
 
-_TILED = HostPath("nvfp4_linear_tiled")  # a checked call's key -> _TiledPlan
+_TILED = "nvfp4_linear_tiled"  # a checked call's key -> _TiledPlan
 
 
 def check_tiled_call(m: "NVFP4Linear", x: torch.Tensor) -> torch.Tensor:
@@ -335,8 +336,8 @@ def _tiled_forward(m: "NVFP4Linear", x: torch.Tensor) -> torch.Tensor:
     """NVFP4Linear.forward on its tiled weights: checks once per key (x's and the buffers' shapes, strides, dtypes,
     devices), then a cached plan."""
     p, s, gs, b = m.packed, m.scales, m.global_scale, m.bias
-    key = _TILED.key(lambda: (tkey(x), tkey(p), tkey(s), tkey(gs), tkey(b)))
-    hit = _TILED.hit(key, x, p, s, gs, b)
+    key = None if tracing() else (_TILED, current_device(), tkey(x), tkey(p), tkey(s), tkey(gs), tkey(b))
+    hit = kept_plan(key, (x, p, s, gs, b))
     if hit is not None:
         if hit.plan is not None:
             if hit.flat:
@@ -345,7 +346,7 @@ def _tiled_forward(m: "NVFP4Linear", x: torch.Tensor) -> torch.Tensor:
         y = run_planned(hit.token, _linear_tiled, x.reshape(-1, m.in_features), p, s, gs, b)
         return y.reshape(*x.shape[:-1], m.out_features)
     x2 = check_tiled_call(m, x)
-    hit = _TILED.keep(key, lambda: _TiledPlan(x, x2, m.out_features, b is not None), x, p, s, gs, b)
+    hit = keep_plan(key, lambda: _TiledPlan(x, x2, m.out_features, b is not None), (x, p, s, gs, b))
     if hit is not None:
         if hit.plan is not None:
             return hit.plan(x2, p, s, gs, b).reshape(*x.shape[:-1], m.out_features)

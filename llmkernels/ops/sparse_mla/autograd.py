@@ -5,7 +5,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..._launch import HostPath, new_token, run_planned, skey, tkey
+from ..._launch import current_device, keep_plan, kept_plan, new_token, run_planned, skey, tkey, tracing
 from ..._validate import check_bool, check_shape, check_tensor, check_unit_last_stride
 from .bwd import BwdWsPlan, sparse_mla_bwd_launch
 from .common import Checked, SparseArgs, bare, call_key, prepare, rebind, rebind_is_view
@@ -84,8 +84,9 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
     """
     raw = (q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start, k_stride)
     qs_t = q_start if isinstance(q_start, torch.Tensor) else None
-    key = _PATH.key(lambda: call_key(*raw) + (tkey(out), tkey(dout), tkey(lse), skey(deterministic), dkv_dtype))
-    hit = _PATH.hit(key, q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t)
+    key = None if tracing() else (_SITE, current_device(), *call_key(*raw), tkey(out), tkey(dout), tkey(lse),
+                                  skey(deterministic), dkv_dtype)
+    hit = kept_plan(key, (q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t))
     if hit is not None:
         if hit.raw_plan() is not None:
             return _bwd_raw(hit.plan, q, kv, out, dout, indices, lse, attn_sink, topk_length, q_start)
@@ -108,9 +109,9 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
             raise ValueError(f"{name} is on {t.device} but q is on {a.q.device}; all tensors must be on one device")
     fp32 = dkv_dtype == torch.float32
     # where the custom op would only run _bwd: call it (a kept plan for the default mode: see bwd.BwdWsPlan)
-    hit = _PATH.keep(key, lambda: Checked(bare(a), new_token(), None if deterministic else BwdWsPlan.make(
+    hit = keep_plan(key, lambda: Checked(bare(a), new_token(), None if deterministic else BwdWsPlan.make(
         a, out, dout, lse, torch.empty_like(a.q), fp32), rebind_is_view(attn_sink, topk_length)),
-        q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t)
+        (q, kv, out, dout, indices, lse, attn_sink, topk_length, qs_t))
     if hit is not None:
         return _public(run_planned(hit.token, _bwd, a, out, dout, lse, None, deterministic, fp32, hit.plan), kv,
                        attn_sink)
@@ -119,7 +120,7 @@ def sparse_mla_bwd(q, kv, out, dout, indices, lse, sm_scale: float, d_v: int = 5
         a.q_start_int, a.causal, a.k_stride, deterministic, dkv_dtype == torch.float32), kv, attn_sink)
 
 
-_PATH = HostPath("sparse_mla_bwd")  # a checked call's key -> its common.Checked
+_SITE = "sparse_mla_bwd"  # a checked call's key -> its common.Checked
 
 
 def _public(grads, kv, attn_sink):

@@ -4,7 +4,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..._launch import HostPath, new_token, run_planned, tkey, tracing, zero_async
+from ..._launch import current_device, keep_plan, kept_plan, new_token, run_planned, tkey, tracing, zero_async
 from ..._runtime import capturing
 from ..._validate import check_same_device, check_shape, check_tensor
 from .attn_dist import attn_dist_launch
@@ -59,8 +59,8 @@ def _dist_plan(a: SparseArgs, lse):
 
 
 # a checked call's key -> its common.Checked, where that call ran directly
-_PATHS = {"fwd": HostPath("sparse_mla"), "flash": HostPath("flash_mla_sparse_fwd"),
-          "dist": HostPath("sparse_mla_attn_dist")}
+_SITE_OF = {"fwd": "sparse_mla", "flash": "flash_mla_sparse_fwd",
+          "dist": "sparse_mla_attn_dist"}
 
 
 def _tensors(raw, extra_tensors):
@@ -71,8 +71,8 @@ def _tensors(raw, extra_tensors):
 def _lookup(kind, raw, extra_tensors=()):
     """(key, hit): hit = the common.Checked a direct call recorded for the key, where this call may run directly
     too, else None; the key is None while tracing."""
-    key = _PATHS[kind].key(lambda: call_key(*raw) + tuple(map(tkey, extra_tensors)))
-    return key, _PATHS[kind].hit(key, *_tensors(raw, extra_tensors))
+    key = None if tracing() else (_SITE_OF[kind], current_device(), *call_key(*raw), *map(tkey, extra_tensors))
+    return key, kept_plan(key, _tensors(raw, extra_tensors))
 
 
 def _rebind(hit, raw):
@@ -83,8 +83,8 @@ def _rebind(hit, raw):
 def _direct(kind, key, a, raw, extra_tensors=(), plan=None):
     """After the checks: the hit (see _lookup) recorded for a call that runs directly, or None: the custom op.
     plan: a function of the canonical arguments making the kept plan (or None)."""
-    return _PATHS[kind].keep(key, lambda: Checked(bare(a), new_token(), plan(a) if plan is not None else None,
-                                                  rebind_is_view(raw[5], raw[6])), *_tensors(raw, extra_tensors))
+    return keep_plan(key, lambda: Checked(bare(a), new_token(), plan(a) if plan is not None else None,
+                                          rebind_is_view(raw[5], raw[6])), _tensors(raw, extra_tensors))
 
 
 def _fwd_raw(plan, raw):

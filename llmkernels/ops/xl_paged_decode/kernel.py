@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from ..._constants import LN2_C, LOG2E, LOG2E_C
-from ..._launch import HostPath, tkey
+from ..._launch import cached_plan, current_device, tkey
 from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
 from ..._pdl import pdl_enabled, pdl_enter
@@ -405,16 +405,16 @@ class XLPlan:
                                       starts if starts is not None else context_lens), self.ints, out, lse, q)
 
 
-_PLANS = HostPath("xl_paged_decode.plan")
+_PLANS = "xl_paged_decode.plan"
 
 
 def xl_plan(q, k_cache, v_cache, block_tables, context_lens, u, bd, scale: float, rel: bool = False,
             window: int = 0, starts: bool = False) -> XLPlan:
     """The cached plan for these (already checked) arguments (rel / window / starts: inkling_decode's, see XLPlan)."""
-    return _PLANS.plan(lambda: XLPlan(q, k_cache, v_cache, block_tables, u, bd, scale, rel=rel, window=window,
-                                      starts=starts),
-                       tkey(q), tkey(k_cache), tkey(v_cache), tkey(block_tables), tkey(context_lens), tkey(u),
-                       tkey(bd), scale, rel, window, starts)
+    return cached_plan((_PLANS, current_device(), tkey(q), tkey(k_cache), tkey(v_cache), tkey(block_tables),
+                        tkey(context_lens), tkey(u), tkey(bd), scale, rel, window, starts),
+                       lambda: XLPlan(q, k_cache, v_cache, block_tables, u, bd, scale, rel=rel, window=window,
+                                      starts=starts))
 
 
 def xl_paged_decode_fwd(q, k_cache, v_cache, block_tables, context_lens, u, bd, scale: float, out, lse,

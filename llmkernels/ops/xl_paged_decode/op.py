@@ -3,7 +3,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..._launch import HostPath, skey, tkey
+from ..._launch import current_device, keep_plan, kept_plan, skey, tkey, tracing
 from ..._validate import (check_bool, check_interpreter_dtype, check_same_device, check_scale, check_tensor,
                           check_unit_last_stride)
 from .kernel import xl_plan
@@ -29,7 +29,7 @@ def _run(plan, q, k_cache, v_cache, block_tables, context_lens, u, bd):
     return out, lse
 
 
-_PATH = HostPath("xl_paged_decode")  # a checked call's key -> its plan
+_SITE = "xl_paged_decode"  # a checked call's key -> its plan
 
 
 @_xl_paged_decode_op.register_fake
@@ -181,15 +181,16 @@ def xl_paged_decode(
     Eager calls repeating a checked call's shapes, strides, dtypes and scalars reuse its launch plan (see _launch.py).
     """
     args = (q, k_cache, v_cache, block_tables, context_lens, u, bd)
-    key = _PATH.key(lambda: (*map(tkey, args), skey(scale), skey(return_lse), skey(validate)))
-    plan = _PATH.hit(key, *args)
+    key = None if tracing() else (_SITE, current_device(), tkey(q), tkey(k_cache), tkey(v_cache), tkey(block_tables),
+                                  tkey(context_lens), tkey(u), tkey(bd), skey(scale), skey(return_lse), skey(validate))
+    plan = kept_plan(key, args)
     if plan is not None:
         out, lse = _run(plan, *args)
         return (out, lse) if return_lse else out
     scale, return_lse = prepare(q, k_cache, v_cache, block_tables, context_lens, u, bd, scale, return_lse,
                                 validate)
     # where the custom op would only run _run: call it, and let the next call with this key skip the checks
-    plan = _PATH.keep(key, lambda: xl_plan(*args, scale), *args) if context_lens.stride(0) == 1 and not validate \
+    plan = keep_plan(key, lambda: xl_plan(*args, scale), args) if context_lens.stride(0) == 1 and not validate \
         else None
     if plan is not None:
         out, lse = _run(plan, *args)
