@@ -553,3 +553,19 @@ def test_cpu_tensors_need_the_interpreter(device, monkeypatch):
     x = make_inputs(1, 1, 4, 8, 64, torch.float16, torch.device("cpu"))
     with pytest.raises(ValueError, match="kernels run on CUDA devices"):
         masked_decode(x["q"], x["k"], x["v"])
+
+
+def test_kept_rows_split_by_row_splits(monkeypatch):
+    """Kept lists / prefixes aim at ~32 splits a row (rows of unequal length balance over short programs), between
+    their configs' waves (4 lists, 2 prefixes) and 16 waves: on 132 SMs 64 rows -> 32 splits (15.5 waves), one
+    sequence's 8 rows -> 4 waves (66) or 2 (33); chunks stay >= MIN_CHUNK."""
+    from llmkernels.ops.masked_decode import kernel
+    from llmkernels.ops.masked_decode.kernel import LISTED_CONFIG, MIN_CHUNK, PREFIX_CONFIG, _plan
+    monkeypatch.setattr(kernel, "num_sms", lambda device: 132)
+    cpu = torch.device("cpu")
+    lists = lambda B, L: _plan(B, 8, L, cpu, LISTED_CONFIG.waves, LISTED_CONFIG.row_splits)[0]  # noqa: E731
+    prefix = lambda B, L: _plan(B, 8, L, cpu, PREFIX_CONFIG.waves, PREFIX_CONFIG.row_splits)[0]  # noqa: E731
+    assert (lists(8, 32768), lists(4, 65536), lists(1, 131072)) == (32, 32, 66)
+    assert (prefix(8, 32768), prefix(4, 65536), prefix(1, 131072)) == (32, 32, 33)
+    assert lists(64, 32768) == 4 and lists(1, 1000) == math.ceil(1000 / MIN_CHUNK)  # 16 waves at most; short rows
+    assert _plan(1, 8, 131072, cpu, 2)[0] == 33  # without row_splits: waves alone, as the dense path plans

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from ..._constants import LN2_C, LOG2E
-from ..._launch import HostPath, tkey
+from ..._launch import cached_plan, current_device, tkey
 from ..._config import KernelConfig
 from ..._runtime import cdiv, next_pow2, num_sms
 from ..._pdl import pdl_enabled, pdl_enter
@@ -163,22 +163,30 @@ class DecodeConfig(KernelConfig):
     fuse_merge: int = 64
     list_ahead: bool = True  # kept lists: a tile's entries loaded one iteration ahead (else left to the pipeliner)
     heavy_first: bool = False  # kept lists / prefixes: rows launched longest first (<= 256 rows)
+    row_splits: int = 0  # > 0: aim at this many splits a row, `waves` (at least) to 16 waves, instead of `waves`
 
 
 CONFIG = DecodeConfig()
 MASKED_CONFIG = DecodeConfig(block_n=64, num_stages=3)
-# kept lists: gathered 64-row tiles as the masked path's; more waves, so that rows whose heads keep more tokens (a
-# press's budgets differ per head) are balanced by the SMs taking the next program (a guess, to be swept on a GPU)
-LISTED_CONFIG = DecodeConfig(block_n=64, num_stages=3, waves=4)
+# Kept lists and compacted prefixes (H200 sweeps, benchmarks/notes/kvpress.md): rows of unequal length (a press's
+# per-head budgets) want short programs the SMs balance, ~32 splits a row at B 4-8 (16 waves at 64 rows), while few
+# rows want few waves (B 1: the merge of many short splits dominates). Lists: 64-row gathered tiles in 2 stages
+# (0.54-0.64 of dense at half kept uniform, 3 stages 0.67-0.75); prefixes stream contiguous tiles in 3.
+LISTED_CONFIG = DecodeConfig(block_n=64, num_stages=2, waves=4, row_splits=32)
+PREFIX_CONFIG = DecodeConfig(block_n=64, num_stages=3, waves=2, row_splits=32)
 
 
 MIN_CHUNK = 128  # tokens a split: 512 left short caches under-split (B=1, Hkv 8, L 554: 9.5 -> 5.6 us a call)
 
 
-def _plan(B: int, Hkv: int, L: int, device: torch.device, waves: int):
-    """Split L so that B * Hkv * splits ~ waves * SMs, with chunks of >= MIN_CHUNK tokens (multiples of 16)."""
+def _plan(B: int, Hkv: int, L: int, device: torch.device, waves: float, row_splits: int = 0):
+    """Split L so that B * Hkv * splits ~ waves * SMs (row_splits > 0: ~row_splits a row, between waves and 16
+    waves), with chunks of >= MIN_CHUNK tokens (multiples of 16)."""
+    rows, sms = max(B * Hkv, 1), num_sms(device)
+    if row_splits:
+        waves = min(16.0, max(waves, row_splits * rows / sms))
     # rounded down: one program too many starts a second wave (round(3 * 132 / 8) = 50 splits = 400 > 396 slots)
-    splits = max(1, min(int(waves * num_sms(device) / max(B * Hkv, 1)), cdiv(L, MIN_CHUNK)))
+    splits = max(1, min(int(waves * sms / rows + 1e-6), cdiv(L, MIN_CHUNK)))
     chunk = cdiv(cdiv(max(L, 1), splits), 16) * 16
     return cdiv(max(L, 1), chunk), chunk
 
@@ -190,10 +198,12 @@ class DecodePlan:
     q [B, Hq, D] (unit last stride); k, v [B, Hkv, L, D]; drop_mask bool or None; kv_lens int32/int64 [B] contiguous
     or None; out [B, Hq, D] and lse [B, Hq] contiguous; listed: (kept_idx int32 [B, Hkv, M], dense_from int) or
     None (the kept lists in place of a mask; kept_len int32 [B, Hkv] contiguous at the call). config may override
-    the keys of CONFIG (no mask) / MASKED_CONFIG (a drop mask) / LISTED_CONFIG (kept lists)."""
+    the keys of CONFIG (no mask) / MASKED_CONFIG (a drop mask) / LISTED_CONFIG (kept lists) / PREFIX_CONFIG (kept
+    prefixes)."""
 
     def __init__(self, q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, config=None, listed=None):
-        base = LISTED_CONFIG if listed is not None else CONFIG if drop_mask is None else MASKED_CONFIG
+        base = (PREFIX_CONFIG if listed[0] is None else LISTED_CONFIG) if listed is not None else \
+            CONFIG if drop_mask is None else MASKED_CONFIG
         cfg = base.with_(config)
         B, Hq, D = q.shape
         Hkv, L = k.shape[1], k.shape[2]
@@ -203,7 +213,7 @@ class DecodePlan:
         if listed is not None:  # a row: at most M listed positions, then those from dense_from on
             M = listed[0].shape[2] if listed[0] is not None else listed[1]  # a prefix list: at most dense_from
             span = M + max(span - listed[1], 0)
-        splits, chunk = _plan(B, Hkv, span, q.device, cfg.waves)
+        splits, chunk = _plan(B, Hkv, span, q.device, cfg.waves, cfg.row_splits if listed is not None else 0)
         ms = drop_mask.stride() if drop_mask is not None else \
             listed[0].stride() if listed is not None and listed[0] is not None else (0, 0, 0)
         if listed is not None:
@@ -235,14 +245,14 @@ class DecodePlan:
                           self.ints, out, lse, q, (kept_len, self.dense_from))
 
 
-_PLANS = HostPath("masked_decode.plan")
+_PLANS = "masked_decode.plan"
 
 
 def decode_plan(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, listed=None) -> DecodePlan:
     """The cached plan for these (already checked) arguments; listed: (kept_idx, dense_from) or None."""
-    return _PLANS.plan(lambda: DecodePlan(q, k, v, drop_mask, kv_lens, kv_len, sm_scale, listed=listed),
-                       tkey(q), tkey(k), tkey(v), tkey(drop_mask), tkey(kv_lens), kv_len, sm_scale,
-                       (tkey(listed[0]), listed[1]) if listed is not None else None)
+    return cached_plan((_PLANS, current_device(), tkey(q), tkey(k), tkey(v), tkey(drop_mask), tkey(kv_lens), kv_len,
+                        sm_scale, (tkey(listed[0]), listed[1]) if listed is not None else None),
+                       lambda: DecodePlan(q, k, v, drop_mask, kv_lens, kv_len, sm_scale, listed=listed))
 
 
 def masked_decode_fwd(q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, out, lse, config=None,
