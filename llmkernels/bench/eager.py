@@ -174,9 +174,34 @@ def _nvfp4():
                     [Impl("llmkernels-eager", gemv)])]
 
 
+def _moe():
+    """A MoE layer's decode-time pieces at the Qwen3-30B-A3B shape, one token: the router's choice (moe_topk against
+    transformers' softmax + topk + renormalisation in torch's ops) and the routed experts (nvfp4_moe against
+    transformers' bf16 grouped_mm experts module)."""
+    from ..ops.moe_topk.op import moe_topk
+    from ..ops.moe_topk.reference import moe_topk_ref
+    from ..ops.nvfp4.spec import make_moe_inputs, moe_routing
+    from .specs.nvfp4_moe import MOE_SHAPES, _ours, _transformers_available, _transformers_bf16
+    E, H, I, k = MOE_SHAPES["qwen3-30b-a3b"]
+    router = _case({"router": "qwen3-moe", "T": 1, "E": E, "k": k},
+                   lambda: {"x": torch.randn(1, E, device="cuda").to(torch.bfloat16)})
+
+    def experts():
+        idx = moe_routing(1, E, k, torch.device("cpu"), seed=1).cuda()
+        return make_moe_inputs(1, E, H, I, k, torch.bfloat16, torch.device("cuda"), idx=idx)
+
+    return [OpBench("moe_topk", lambda quick: [router],
+                    [Impl("llmkernels-eager", lambda x: lambda: moe_topk(x["x"], k)),
+                     Impl("torch-ops-eager", lambda x: lambda: moe_topk_ref(x["x"], k))]),
+            OpBench("nvfp4_moe", lambda quick: [_case({"model": "qwen3-30b-a3b", "T": 1, "E": E, "H": H, "I": I,
+                                                       "k": k}, experts)],
+                    [Impl("llmkernels-eager", _ours),
+                     Impl("transformers-bf16-grouped-mm-eager", _transformers_bf16, _transformers_available)])]
+
+
 def benches(ops=None):
     """The eager benches of the given registry op names (all when None)."""
-    out = [_masked_decode(), _merge(), _xl(), _inkling(), *_sparse_mla(), *_nvfp4()]
+    out = [_masked_decode(), _merge(), _xl(), _inkling(), *_sparse_mla(), *_nvfp4(), *_moe()]
     if ops is not None:
         wanted = set(ops) | ({"merge_attention_states"} if "masked_decode" in ops else set())
         out = [b for b in out if b.op in wanted]

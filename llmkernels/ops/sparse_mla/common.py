@@ -132,8 +132,8 @@ def prepare(q, kv, indices, sm_scale, d_v: int = D_V, attn_sink=None, topk_lengt
 
 
 def call_key(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, q_start, k_stride) -> tuple:
-    """The plan key parts of prepare's raw arguments (the op's key adds its site and the device): a call with this key passed the
-    same checks."""
+    """The plan key parts of prepare's raw arguments (the op's key adds its site and the device): a call with this key
+    passed the same checks."""
     qs = tkey(q_start) if isinstance(q_start, torch.Tensor) else skey(q_start)
     return (tkey(q), tkey(kv), tkey(indices), skey(sm_scale), skey(d_v), tkey(attn_sink), tkey(topk_length), qs,
             skey(k_stride))
