@@ -142,3 +142,30 @@ def test_gpu_mma_kernels_match_plain_and_reference(dtype, T, E, H, inter, k, rou
     xs.copy_(x["x"])
     assert rel_err(_moe(xs, idx, x["w"], *flat, mma=True, grouped=False), ref) <= MOE_TOL[dtype]
     assert rel_err(nvfp4_moe(xs, idx, x["w"], x["gate"], x["up"], x["down"]), ref) <= MOE_TOL[dtype]
+
+
+@pytest.mark.parametrize("mma_runs", [True, False])
+def test_path_rule(monkeypatch, mma_runs):
+    """Which kernels a call of T tokens takes: where the mma pair runs, per pair up to MMA_MAX_T (in expert order from
+    SORT_FROM_T), grouped past it; elsewhere the plain pair up to MOE_MAX_T, grouped past it."""
+    from llmkernels.ops.nvfp4 import moe
+    took = []
+    monkeypatch.setattr(moe, "moe_tiled_usable", lambda x, k: mma_runs)
+    monkeypatch.setattr(moe, "moe_tiled", lambda *a: took.append("sorted" if a[-1] is not None else "mma") or a[12])
+    monkeypatch.setattr(moe, "moe_grouped", lambda x, *a: took.append("grouped") or x)
+    monkeypatch.setattr(moe, "launch", lambda *a, **k: took.append("plain"))
+    E, H, inter, k = 4, 256, 256, 2
+    w = torch.zeros(E, inter, H // 2, dtype=torch.uint8)
+    s = torch.zeros(E, inter, H // 16, dtype=torch.uint8)
+    wd = torch.zeros(E, H, inter // 2, dtype=torch.uint8)
+    sd = torch.zeros(E, H, inter // 16, dtype=torch.uint8)
+    g = torch.ones(E)
+    for T in (1, moe.SORT_FROM_T - 1, moe.SORT_FROM_T, moe.MOE_MAX_T, moe.MOE_MAX_T + 1, moe.MMA_MAX_T,
+              moe.MMA_MAX_T + 1):
+        x = torch.zeros(T, H, dtype=torch.float16)
+        idx = torch.zeros(T, k, dtype=torch.int32)
+        moe._moe(x, idx, torch.ones(T, k), w, s, g, w, s, g, wd, sd, g)
+    if mma_runs:
+        assert took == ["mma", "mma", "sorted", "mma", "mma", "sorted", "grouped"]
+    else:  # (the plain pair is two launches)
+        assert took == ["plain"] * 2 + ["grouped"] * 2 + ["plain"] * 2 + ["grouped"] * 3
