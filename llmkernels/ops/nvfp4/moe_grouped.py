@@ -98,6 +98,23 @@ def _grouped_down_kernel(h_ptr, order_ptr, pstart_ptr, tstart_ptr, rw_ptr, wd_pt
                  mask=(rows[:, None] < H) & ok[None, :])
 
 
+def expert_tiles(idx, E: int, BT: int):
+    """The (token, slot) pairs of idx [T, k] grouped by expert on the device, in tiles of up to BT pairs of one
+    expert: (order int32 [P]: the pairs by expert, stable; pstart int32 [E + 2]: expert e's pairs are
+    order[pstart[e]:pstart[e + 1]]; tstart int32 [E + 1]: its tiles are tstart[e] .. tstart[e + 1] - 1, tstart[E]
+    in all; the grid's tile count E + P / BT, the most any routing needs; LOG_E for _expert_of). Slots outside
+    [0, E) sort last and get no tile."""
+    P, dev = idx.numel(), idx.device
+    ids = idx.reshape(-1).long()
+    key = torch.where((ids >= 0) & (ids < E), ids, E)
+    order = torch.argsort(key, stable=True).to(torch.int32)
+    counts = torch.zeros(E + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))
+    zero = torch.zeros(1, dtype=torch.int64, device=dev)
+    pstart = torch.cat([zero, counts.cumsum(0)]).to(torch.int32)
+    tstart = torch.cat([zero, ((counts[:E] + BT - 1) // BT).cumsum(0)]).to(torch.int32)
+    return order, pstart, tstart, E + cdiv(P, BT), max(1, math.ceil(math.log2(E + 1)))
+
+
 def moe_grouped(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd, BT: int = 64, BN: int = 64, BKW: int = 4):
     """nvfp4_moe's grouped path: x [T, H], idx [T, k] (contiguous), rw [T, k], the stacks as _moe takes them (uint8
     scales) -> y [T, H] in x's dtype."""
@@ -105,14 +122,7 @@ def moe_grouped(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd, BT: int = 64, BN
     E, I = wg.shape[0], wg.shape[1]
     k = idx.shape[1]
     P, dev = T * k, x.device
-    ids = idx.reshape(-1).long()
-    key = torch.where((ids >= 0) & (ids < E), ids, E)  # slots outside [0, E) sort last and get no tile
-    order = torch.argsort(key, stable=True).to(torch.int32)
-    counts = torch.zeros(E + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))
-    zero = torch.zeros(1, dtype=torch.int64, device=dev)
-    pstart = torch.cat([zero, counts.cumsum(0)]).to(torch.int32)  # expert e's pairs: order[pstart[e]:pstart[e + 1]]
-    tstart = torch.cat([zero, ((counts[:E] + BT - 1) // BT).cumsum(0)]).to(torch.int32)
-    tiles, log_e = E + cdiv(P, BT), max(1, math.ceil(math.log2(E + 1)))
+    order, pstart, tstart, tiles, log_e = expert_tiles(idx, E, BT)
     fix = interpreting()
     h = torch.empty(P, I, dtype=x.dtype, device=dev)  # rows of dropped slots: never written, never read
     launch(_grouped_up_kernel, (cdiv(I, BN), tiles), x, order, pstart, tstart, wg.view(torch.int64), sg, gg,

@@ -31,7 +31,7 @@ def _iter4(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, w1t, w1b, w
 
 @triton.jit
 def _stream(pw, ps, px, n, e, DT: tl.constexpr, LOADS: tl.constexpr, WIDE: tl.constexpr):
-    """acc0 and acc2 (rows r and r + 8, token column 0 in lanes % 4 == 0) over n iterations from pw / ps / px;
+    """acc0 .. acc3 (rows r and r + 8 x token columns 2 (lane % 4) and + 1) over n iterations from pw / ps / px;
     LOADS 2: the next iteration's words loaded before this one decodes (its last reload stays in range)."""
     acc0 = tl.zeros(e.shape, tl.float32)
     acc1, acc2, acc3, acc4, acc5, acc6, acc7 = acc0, acc0, acc0, acc0, acc0, acc0, acc0
@@ -49,7 +49,7 @@ def _stream(pw, ps, px, n, e, DT: tl.constexpr, LOADS: tl.constexpr, WIDE: tl.co
         else:
             sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b = _ld_iter(pw, ps)
         px += 64 * adv
-    return acc0, acc2
+    return acc0, acc1, acc2, acc3
 
 
 @triton.jit(do_not_specialize=["one"])
@@ -76,7 +76,7 @@ def _moe_up_mma(x_ptr, idx_ptr, wg_ptr, sg_ptr, gg_ptr, wu_ptr, su_ptr, gu_ptr, 
     pw = tl.where(up, wu_ptr, wg_ptr) + ex * s_we + (((blk // 2) * KI + i_at) * 128 + lane) * 2
     ps = tl.where(up, su_ptr, sg_ptr) + ex * s_se + ((blk // 2) * KI + i_at) * 32 + lane
     px = x_ptr + (p // K_TOP) * s_xt + 4 * (16 * i_at + lane % 4)
-    acc0, acc2 = _stream(pw, ps, px, per, e, DT, LOADS, WIDE)
+    acc0, _, acc2, _ = _stream(pw, ps, px, per, e, DT, LOADS, WIDE)
     if USE_GDC and TRIGGER == 2:
         tl.extra.cuda.gdc_launch_dependents()
     g = tl.arange(0, 32)
@@ -120,7 +120,7 @@ def _moe_down_mma(h_ptr, idx_ptr, rw_ptr, wd_ptr, sd_ptr, gd_ptr, y_ptr, E, K_TO
     pw = wd_ptr + ex * s_we + ((blk * KI) * 128 + lane) * 2
     ps = sd_ptr + ex * s_se + (blk * KI) * 32 + lane
     px = h_ptr + pair.to(tl.int64) * s_ht + 4 * (lane % 4)
-    acc0, acc2 = _stream(pw, ps, px, KI, e, DT, LOADS, WIDE)
+    acc0, _, acc2, _ = _stream(pw, ps, px, KI, e, DT, LOADS, WIDE)
     if USE_GDC and TRIGGER == 2:
         tl.extra.cuda.gdc_launch_dependents()
     acc0 = tl.where(ok, acc0 * scale, 0.0)  # where, not a product: a dropped slot's h row is never written
