@@ -122,10 +122,11 @@ def _run_topk(logits, k, renormalize, *rest):
     _run(logits, k, renormalize, *rest)
 
 
-def moe(T, E, H, inter, k, dtype=torch.bfloat16, mma=True, sort=False):
-    """nvfp4_moe: the grouped NVFP4 experts (two launches): the mma kernels (sm_90), or the plain Triton ones."""
+def moe(T, E, H, inter, k, dtype=torch.bfloat16, mma=True, sort=False, tiles=False):
+    """nvfp4_moe: the grouped NVFP4 experts (two launches): the mma kernels (sm_90; tiles: 8 pairs of an expert an
+    mma), or the plain Triton ones."""
     from llmkernels.ops.nvfp4.moe import _moe
-    from llmkernels.ops.nvfp4.moe_tiled import moe_tiled
+    from llmkernels.ops.nvfp4.moe_tiled import moe_tiled, moe_tiled_pairs
     u8 = torch.uint8
 
     def proj(N, K):
@@ -134,7 +135,9 @@ def moe(T, E, H, inter, k, dtype=torch.bfloat16, mma=True, sort=False):
     def go():
         x, idx, w = e(T, H, dtype=dtype), torch.zeros(T, k, dtype=torch.int64), e(T, k, dtype=dtype)
         ws = (*proj(inter, H), *proj(inter, H), *proj(H, inter))
-        if mma:
+        if tiles:
+            moe_tiled_pairs(x, idx, w, *ws)
+        elif mma:
             moe_tiled(x, idx, w, *ws, e(T, H, dtype=dtype), e(T * k, inter, dtype=dtype),
                       torch.zeros(T * k, dtype=torch.int64) if sort else None)
         else:
@@ -255,6 +258,8 @@ CONFIGS = {
     "moe bf16 T4 E64 H7168 I2048 k6": moe(4, 64, 7168, 2048, 6),  # slots padded to 8 warps
     "moe triton bf16 T1 E128 H2048 I768 k8": moe(1, 128, 2048, 768, 8, mma=False),
     "moe grouped bf16 T512 E128 H2048 I768 k8": moe(512, 128, 2048, 768, 8, mma=False),  # prefill: by expert
+    "moe mma tiles bf16 T512 E128 H2048 I768 k8": moe(512, 128, 2048, 768, 8, tiles=True),
+    "moe mma tiles fp16 T256 E128 H4096 I1536 k8": moe(256, 128, 4096, 1536, 8, torch.float16, tiles=True),
     "moe triton fp16 T16 E8 H4096 I1536 k2": moe(16, 8, 4096, 1536, 2, torch.float16, mma=False),
     "moe_topk bf16 T1 E128 k8": lambda: _run_topk(e(1, 128, dtype=torch.bfloat16), 8, True),
     "moe_topk fp32 T16 E1024 k32": lambda: _run_topk(e(16, 1024, dtype=torch.float32), 32, False),

@@ -19,7 +19,7 @@ from ..._launch import current_device, keep_plan, kept_plan, launch, tkey, traci
 from ..._runtime import cdiv, interpreting
 from ..._validate import check_same_device, check_tensor
 from .moe_grouped import moe_grouped
-from .moe_tiled import moe_tiled, moe_tiled_usable
+from .moe_tiled import moe_tiled, moe_tiled_pairs, moe_tiled_usable
 from .tiled_layout import tiled_values
 
 # Tokens of a call the per-pair kernels take before the grouped ones (moe_grouped): the plain pair (the interpreter's
@@ -102,13 +102,15 @@ def _nvfp4_moe_op(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: tor
 MMA = os.environ.get("LLMKERNELS_MOE_MMA", "1") != "0"
 
 
-def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=None, grouped=None, sort=None):
+def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=None, grouped=None, sort=None,
+         tiles=False):
     """Scales as their bytes (uint8): the kernels decode them. grouped (None: past MMA_MAX_T tokens on the mma
     kernels, MOE_MAX_T on the plain ones): the pairs sorted by expert (moe_grouped), else one program group a pair:
     mma (None: MMA) the mma-fed kernels where they run (moe_tiled_usable), else the plain ones (the interpreter's).
     Both per-pair paths take any T (benchmarks and tests force them). sort (None: from SORT_FROM_T tokens): the mma
     up kernel takes the pairs in order of their experts (an argsort on the device; a shared expert's weights come
-    from L2)."""
+    from L2). tiles: the grouped path on the mma kernels (moe_tiled_pairs: 8 pairs of an expert a tile), for the
+    benchmarks and tests until timed."""
     T, H = x.shape
     E, I = wg.shape[0], wg.shape[1]
     K_TOP = top_k_index.shape[1]
@@ -117,7 +119,8 @@ def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=
     idx = top_k_index.contiguous()
     mma = (MMA if mma is None else mma) and moe_tiled_usable(x, K_TOP)
     if (T > (MMA_MAX_T if mma else MOE_MAX_T)) if grouped is None else grouped:  # an expert's weights read once a tile
-        return moe_grouped(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd)
+        go = moe_tiled_pairs if mma and tiles else moe_grouped
+        return go(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd)
     y = torch.empty_like(x)
     h = torch.empty(T * K_TOP, I, dtype=x.dtype, device=x.device)  # a dropped slot's row is never read
     if mma:

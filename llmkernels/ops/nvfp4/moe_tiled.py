@@ -12,6 +12,7 @@ import triton.language as tl
 from ..._launch import launch
 from ..._pdl import pdl_enter, pdl_enabled
 from ..._runtime import capability, cdiv, interpreting, next_pow2, planned_sms
+from .moe_grouped import _expert_of, expert_tiles
 from .tiled import _ld_iter, _pow2, _store_sum, _tiled_step
 from .tiled_layout import TILE_K, TILE_N
 
@@ -133,6 +134,97 @@ def _moe_down_mma(h_ptr, idx_ptr, rw_ptr, wd_ptr, sd_ptr, gd_ptr, y_ptr, E, K_TO
     _store_slots(acc2, row + 8, t0, H, yt, one, R, KS)
 
 
+@triton.jit
+def _tile_cols(w, lane, order_ptr, pstart_ptr, tstart_ptr, E, LOG_E: tl.constexpr):
+    """Work tile w's expert (int64), its first pair's place q0 in order, the end of the expert's pairs, and each
+    lane's pair (token column lane // 4; a column past the tile's pairs repeats its last one, never stored)."""
+    ex = _expert_of(w, tstart_ptr, E, LOG_E)
+    q0 = tl.load(pstart_ptr + ex) + (w - tl.load(tstart_ptr + ex)) * 8
+    q_end = tl.load(pstart_ptr + ex + 1)
+    pair = tl.load(order_ptr + tl.minimum(q0 + lane // 4, q_end - 1)).to(tl.int64)
+    return ex.to(tl.int64), q0, q_end, pair
+
+
+@triton.jit
+def _col_pairs(order_ptr, q0, q_end, P):
+    """The pairs of the accumulators' token columns 2 (lane % 4) and + 1, as [1, 32]; P where a column is empty."""
+    c = q0 + (2 * (tl.arange(0, 32) % 4))[None, :]
+    return (tl.load(order_ptr + c, mask=c < q_end, other=P).to(tl.int64),
+            tl.load(order_ptr + c + 1, mask=c + 1 < q_end, other=P).to(tl.int64))
+
+
+@triton.jit(do_not_specialize=["one"])
+def _moe_up_tiles(x_ptr, order_ptr, pstart_ptr, tstart_ptr, wg_ptr, sg_ptr, gg_ptr, wu_ptr, su_ptr, gu_ptr, h_ptr,
+                  E, K_TOP, I, KI, per, P, s_xt, s_we, s_se, one, R: tl.constexpr, KS: tl.constexpr,
+                  LOG_E: tl.constexpr, WIDE: tl.constexpr):
+    """Grid (groups of R blocks of 16 rows over gate and up, work tiles): a tile's up to 8 pairs of one expert
+    (moe_grouped.expert_tiles with BT 8) are the mma's 8 token columns, so the expert's weights are decoded once
+    for them: h[p] = silu(gate_e(x_t)) * up_e(x_t), t = p // K_TOP. Warps as _moe_up_mma's."""
+    DT: tl.constexpr = h_ptr.dtype.element_ty
+    W: tl.constexpr = R * KS
+    pid = tl.program_id(0)
+    w = tl.program_id(1)
+    if w < tl.load(tstart_ptr + E):  # tiles past the routing's own: nothing to do
+        e = tl.arange(0, 32 * W)
+        lane = (e % 32) * one
+        ex, q0, q_end, pair = _tile_cols(w, lane, order_ptr, pstart_ptr, tstart_ptr, E, LOG_E)
+        blk = tl.minimum(pid * R + e // (32 * KS), 2 * (I // 16) - 1).to(tl.int64)  # past the end: read, not stored
+        i_at = ((e // 32) % KS) * per
+        up = blk % 2 == 1
+        pw = tl.where(up, wu_ptr, wg_ptr) + ex * s_we + (((blk // 2) * KI + i_at) * 128 + lane) * 2
+        ps = tl.where(up, su_ptr, sg_ptr) + ex * s_se + ((blk // 2) * KI + i_at) * 32 + lane
+        px = x_ptr + (pair // K_TOP) * s_xt + 4 * (16 * i_at + lane % 4)
+        acc0, acc1, acc2, acc3 = _stream(pw, ps, px, per, e, DT, 1, WIDE)
+        p0, p1 = _col_pairs(order_ptr, q0, q_end, P)
+        g = tl.arange(0, 32)
+        row = pid * (8 * R) + tl.arange(0, R // 2)[:, None] * 16 + (g // 4)[None, :]
+        gg, gu = gg_ptr + ex, gu_ptr + ex
+        _store_sum(acc0, row, p0, P, 2 * I, gg, gg_ptr, gu, gu_ptr, h_ptr, I, one, R, KS, False, True)
+        _store_sum(acc1, row, p1, P, 2 * I, gg, gg_ptr, gu, gu_ptr, h_ptr, I, one, R, KS, False, True)
+        _store_sum(acc2, row + 8, p0, P, 2 * I, gg, gg_ptr, gu, gu_ptr, h_ptr, I, one, R, KS, False, True)
+        _store_sum(acc3, row + 8, p1, P, 2 * I, gg, gg_ptr, gu, gu_ptr, h_ptr, I, one, R, KS, False, True)
+
+
+@triton.jit
+def _store_pairs(acc, row, p, scale, P, N, o_ptr, one, R: tl.constexpr, KS: tl.constexpr):
+    """One accumulator summed over the KS warps that split K, times the decode's 2^-7 and scale [1, 32], stored in
+    fp32 at o[p, row] for the columns' pairs p < P."""
+    v = tl.reshape(acc, [R, 32]) if KS == 1 else tl.sum(tl.reshape(acc, [R, KS, 32]), axis=1)
+    tl.store(o_ptr + p * N + row * one, v * (128.0 * scale), mask=(row < N) & (p < P))
+
+
+@triton.jit(do_not_specialize=["one"])
+def _moe_down_tiles(h_ptr, order_ptr, pstart_ptr, tstart_ptr, rw_ptr, wd_ptr, sd_ptr, gd_ptr, o_ptr, dt_ptr, E, H, KI,
+                    per, P, s_ht, s_we, s_se, one, R: tl.constexpr, KS: tl.constexpr, LOG_E: tl.constexpr):
+    """Grid (groups of R blocks of 16 rows of H, work tiles): o[p] = rw[p] gd[e] down_e(h[p]) in fp32 for a tile's
+    up to 8 pairs of one expert (the mma's token columns); KS warps split K (I) and sum in shared memory. The sum
+    over each token's slots is the caller's. dt_ptr: a tensor of h's dtype (h_ptr is its int64 words)."""
+    DT: tl.constexpr = dt_ptr.dtype.element_ty
+    W: tl.constexpr = R * KS
+    pid = tl.program_id(0)
+    w = tl.program_id(1)
+    if w < tl.load(tstart_ptr + E):
+        e = tl.arange(0, 32 * W)
+        lane = (e % 32) * one
+        ex, q0, q_end, pair = _tile_cols(w, lane, order_ptr, pstart_ptr, tstart_ptr, E, LOG_E)
+        blk = tl.minimum(pid * R + e // (32 * KS), H // 16 - 1).to(tl.int64)
+        i_at = ((e // 32) % KS) * per
+        pw = wd_ptr + ex * s_we + ((blk * KI + i_at) * 128 + lane) * 2
+        ps = sd_ptr + ex * s_se + (blk * KI + i_at) * 32 + lane
+        px = h_ptr + pair * s_ht + 4 * (16 * i_at + lane % 4)
+        acc0, acc1, acc2, acc3 = _stream(pw, ps, px, per, e, DT, 1, True)
+        p0, p1 = _col_pairs(order_ptr, q0, q_end, P)
+        gd = tl.load(gd_ptr + ex)
+        s0 = tl.load(rw_ptr + p0, mask=p0 < P, other=0.0).to(tl.float32) * gd
+        s1 = tl.load(rw_ptr + p1, mask=p1 < P, other=0.0).to(tl.float32) * gd
+        g = tl.arange(0, 32)
+        row = pid * (16 * R) + tl.arange(0, R)[:, None] * 16 + (g // 4)[None, :]
+        _store_pairs(acc0, row, p0, s0, P, H, o_ptr, one, R, KS)
+        _store_pairs(acc1, row, p1, s1, P, H, o_ptr, one, R, KS)
+        _store_pairs(acc2, row + 8, p0, s0, P, H, o_ptr, one, R, KS)
+        _store_pairs(acc3, row + 8, p1, s1, P, H, o_ptr, one, R, KS)
+
+
 def moe_tiled_usable(x: torch.Tensor, k: int) -> bool:
     """sm_90+ (the tiled mma decode), up to 16 slots a token, 8-byte aligned activation rows with unit stride."""
     if interpreting() or x.device.type != "cuda" or capability(x.device)[0] < 9:
@@ -142,8 +234,9 @@ def moe_tiled_usable(x: torch.Tensor, k: int) -> bool:
 
 def _up_plan(pairs: int, I: int, KI: int, device):
     """(R, KS, per): about 32 warps an SM over the pairs' gate / up blocks, KS a power of 2 dividing KI with at
-    least 2 iterations a warp (tiled_config's rule), R even (blocks alternate gate / up)."""
-    want = 32 * planned_sms(None, device) / (pairs * 2 * I // TILE_N)
+    least 2 iterations a warp (tiled_config's rule), R even (blocks alternate gate / up). pairs: the programs' pair
+    (or tile) count."""
+    want = 32 * planned_sms(None, device) / max(pairs * 2 * I // TILE_N, 1)
     ks = max(1, min(_pow2(want, False), 16, _pow2(max(KI // 2, 1), False)))
     while KI % ks:
         ks //= 2
@@ -171,3 +264,28 @@ def moe_tiled(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd, y, h, order=None):
            sd.view(torch.int64), gd, y, E, k, H, I // TILE_K, I // 4, y.stride(0), wd.stride(0) // 8,
            sd.stride(0) // 8, 1, R=r, KS=ks, LOADS=1, WIDE=True, num_warps=r * ks, **opts)
     return y
+
+
+def moe_tiled_pairs(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd):
+    """nvfp4_moe's grouped path on the mma kernels (moe_tiled_usable(x)): the pairs sorted by expert in tiles of 8,
+    each tile's pairs the mma's token columns (an expert's weights decoded once a tile, not once a pair); stacks as
+    _moe takes them -> y [T, H] in x's dtype (the slots' fp32 outputs summed)."""
+    T, H = x.shape
+    E, I = wg.shape[0], wg.shape[1]
+    k = idx.shape[1]
+    P = T * k
+    order, pstart, tstart, tiles, log_e = expert_tiles(idx, E, 8)
+    busy = min(tiles, P // 8 + min(E, P))  # tiles a routing fills, about (the grid covers the most any needs)
+    wide = x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0
+    h = torch.empty(P, I, dtype=x.dtype, device=x.device)  # rows of dropped slots: never written, never read
+    r, ks, per = _up_plan(busy, I, H // TILE_K, x.device)
+    launch(_moe_up_tiles, (cdiv(2 * I // TILE_N, r), tiles), x.view(torch.int64), order, pstart, tstart,
+           wg.view(torch.int64), sg.view(torch.int64), gg, wu.view(torch.int64), su.view(torch.int64), gu, h, E, k,
+           I, H // TILE_K, per, P, x.stride(0) // 4, wg.stride(0) // 8, sg.stride(0) // 8, 1, R=r, KS=ks,
+           LOG_E=log_e, WIDE=wide, num_warps=r * ks)
+    o = torch.zeros(P, H, dtype=torch.float32, device=x.device)  # dropped slots add 0
+    r, ks, per = _up_plan(busy, H // 2, I // TILE_K, x.device)
+    launch(_moe_down_tiles, (cdiv(H // TILE_N, r), tiles), h.view(torch.int64), order, pstart, tstart,
+           rw.reshape(-1), wd.view(torch.int64), sd.view(torch.int64), gd, o, x, E, H, I // TILE_K, per, P, I // 4,
+           wd.stride(0) // 8, sd.stride(0) // 8, 1, R=r, KS=ks, LOG_E=log_e, num_warps=r * ks)
+    return o.view(T, k, H).sum(1).to(x.dtype)
