@@ -260,6 +260,7 @@ CONFIGS = {
     "moe grouped bf16 T512 E128 H2048 I768 k8": moe(512, 128, 2048, 768, 8, mma=False),  # prefill: by expert
     "moe mma tiles bf16 T512 E128 H2048 I768 k8": moe(512, 128, 2048, 768, 8, tiles=True),
     "moe mma tiles fp16 T256 E128 H4096 I1536 k8": moe(256, 128, 4096, 1536, 8, torch.float16, tiles=True),
+    "moe mma tiles bf16 T8 E4 H4096 I1536 k2": moe(8, 4, 4096, 1536, 2, tiles=True),  # K split over 2 warps
     "moe triton fp16 T16 E8 H4096 I1536 k2": moe(16, 8, 4096, 1536, 2, torch.float16, mma=False),
     "moe_topk bf16 T1 E128 k8": lambda: _run_topk(e(1, 128, dtype=torch.bfloat16), 8, True),
     "moe_topk fp32 T16 E1024 k32": lambda: _run_topk(e(16, 1024, dtype=torch.float32), 32, False),

@@ -189,7 +189,10 @@ def _moe_up_tiles(x_ptr, order_ptr, pstart_ptr, tstart_ptr, wg_ptr, sg_ptr, gg_p
 def _store_pairs(acc, row, p, scale, P, N, o_ptr, one, R: tl.constexpr, KS: tl.constexpr):
     """One accumulator summed over the KS warps that split K, times the decode's 2^-7 and scale [1, 32], stored in
     fp32 at o[p, row] for the columns' pairs p < P."""
-    v = tl.reshape(acc, [R, 32]) if KS == 1 else tl.sum(tl.reshape(acc, [R, KS, 32]), axis=1)
+    if KS == 1:
+        v = tl.reshape(acc, [R, 32])
+    else:
+        v = tl.sum(tl.reshape(acc, [R, KS, 32]), axis=1)
     tl.store(o_ptr + p * N + row * one, v * (128.0 * scale), mask=(row < N) & (p < P))
 
 
