@@ -172,3 +172,14 @@ def test_path_rule(monkeypatch, mma_runs):
         assert took == ["mma", "mma", "sorted", "mma", "mma", "sorted", "grouped"]
     else:  # (the plain pair is two launches)
         assert took == ["plain"] * 2 + ["grouped"] * 2 + ["plain"] * 2 + ["grouped"] * 3
+
+
+def test_expert_tiles():
+    """The device-side grouping both grouped paths share: pairs by expert (stable), dropped slots last with no tile,
+    tiles of up to BT pairs of one expert, the grid's bound E + P / BT."""
+    from llmkernels.ops.nvfp4.moe_grouped import expert_tiles
+    idx = torch.tensor([[2, 0], [2, 5], [-1, 2], [0, 2]])  # E = 4: 5 and -1 are dropped
+    order, pstart, tstart, tiles, log_e = expert_tiles(idx, 4, 2)
+    assert order.tolist()[:6] == [1, 6, 0, 2, 5, 7] and sorted(order.tolist()[6:]) == [3, 4]
+    assert pstart.tolist() == [0, 2, 2, 6, 6, 8] and tstart.tolist() == [0, 1, 1, 3, 3]
+    assert tiles == 4 + 4 and 2 ** log_e >= 5
