@@ -53,6 +53,19 @@ def _stream(pw, ps, px, n, e, DT: tl.constexpr, LOADS: tl.constexpr, WIDE: tl.co
     return acc0, acc1, acc2, acc3
 
 
+@triton.jit
+def _glu_words(pid, e, lane, ex, wg_ptr, sg_ptr, wu_ptr, su_ptr, I, KI, per, s_we, s_se, R: tl.constexpr,
+               KS: tl.constexpr):
+    """Each lane's first weight words and scale word of expert ex's gate / up (blocks alternate gate / up, R blocks
+    a program, KS warps splitting K into ranges of `per` iterations) and its range's first iteration."""
+    blk = tl.minimum(pid * R + e // (32 * KS), 2 * (I // 16) - 1).to(tl.int64)  # past the end: read, not stored
+    i_at = ((e // 32) % KS) * per
+    up = blk % 2 == 1
+    pw = tl.where(up, wu_ptr, wg_ptr) + ex * s_we + (((blk // 2) * KI + i_at) * 128 + lane) * 2
+    ps = tl.where(up, su_ptr, sg_ptr) + ex * s_se + ((blk // 2) * KI + i_at) * 32 + lane
+    return pw, ps, i_at
+
+
 @triton.jit(do_not_specialize=["one"])
 def _moe_up_mma(x_ptr, idx_ptr, wg_ptr, sg_ptr, gg_ptr, wu_ptr, su_ptr, gu_ptr, h_ptr, E, K_TOP, I, KI, per,
                 s_xt, s_we, s_se, one, order_ptr, R: tl.constexpr, KS: tl.constexpr, LOADS: tl.constexpr,
@@ -71,11 +84,7 @@ def _moe_up_mma(x_ptr, idx_ptr, wg_ptr, sg_ptr, gg_ptr, wu_ptr, su_ptr, gu_ptr, 
     ex = tl.where(ok, ex, 0)
     e = tl.arange(0, 32 * W)
     lane = (e % 32) * one
-    blk = tl.minimum(pid * R + e // (32 * KS), 2 * (I // 16) - 1).to(tl.int64)  # past the end: read, not stored
-    i_at = ((e // 32) % KS) * per
-    up = blk % 2 == 1
-    pw = tl.where(up, wu_ptr, wg_ptr) + ex * s_we + (((blk // 2) * KI + i_at) * 128 + lane) * 2
-    ps = tl.where(up, su_ptr, sg_ptr) + ex * s_se + ((blk // 2) * KI + i_at) * 32 + lane
+    pw, ps, i_at = _glu_words(pid, e, lane, ex, wg_ptr, sg_ptr, wu_ptr, su_ptr, I, KI, per, s_we, s_se, R, KS)
     px = x_ptr + (p // K_TOP) * s_xt + 4 * (16 * i_at + lane % 4)
     acc0, _, acc2, _ = _stream(pw, ps, px, per, e, DT, LOADS, WIDE)
     if USE_GDC and TRIGGER == 2:
@@ -168,11 +177,7 @@ def _moe_up_tiles(x_ptr, order_ptr, pstart_ptr, tstart_ptr, wg_ptr, sg_ptr, gg_p
         e = tl.arange(0, 32 * W)
         lane = (e % 32) * one
         ex, q0, q_end, pair = _tile_cols(w, lane, order_ptr, pstart_ptr, tstart_ptr, E, LOG_E)
-        blk = tl.minimum(pid * R + e // (32 * KS), 2 * (I // 16) - 1).to(tl.int64)  # past the end: read, not stored
-        i_at = ((e // 32) % KS) * per
-        up = blk % 2 == 1
-        pw = tl.where(up, wu_ptr, wg_ptr) + ex * s_we + (((blk // 2) * KI + i_at) * 128 + lane) * 2
-        ps = tl.where(up, su_ptr, sg_ptr) + ex * s_se + ((blk // 2) * KI + i_at) * 32 + lane
+        pw, ps, i_at = _glu_words(pid, e, lane, ex, wg_ptr, sg_ptr, wu_ptr, su_ptr, I, KI, per, s_we, s_se, R, KS)
         px = x_ptr + (pair // K_TOP) * s_xt + 4 * (16 * i_at + lane % 4)
         acc0, acc1, acc2, acc3 = _stream(pw, ps, px, per, e, DT, 1, WIDE)
         p0, p1 = _col_pairs(order_ptr, q0, q_end, P)
