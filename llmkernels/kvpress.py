@@ -292,14 +292,18 @@ class PressDecoder:
     = attention_mask.cumsum(-1) - 1). compact: each (sequence, KV head)'s kept prompt tokens are moved to the front
     of its row and the buffers hold only as many as the row that keeps most (memory: that width, not the prompt's,
     plus max_new_tokens; masked_decode then reads each row's kept prefix as contiguous tiles, with no list);
-    `length` counts cache positions (that width).
+    `length` counts cache positions (that width). compile: True (inductor) or a torch.compile backend name: the
+    step's model forward under torch.compile (compiled on the first step: the norms, rotary, residual adds and MLP
+    activation fused, as StaticDecoder's compile; the attention stays masked_decode).
     The prefill's cache is copied: delete it afterwards to free its memory."""
 
     def __init__(self, model, cache, first: torch.Tensor, max_new_tokens: int, attention_mask=None,
-                 graph: bool = True, compact: bool = False):
+                 graph: bool = True, compact: bool = False, compile=False):
         check_int("max_new_tokens", max_new_tokens, lo=1)
         check_bool("graph", graph)
         check_bool("compact", compact)
+        if not isinstance(compile, (bool, str)):
+            raise TypeError(f"compile must be a bool or a torch.compile backend name, got {type(compile).__name__}")
         layers = getattr(cache, "layers", None)
         if not layers or not all(type(la) in (DynamicLayer, _GrowingLayer) and la.is_initialized for la in layers):
             raise ValueError("cache must be the prefill's DynamicCache (or GrowingCache) with every layer filled; "
@@ -348,12 +352,18 @@ class PressDecoder:
         self.length, self.capacity = width, width + max_new_tokens
         self._graph = None
         _register()
+        kw = {"backend": compile} if isinstance(compile, str) else {}
+        self._next = self._run if not compile else torch.compile(self._run, dynamic=False, **kw)
+
+    def _run(self):
+        out = self.model(input_ids=self.ids, position_ids=self.position_ids, cache_position=self.cache_position,
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=1, llmk_kv_len=self.kv_len)
+        return out.logits[:, -1].argmax(-1, keepdim=True)
 
     def _step(self) -> None:
         with _attention_implementation(self.model, GRAPH_NAME, "PressDecoder"):
-            out = self.model(input_ids=self.ids, position_ids=self.position_ids, cache_position=self.cache_position,
-                             past_key_values=self.cache, use_cache=True, logits_to_keep=1, llmk_kv_len=self.kv_len)
-        self.ids.copy_(out.logits[:, -1].argmax(-1, keepdim=True))
+            nxt = self._next()
+        self.ids.copy_(nxt)
         for t in (self.position_ids, self.cache_position, self.kv_len):
             t.add_(1)
 

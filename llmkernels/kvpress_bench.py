@@ -3,9 +3,12 @@ masked_decode path against kvpress's own, the same model without a press, and tr
 
     python -m llmkernels.kvpress_bench --out DIR           # batch 1 at 128K, batch 8 at 32K; AdaKV 0.5 and 0.75
     python -m llmkernels.kvpress_bench --quick             # a tiny model (CPU works)
+    python -m llmkernels.kvpress_bench --compile --out DIR # the decoders' steps under torch.compile too
 
 One prefill per (context, batch, ratio) under the press (kvpress's AdaKVPress over KnormPress), then each impl decodes
-from that cache, steps timed with CUDA events (median): `llmkernels` (PressDecoder: the press's kept tokens as
+from that cache, steps timed with CUDA events (median; --compile: the three PressDecoder impls again with
+compile=True, named "<impl>-compiled", the eager impls not repeated): `llmkernels` (PressDecoder: the press's kept
+tokens as
 masked_decode's kept lists, fixed buffers, one CUDA graph a step; on the CPU eager), `llmkernels-compact` (the same,
 each row's kept tokens moved to its front: buffers as wide as the longest row; `cache_gb` the decoder's buffers),
 `no-press` (the same decoder with nothing dropped), `llmkernels-eager` (masked_decode_attention's eager steps on
@@ -33,7 +36,7 @@ TINY = dict(vocab_size=256, hidden_size=128, intermediate_size=128, num_hidden_l
             num_key_value_heads=2, head_dim=64, max_position_embeddings=256)
 
 
-def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=print):
+def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=print, compile=False):
     import kvpress
     from transformers import DynamicCache
     from .kvpress import GrowingCache, PressDecoder, compacted, drop_mask, kept, masked_decode_attention
@@ -68,11 +71,15 @@ def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=pr
     kc = vc = None  # (the timed lambda is done with them)
     attn["llmkernels-eager"] = attn["llmkernels"]
     kept_frac = 1.0 - float(dm.float().mean())
-    for impl in ("llmkernels", "llmkernels-compact", "no-press"):  # fixed buffers first: the eager impls' copy after
+    decoders = [(i, False) for i in ("llmkernels", "llmkernels-compact", "no-press")]
+    if compile:
+        decoders += [(i, True) for i, _ in decoders]
+    for impl, compiled in decoders:  # fixed buffers first: the eager impls' copy after
         for a, idx in zip(attns, indices):
             a.masked_key_indices = idx if impl != "no-press" else None
         dec = PressDecoder(model, cache, nxt.view(-1), max_new_tokens=warm + steps + 2,
-                           compact=impl == "llmkernels-compact")
+                           compact=impl == "llmkernels-compact", compile=compiled)
+        impl += "-compiled" if compiled else ""
         for _ in range(warm):  # the first step captures the graph (CUDA)
             dec.step()
         ms = median_ms(dec.step, steps, device, warm=0)
@@ -106,7 +113,8 @@ def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=pr
         a.masked_key_indices = None
         a.__dict__.pop("_llmk_kept", None)
     for r in recs:
-        r.update(op="kvpress_decode", shape=dict(shape), kept=kept_frac, attn_ms=attn.get(r["impl"]))
+        r.update(op="kvpress_decode", shape=dict(shape), kept=kept_frac,
+                 attn_ms=attn.get(r["impl"].removesuffix("-compiled")))
         if r["impl"] == "llmkernels":
             r["attn_mask_ms"] = attn_mask_ms
         log(f"[kvpress] {r['impl']:<16} B={batch} L={context} ratio={ratio}: {r['ms']:.2f} ms a step "
@@ -127,6 +135,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m llmkernels.kvpress_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--compile", action="store_true", help="the PressDecoder impls under torch.compile too")
     args = ap.parse_args(argv)
     import kvpress
     import transformers
@@ -149,7 +158,7 @@ def main(argv=None) -> int:
     recs = []
     for context, batch in cases:
         for ratio in (0.5, 0.75):
-            new = run(model, kvpress.AdaKVPress, ratio, context, batch, device, log=log)
+            new = run(model, kvpress.AdaKVPress, ratio, context, batch, device, log=log, compile=args.compile)
             for r in new:
                 r.update(ceil, device=name, torch=torch.__version__, triton=triton.__version__,
                          kvpress=version("kvpress"), transformers=transformers.__version__,

@@ -158,6 +158,27 @@ def test_press_decoder(device, padded, compact):
             dec.step()
     with pytest.raises(ValueError, match="first must hold one token"):
         PressDecoder(model, cache, logits[:1, -1].argmax(-1), max_new_tokens=4)
+    with pytest.raises(TypeError, match="compile must be"):
+        PressDecoder(model, cache, logits[:, -1].argmax(-1), max_new_tokens=4, compile=1)
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_press_decoder_compiled(device, compact):
+    """PressDecoder(compile=True): the step's forward under torch.compile (inductor; CUDA graphs on a GPU) decodes
+    the tokens of the uncompiled decoder after the same press and prefill."""
+    model = _model(device)
+    ids = torch.randint(1, 128, (2, PROMPT), device=device)
+    press = _presses(0.5)["AdaKV"]
+    runs = []
+    for compile in (False, True):
+        cache = transformers.DynamicCache(config=model.config)
+        with torch.no_grad(), press()(model):
+            logits = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        dec = PressDecoder(model, cache, logits[:, -1].argmax(-1), max_new_tokens=8, compact=compact,
+                           compile=compile)
+        runs.append(dec.generate(8))
+    torch._dynamo.reset()
+    assert torch.equal(runs[0], runs[1])
 
 
 def test_ratio_zero_is_no_press(device):

@@ -323,7 +323,8 @@ def kvpress_table(records: list[dict]) -> str:
         return ""
     lines = ["| model | press | context | batch | ratio | llmkernels ms | compact (cache GB vs all) | no-press | "
              "llmkernels eager | kvpress | transformers | speed-up vs no-press / kvpress | "
-             "attention kept / all (kept fraction) |", "|---|" * 1 + "---|" * 12]
+             "attention kept / all (kept fraction) | compiled: ours / compact / no-press (speed-up) |",
+             "|---|" * 1 + "---|" * 13]
     for (model, press, ctx, b, ratio), by in sorted(rows.items()):
         o, n, e, k, t = (by.get(i) for i in ("llmkernels", "no-press", "llmkernels-eager", "kvpress", "transformers"))
         c = by.get("llmkernels-compact")
@@ -333,8 +334,11 @@ def kvpress_table(records: list[dict]) -> str:
         att = f"{o['attn_ms'] / n['attn_ms']:.2f} ({o['kept']:.2f})" if o and n and n.get("attn_ms") else "-"
         if att != "-" and c and c.get("attn_ms") and c["attn_ms"] != o["attn_ms"]:  # compact: the kept prefix
             att += f"; compact {c['attn_ms'] / n['attn_ms']:.2f}"
+        co, cc, cn = (by.get(i + "-compiled") for i in ("llmkernels", "llmkernels-compact", "no-press"))
+        comp = f"{co['ms']:.2f} / {cc['ms'] if cc else float('nan'):.2f} / {cn['ms']:.2f} " \
+               f"({cn['ms'] / co['ms']:.2f}x)" if co and cn else "-"
         lines.append(f"| {model} | {press} | {ctx} | {b} | {ratio} | {ms(o)} | {cm} | {ms(n)} | {ms(e)} | {ms(k)} | "
-                     f"{ms(t)} | {up} | {att} |")
+                     f"{ms(t)} | {up} | {att} | {comp} |")
     return "\n".join(lines)
 
 
