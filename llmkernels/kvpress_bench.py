@@ -136,6 +136,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--compile", action="store_true", help="the PressDecoder impls under torch.compile too")
+    ap.add_argument("--case", action="append", default=None, metavar="CONTEXTxBATCH",
+                    help="only these cases (e.g. 32768x8; repeatable); default: 32768x8 and 131072x1")
+    ap.add_argument("--ratio", action="append", type=float, default=None, help="only these ratios (default 0.5, 0.75)")
     args = ap.parse_args(argv)
     import kvpress
     import transformers
@@ -149,6 +152,13 @@ def main(argv=None) -> int:
     model = random_model(transformers.LlamaForCausalLM, cfg, device, dtype)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     cases = [(64, 2)] if args.quick else [(32768, 8), (131072, 1)]
+    if args.case:
+        try:
+            cases = [tuple(int(v) for v in c.lower().split("x")) for c in args.case]
+        except ValueError:
+            ap.error(f"--case takes CONTEXTxBATCH (e.g. 32768x8), got {args.case}")
+        if any(len(c) != 2 or min(c) < 1 for c in cases):
+            ap.error(f"--case takes CONTEXTxBATCH with both >= 1, got {args.case}")
     ceil = {}
     if device.type == "cuda":
         from .bench.ceilings import copy_bandwidth, read_bandwidth
@@ -157,7 +167,7 @@ def main(argv=None) -> int:
     from importlib.metadata import version
     recs = []
     for context, batch in cases:
-        for ratio in (0.5, 0.75):
+        for ratio in args.ratio or (0.5, 0.75):
             new = run(model, kvpress.AdaKVPress, ratio, context, batch, device, log=log, compile=args.compile)
             for r in new:
                 r.update(ceil, device=name, torch=torch.__version__, triton=triton.__version__,
