@@ -233,6 +233,11 @@ def _moe_down_tiles(h_ptr, order_ptr, pstart_ptr, tstart_ptr, rw_ptr, wd_ptr, sd
         _store_pairs(acc3, row + 8, p1, s1, P, H, o_ptr, one, R, KS)
 
 
+def _wide(x) -> bool:
+    """x's rows load as 16-byte words (the mma kernels' WIDE)."""
+    return x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0
+
+
 def moe_tiled_usable(x: torch.Tensor, k: int) -> bool:
     """sm_90+ (the tiled mma decode), up to 16 slots a token, 8-byte aligned activation rows with unit stride."""
     if interpreting() or x.device.type != "cuda" or capability(x.device)[0] < 9:
@@ -240,11 +245,11 @@ def moe_tiled_usable(x: torch.Tensor, k: int) -> bool:
     return k <= 16 and x.stride(1) == 1 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0
 
 
-def _up_plan(pairs: int, I: int, KI: int, device):
-    """(R, KS, per): about 32 warps an SM over the pairs' gate / up blocks, KS a power of 2 dividing KI with at
-    least 2 iterations a warp (tiled_config's rule), R even (blocks alternate gate / up). pairs: the programs' pair
-    (or tile) count."""
-    want = 32 * planned_sms(None, device) / max(pairs * 2 * I // TILE_N, 1)
+def _mma_plan(units: int, rows: int, KI: int, device):
+    """(R, KS, per): about 32 warps an SM over the row blocks of `units` pairs (or tiles) of `rows` output rows
+    each (gate and up: 2 I; down: H), KS a power of 2 dividing KI with at least 2 iterations a warp (tiled_config's
+    rule), R even (the up kernels' blocks alternate gate / up)."""
+    want = 32 * planned_sms(None, device) / max(units * rows // TILE_N, 1)
     ks = max(1, min(_pow2(want, False), 16, _pow2(max(KI // 2, 1), False)))
     while KI % ks:
         ks //= 2
@@ -260,8 +265,8 @@ def moe_tiled(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd, y, h, order=None):
     k = idx.shape[1]
     pdl = pdl_enabled(x.device)
     opts = dict(USE_GDC=pdl, TRIGGER=1, **({"launch_pdl": True} if pdl else {}))
-    wide = x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0
-    r, ks, per = _up_plan(T * k, I, H // TILE_K, x.device)
+    wide = _wide(x)
+    r, ks, per = _mma_plan(T * k, 2 * I, H // TILE_K, x.device)
     launch(_moe_up_mma, (cdiv(2 * I // TILE_N, r), T * k), x.view(torch.int64), idx, wg.view(torch.int64),
            sg.view(torch.int64), gg, wu.view(torch.int64), su.view(torch.int64), gu, h, E, k, I, H // TILE_K, per,
            x.stride(0) // 4, wg.stride(0) // 8, sg.stride(0) // 8, 1, order if order is not None else idx, R=r,
@@ -284,15 +289,15 @@ def moe_tiled_pairs(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd):
     P = T * k
     order, pstart, tstart, tiles, log_e = expert_tiles(idx, E, 8)
     busy = min(tiles, P // 8 + min(E, P))  # tiles a routing fills, about (the grid covers the most any needs)
-    wide = x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0
+    wide = _wide(x)
     h = torch.empty(P, I, dtype=x.dtype, device=x.device)  # rows of dropped slots: never written, never read
-    r, ks, per = _up_plan(busy, I, H // TILE_K, x.device)
+    r, ks, per = _mma_plan(busy, 2 * I, H // TILE_K, x.device)
     launch(_moe_up_tiles, (cdiv(2 * I // TILE_N, r), tiles), x.view(torch.int64), order, pstart, tstart,
            wg.view(torch.int64), sg.view(torch.int64), gg, wu.view(torch.int64), su.view(torch.int64), gu, h, E, k,
            I, H // TILE_K, per, P, x.stride(0) // 4, wg.stride(0) // 8, sg.stride(0) // 8, 1, R=r, KS=ks,
            LOG_E=log_e, WIDE=wide, num_warps=r * ks)
     o = torch.zeros(P, H, dtype=torch.float32, device=x.device)  # dropped slots add 0
-    r, ks, per = _up_plan(busy, H // 2, I // TILE_K, x.device)
+    r, ks, per = _mma_plan(busy, H, I // TILE_K, x.device)
     launch(_moe_down_tiles, (cdiv(H // TILE_N, r), tiles), h.view(torch.int64), order, pstart, tstart,
            rw.reshape(-1), wd.view(torch.int64), sd.view(torch.int64), gd, o, x, E, H, I // TILE_K, per, P, I // 4,
            wd.stride(0) // 8, sd.stride(0) // 8, 1, R=r, KS=ks, LOG_E=log_e, num_warps=r * ks)
