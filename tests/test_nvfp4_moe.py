@@ -46,9 +46,9 @@ def test_matches_reference_with_a_dropped_slot(device):
 @pytest.mark.parametrize("T, E, H, inter, k, routing", [(20, 4, 256, 256, 2, "random"), (33, 6, 512, 256, 3, "dropped"),
                                                        (17, 3, 256, 512, 2, "one")])
 def test_grouped_prefill_matches_reference(device, T, E, H, inter, k, routing):
-    """The pairs grouped by expert (tiles of one expert's tokens; the default past MOE_MAX_T off sm_90, forced
-    here), dropped slots, an expert taking every token, NaN-poisoned intermediates (rows of dropped slots are never
-    read); the public call (on sm_90 the mma pairs, sorted from SORT_FROM_T) too."""
+    """The pairs grouped by expert (the default past MOE_MAX_T, forced here: moe_grouped's tl.dot tiles, on sm_90 the
+    mma tiles), dropped slots, an expert taking every token, NaN-poisoned intermediates (rows of dropped slots are
+    never read); the public call too."""
     from llmkernels.ops.nvfp4.moe import _flat, _moe
     from llmkernels.ops.nvfp4.spec import MOE_TOL, make_moe_inputs
     x = make_moe_inputs(T, E, H, inter, k, torch.float16, device, plain=True)
@@ -113,16 +113,16 @@ def test_gpu_bf16_and_graph_replay(T):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("T, E, H, inter, k, routing", [
     (1, 16, 2048, 768, 8, "random"),  # a Qwen3-30B-A3B layer's shapes, fewer experts
-    (100, 16, 2048, 768, 8, "dropped"),  # past SORT_FROM_T: the mma pairs sorted by default; each path forced
+    (100, 16, 2048, 768, 8, "dropped"),  # past MOE_MAX_T: the mma tiles by default; each path forced
     (5, 6, 768, 512, 3, "dropped"),   # k not a power of 2 (the down kernel's slot warps padded); dropped slots
     (16, 8, 512, 256, 6, "one"),      # all tokens to one expert (twice: repeated indices), the others unused
-    (3, 4, 4096, 256, 2, "random"),   # K of 16 iterations
+    (3, 4, 4096, 256, 2, "random"),   # K of 16 iterations (down: 1, I = 256)
+    (9, 4, 256, 256, 3, "random"),    # gate / up and down K of one iteration
 ])
 def test_gpu_mma_kernels_match_plain_and_reference(dtype, T, E, H, inter, k, routing):
     """The mma kernels (moe_tiled) against the fp32 reference and the plain kernels (the interpreter's path), and the
     grouped kernels (plain Triton, and the mma kernels on tiles of 8 pairs of an expert); each path forced at every
-    T (the per-pair ones past MOE_MAX_T too, the grouped ones below), the mma pairs sorted by expert too (the default
-    from SORT_FROM_T tokens)."""
+    T (the per-pair ones past MOE_MAX_T too, the grouped ones below), the mma pairs sorted by expert too."""
     from llmkernels.ops.nvfp4.moe import _flat, _moe
     from llmkernels.ops.nvfp4.spec import MOE_TOL, make_moe_inputs
     x = make_moe_inputs(T, E, H, inter, k, dtype, torch.device("cuda"), plain=True)
@@ -135,7 +135,7 @@ def test_gpu_mma_kernels_match_plain_and_reference(dtype, T, E, H, inter, k, rou
     flat = _flat(x["gate"], x["up"], x["down"])
     mma = _moe(x["x"], idx, x["w"], *flat, mma=True, grouped=False)
     plain = _moe(x["x"], idx, x["w"], *flat, mma=False, grouped=False)
-    grouped = _moe(x["x"], idx, x["w"], *flat, grouped=True)
+    grouped = _moe(x["x"], idx, x["w"], *flat, grouped=True, tiles=False)
     tiles = _moe(x["x"], idx, x["w"], *flat, grouped=True, mma=True, tiles=True)
     assert rel_err(mma, ref) <= MOE_TOL[dtype] and rel_err(plain, ref) <= MOE_TOL[dtype]
     assert rel_err(grouped, ref) <= MOE_TOL[dtype] and rel_err(tiles, ref) <= MOE_TOL[dtype]
@@ -149,12 +149,13 @@ def test_gpu_mma_kernels_match_plain_and_reference(dtype, T, E, H, inter, k, rou
 
 @pytest.mark.parametrize("mma_runs", [True, False])
 def test_path_rule(monkeypatch, mma_runs):
-    """Which kernels a call of T tokens takes: where the mma pair runs, per pair up to MMA_MAX_T (in expert order from
-    SORT_FROM_T), grouped past it; elsewhere the plain pair up to MOE_MAX_T, grouped past it."""
+    """Which kernels a call of T tokens takes: one program group a pair up to MOE_MAX_T (the mma pair where it runs,
+    else the plain one), the pairs grouped by expert past it (the mma tiles where they run, else moe_grouped)."""
     from llmkernels.ops.nvfp4 import moe
     took = []
     monkeypatch.setattr(moe, "moe_tiled_usable", lambda x, k: mma_runs)
     monkeypatch.setattr(moe, "moe_tiled", lambda *a: took.append("sorted" if a[-1] is not None else "mma") or a[12])
+    monkeypatch.setattr(moe, "moe_tiled_pairs", lambda x, *a: took.append("tiles") or x)
     monkeypatch.setattr(moe, "moe_grouped", lambda x, *a: took.append("grouped") or x)
     monkeypatch.setattr(moe, "launch", lambda *a, **k: took.append("plain"))
     E, H, inter, k = 4, 256, 256, 2
@@ -163,15 +164,14 @@ def test_path_rule(monkeypatch, mma_runs):
     wd = torch.zeros(E, H, inter // 2, dtype=torch.uint8)
     sd = torch.zeros(E, H, inter // 16, dtype=torch.uint8)
     g = torch.ones(E)
-    for T in (1, moe.SORT_FROM_T - 1, moe.SORT_FROM_T, moe.MOE_MAX_T, moe.MOE_MAX_T + 1, moe.MMA_MAX_T,
-              moe.MMA_MAX_T + 1):
+    for T in (1, moe.MOE_MAX_T, moe.MOE_MAX_T + 1, 300):
         x = torch.zeros(T, H, dtype=torch.float16)
         idx = torch.zeros(T, k, dtype=torch.int32)
         moe._moe(x, idx, torch.ones(T, k), w, s, g, w, s, g, wd, sd, g)
     if mma_runs:
-        assert took == ["mma", "mma", "sorted", "mma", "mma", "sorted", "grouped"]
+        assert took == ["mma", "mma", "tiles", "tiles"]
     else:  # (the plain pair is two launches)
-        assert took == ["plain"] * 2 + ["grouped"] * 2 + ["plain"] * 2 + ["grouped"] * 3
+        assert took == ["plain"] * 4 + ["grouped"] * 2
 
 
 def test_expert_tiles():

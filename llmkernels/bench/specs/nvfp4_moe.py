@@ -81,7 +81,7 @@ def benches():
         Impl("llmkernels-plain-triton", _variant(mma=False, grouped=False)),
         Impl("llmkernels-mma", _variant(mma=True, grouped=False, sort=False)),  # one program group a pair, any T
         Impl("llmkernels-mma-sorted", _variant(mma=True, grouped=False, sort=True)),  # pairs in expert order
-        Impl("llmkernels-grouped", _variant(grouped=True)),  # sorted by expert, at any T
+        Impl("llmkernels-grouped", _variant(grouped=True, tiles=False)),  # sorted by expert, tl.dot tiles, any T
         Impl("llmkernels-mma-tiles", _variant(grouped=True, mma=True, tiles=True)),  # 8 pairs of an expert an mma
         Impl("transformers-bf16-grouped-mm", _transformers_bf16, _transformers_available),
     ])]

@@ -22,11 +22,11 @@ from .moe_grouped import moe_grouped
 from .moe_tiled import moe_tiled, moe_tiled_pairs, moe_tiled_usable
 from .tiled_layout import tiled_values
 
-# Tokens of a call the per-pair kernels take before the grouped ones (moe_grouped): the plain pair (the interpreter's
-# and pre-sm_90 path) up to MOE_MAX_T, the mma pair up to MMA_MAX_T, its pairs in expert order from SORT_FROM_T.
-# H200 records (benchmarks/notes/nvfp4_moe.md), 30B / 235B layers, us: T 128 mma sorted 586 / 2249 vs grouped 696 /
-# 2357, T 256 1144 / 4801 vs 706 / 2375; sorting costs ~9 us at T 1 (30B) and saves 5-10 % from T 32 (235B 601 / 642).
-MOE_MAX_T, MMA_MAX_T, SORT_FROM_T = 16, 128, 32
+# Tokens of a call the per-pair kernels take (one program group a (token, slot) pair) before the grouped ones (the
+# pairs sorted by expert): on sm_90 the mma pair, then tiles of 8 pairs of an expert as the mma's token columns
+# (moe_tiled_pairs); elsewhere the plain pair, then moe_grouped. H200 records (benchmarks/notes/nvfp4_moe.md), 30B /
+# 235B layers, us: T 16 pair 87 / 341 vs tiles 123 / 278; T 32 172 / 630 vs 165 / 371; T 256 700 / 2386 vs 289 / 865.
+MOE_MAX_T = 16
 
 
 @triton.jit
@@ -102,15 +102,14 @@ def _nvfp4_moe_op(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: tor
 MMA = os.environ.get("LLMKERNELS_MOE_MMA", "1") != "0"
 
 
-def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=None, grouped=None, sort=None,
-         tiles=False):
-    """Scales as their bytes (uint8): the kernels decode them. grouped (None: past MMA_MAX_T tokens on the mma
-    kernels, MOE_MAX_T on the plain ones): the pairs sorted by expert (moe_grouped), else one program group a pair:
-    mma (None: MMA) the mma-fed kernels where they run (moe_tiled_usable), else the plain ones (the interpreter's).
-    Both per-pair paths take any T (benchmarks and tests force them). sort (None: from SORT_FROM_T tokens): the mma
-    up kernel takes the pairs in order of their experts (an argsort on the device; a shared expert's weights come
-    from L2). tiles: the grouped path on the mma kernels (moe_tiled_pairs: 8 pairs of an expert a tile), for the
-    benchmarks and tests until timed."""
+def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=None, grouped=None, sort=False,
+         tiles=True):
+    """Scales as their bytes (uint8): the kernels decode them. grouped (None: past MOE_MAX_T tokens): the pairs
+    sorted by expert, an expert's weights read once a tile (mma and tiles: moe_tiled_pairs, else moe_grouped), else
+    one program group a pair: mma (None: MMA) the mma-fed kernels where they run (moe_tiled_usable), else the plain
+    ones (the interpreter's). Every path takes any T (benchmarks and tests force them). sort (forced only): the mma
+    pair's up kernel takes the pairs in order of their experts. tiles (False: moe_grouped on sm_90 too, for the
+    benchmarks and tests)."""
     T, H = x.shape
     E, I = wg.shape[0], wg.shape[1]
     K_TOP = top_k_index.shape[1]
@@ -118,13 +117,13 @@ def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=
         return torch.empty_like(x)
     idx = top_k_index.contiguous()
     mma = (MMA if mma is None else mma) and moe_tiled_usable(x, K_TOP)
-    if (T > (MMA_MAX_T if mma else MOE_MAX_T)) if grouped is None else grouped:  # an expert's weights read once a tile
+    if T > MOE_MAX_T if grouped is None else grouped:
         go = moe_tiled_pairs if mma and tiles else moe_grouped
         return go(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd)
     y = torch.empty_like(x)
     h = torch.empty(T * K_TOP, I, dtype=x.dtype, device=x.device)  # a dropped slot's row is never read
     if mma:
-        order = torch.argsort(idx.view(-1), stable=True) if (T >= SORT_FROM_T if sort is None else sort) else None
+        order = torch.argsort(idx.view(-1), stable=True) if sort else None
         return moe_tiled(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd, y, h, order)
     BN, BKW, fix = 16, 4, interpreting()
     s_we, s_se = wg.stride(0) // 8, sg.stride(0)  # the kernels address the packed bytes as int64 words

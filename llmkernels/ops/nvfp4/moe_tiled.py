@@ -4,7 +4,8 @@ read from top_k_index on the device, warps as tiled's GLU kernel (blocks alterna
 h[p] = silu(gate) * up in the epilogue. Down: grid (block groups of H, tokens); the KS >= k warps of a row block
 take one slot each (all of its expert's K), scaled by routing weight x global scale, summed in shared memory: the
 sum over experts without atomics or a second pass. One token a pair: 1 of the mma's 8 token columns is used (the
-weights' bytes bound the time at decode sizes)."""
+weights' bytes bound the time at decode sizes). Past nvfp4_moe's MOE_MAX_T tokens, moe_tiled_pairs: tiles of 8 pairs
+of one expert fill the 8 token columns, so an expert's weights are decoded once a tile."""
 import torch
 import triton
 import triton.language as tl
@@ -162,7 +163,10 @@ def _col_pairs(order_ptr, q0, q_end, P):
             tl.load(order_ptr + c + 1, mask=c + 1 < q_end, other=P).to(tl.int64))
 
 
-@triton.jit(do_not_specialize=["one"])
+# The tiles' kernels take KI and per as runtime ints: specialised to 1 (a down K of 256, I = 256), the down kernel
+# summed wrong columns (H200, triton 3.6: about half of o wrong, the same arguments unspecialised exact; the up
+# kernel's h exact). Not understood: the per-pair kernels, whose token columns are all one token, would not show it.
+@triton.jit(do_not_specialize=["one", "KI", "per"])
 def _moe_up_tiles(x_ptr, order_ptr, pstart_ptr, tstart_ptr, wg_ptr, sg_ptr, gg_ptr, wu_ptr, su_ptr, gu_ptr, h_ptr,
                   E, K_TOP, I, KI, per, P, s_xt, s_we, s_se, one, R: tl.constexpr, KS: tl.constexpr,
                   LOG_E: tl.constexpr, WIDE: tl.constexpr):
@@ -201,7 +205,7 @@ def _store_pairs(acc, row, p, scale, P, N, o_ptr, one, R: tl.constexpr, KS: tl.c
     tl.store(o_ptr + p * N + row * one, v * (128.0 * scale), mask=(row < N) & (p < P))
 
 
-@triton.jit(do_not_specialize=["one"])
+@triton.jit(do_not_specialize=["one", "KI", "per"])  # KI, per: see _moe_up_tiles
 def _moe_down_tiles(h_ptr, order_ptr, pstart_ptr, tstart_ptr, rw_ptr, wd_ptr, sd_ptr, gd_ptr, o_ptr, dt_ptr, E, H, KI,
                     per, P, s_ht, s_we, s_se, one, R: tl.constexpr, KS: tl.constexpr, LOG_E: tl.constexpr):
     """Grid (groups of R blocks of 16 rows of H, work tiles): o[p] = rw[p] gd[e] down_e(h[p]) in fp32 for a tile's
@@ -280,9 +284,9 @@ def moe_tiled(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd, y, h, order=None):
 
 
 def moe_tiled_pairs(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd):
-    """nvfp4_moe's grouped path on the mma kernels (moe_tiled_usable(x)): the pairs sorted by expert in tiles of 8,
-    each tile's pairs the mma's token columns (an expert's weights decoded once a tile, not once a pair); stacks as
-    _moe takes them -> y [T, H] in x's dtype (the slots' fp32 outputs summed)."""
+    """nvfp4_moe's grouped path on sm_90 (moe_tiled_usable(x); past MOE_MAX_T tokens): the pairs sorted by expert in
+    tiles of 8, each tile's pairs the mma's token columns (an expert's weights decoded once a tile, not once a pair);
+    stacks as _moe takes them -> y [T, H] in x's dtype (the slots' fp32 outputs summed)."""
     T, H = x.shape
     E, I = wg.shape[0], wg.shape[1]
     k = idx.shape[1]
