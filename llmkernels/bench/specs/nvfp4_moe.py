@@ -10,7 +10,7 @@ from ...ops.nvfp4.spec import make_moe_inputs, moe_routing
 
 # name -> (experts, hidden, expert intermediate, active per token)
 MOE_SHAPES = {"qwen3-30b-a3b": (128, 2048, 768, 8), "qwen3-235b-a22b": (128, 4096, 1536, 8)}
-MOE_TOKENS = (1, 4, 16, 32, 64, 128, 256)  # decode sizes; mid-size batches (where mma pairs and grouped cross); a
+MOE_TOKENS = (1, 4, 16, 32, 64, 128, 256, 1024)  # decode sizes; mid-size batches (where mma pairs and grouped cross); a
 # prefill chunk
 
 
