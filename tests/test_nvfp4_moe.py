@@ -121,8 +121,8 @@ def test_gpu_bf16_and_graph_replay(T):
 ])
 def test_gpu_mma_kernels_match_plain_and_reference(dtype, T, E, H, inter, k, routing):
     """The mma kernels (moe_tiled) against the fp32 reference and the plain kernels (the interpreter's path), and the
-    grouped kernels (plain Triton, and the mma kernels on tiles of 8 pairs of an expert); each path forced at every
-    T (the per-pair ones past MOE_MAX_T too, the grouped ones below), the mma pairs sorted by expert too."""
+    grouped kernels (plain Triton, and the mma kernels on tiles of 8 and 16 pairs of an expert); each path forced at
+    every T (the per-pair ones past MOE_MAX_T too, the grouped ones below), the mma pairs sorted by expert too."""
     from llmkernels.ops.nvfp4.moe import _flat, _moe
     from llmkernels.ops.nvfp4.spec import MOE_TOL, make_moe_inputs
     x = make_moe_inputs(T, E, H, inter, k, dtype, torch.device("cuda"), plain=True)
@@ -136,14 +136,17 @@ def test_gpu_mma_kernels_match_plain_and_reference(dtype, T, E, H, inter, k, rou
     mma = _moe(x["x"], idx, x["w"], *flat, mma=True, grouped=False)
     plain = _moe(x["x"], idx, x["w"], *flat, mma=False, grouped=False)
     grouped = _moe(x["x"], idx, x["w"], *flat, grouped=True, tiles=False)
-    tiles = _moe(x["x"], idx, x["w"], *flat, grouped=True, mma=True, tiles=True)
+    tiles = _moe(x["x"], idx, x["w"], *flat, grouped=True, mma=True, tiles=8)
+    tiles16 = _moe(x["x"], idx, x["w"], *flat, grouped=True, mma=True, tiles=16)
     assert rel_err(mma, ref) <= MOE_TOL[dtype] and rel_err(plain, ref) <= MOE_TOL[dtype]
     assert rel_err(grouped, ref) <= MOE_TOL[dtype] and rel_err(tiles, ref) <= MOE_TOL[dtype]
+    assert rel_err(tiles16, ref) <= MOE_TOL[dtype]
     assert torch.equal(_moe(x["x"], idx, x["w"], *flat, mma=True, grouped=False, sort=True), mma)  # same sums
     xs = torch.full((T, H + 8), float("nan"), dtype=dtype, device="cuda")[:, :H]  # a strided view, NaN outside
     xs.copy_(x["x"])
     assert rel_err(_moe(xs, idx, x["w"], *flat, mma=True, grouped=False), ref) <= MOE_TOL[dtype]
-    assert rel_err(_moe(xs, idx, x["w"], *flat, grouped=True, mma=True, tiles=True), ref) <= MOE_TOL[dtype]
+    for bt in (8, 16):
+        assert rel_err(_moe(xs, idx, x["w"], *flat, grouped=True, mma=True, tiles=bt), ref) <= MOE_TOL[dtype]
     assert rel_err(nvfp4_moe(xs, idx, x["w"], x["gate"], x["up"], x["down"]), ref) <= MOE_TOL[dtype]
 
 

@@ -82,6 +82,7 @@ def benches():
         Impl("llmkernels-mma", _variant(mma=True, grouped=False, sort=False)),  # one program group a pair, any T
         Impl("llmkernels-mma-sorted", _variant(mma=True, grouped=False, sort=True)),  # pairs in expert order
         Impl("llmkernels-grouped", _variant(grouped=True, tiles=False)),  # sorted by expert, tl.dot tiles, any T
-        Impl("llmkernels-mma-tiles", _variant(grouped=True, mma=True, tiles=True)),  # 8 pairs of an expert an mma
+        Impl("llmkernels-mma-tiles", _variant(grouped=True, mma=True, tiles=8)),  # 8 pairs of an expert an mma
+        Impl("llmkernels-mma-tiles16", _variant(grouped=True, mma=True, tiles=16)),  # 16: its two token groups
         Impl("transformers-bf16-grouped-mm", _transformers_bf16, _transformers_available),
     ])]

@@ -108,8 +108,8 @@ def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=
     sorted by expert, an expert's weights read once a tile (mma and tiles: moe_tiled_pairs, else moe_grouped), else
     one program group a pair: mma (None: MMA) the mma-fed kernels where they run (moe_tiled_usable), else the plain
     ones (the interpreter's). Every path takes any T (benchmarks and tests force them). sort (forced only): the mma
-    pair's up kernel takes the pairs in order of their experts. tiles (False: moe_grouped on sm_90 too, for the
-    benchmarks and tests)."""
+    pair's up kernel takes the pairs in order of their experts. tiles (False: moe_grouped on sm_90 too; 8 or 16:
+    that many pairs a tile; for the benchmarks and tests)."""
     T, H = x.shape
     E, I = wg.shape[0], wg.shape[1]
     K_TOP = top_k_index.shape[1]
@@ -118,8 +118,10 @@ def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=
     idx = top_k_index.contiguous()
     mma = (MMA if mma is None else mma) and moe_tiled_usable(x, K_TOP)
     if T > MOE_MAX_T if grouped is None else grouped:
-        go = moe_tiled_pairs if mma and tiles else moe_grouped
-        return go(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd)
+        if mma and tiles:
+            return moe_tiled_pairs(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd,
+                                   None if tiles is True else tiles)
+        return moe_grouped(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd)
     y = torch.empty_like(x)
     h = torch.empty(T * K_TOP, I, dtype=x.dtype, device=x.device)  # a dropped slot's row is never read
     if mma:

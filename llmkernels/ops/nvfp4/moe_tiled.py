@@ -19,22 +19,23 @@ from .tiled_layout import TILE_K, TILE_N
 
 
 @triton.jit
-def _iter4(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b, sv, px,
-           DT: tl.constexpr, WIDE: tl.constexpr):
-    """One iteration (4 steps) of one token's mma."""
+def _iter4(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b, sv, px0, px1,
+           DT: tl.constexpr, NT: tl.constexpr, WIDE: tl.constexpr):
+    """One iteration (4 steps) of the mma over NT groups of 8 token columns (activations at px0, px1)."""
     acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
-        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, sv, 0, px, px, DT, 1, WIDE)
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, sv, 0, px0, px1, DT, NT, WIDE)
     acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
-        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w1t, w1b, sv, 1, px, px, DT, 1, WIDE)
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w1t, w1b, sv, 1, px0, px1, DT, NT, WIDE)
     acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
-        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w2t, w2b, sv, 2, px, px, DT, 1, WIDE)
-    return _tiled_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w3t, w3b, sv, 3, px, px, DT, 1, WIDE)
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w2t, w2b, sv, 2, px0, px1, DT, NT, WIDE)
+    return _tiled_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w3t, w3b, sv, 3, px0, px1, DT, NT, WIDE)
 
 
 @triton.jit
-def _stream(pw, ps, px, n, e, DT: tl.constexpr, LOADS: tl.constexpr, WIDE: tl.constexpr):
-    """acc0 .. acc3 (rows r and r + 8 x token columns 2 (lane % 4) and + 1) over n iterations from pw / ps / px;
-    LOADS 2: the next iteration's words loaded before this one decodes (its last reload stays in range)."""
+def _stream(pw, ps, px0, px1, n, e, DT: tl.constexpr, LOADS: tl.constexpr, WIDE: tl.constexpr, NT: tl.constexpr = 1):
+    """acc0 .. acc3 (rows r and r + 8 x token columns 2 (lane % 4) and + 1; NT 2: acc4 .. acc7 the same at columns
+    + 8, activations at px1) over n iterations from pw / ps / px*; LOADS 2: the next iteration's words loaded before
+    this one decodes (its last reload stays in range)."""
     acc0 = tl.zeros(e.shape, tl.float32)
     acc1, acc2, acc3, acc4, acc5, acc6, acc7 = acc0, acc0, acc0, acc0, acc0, acc0, acc0
     sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b = _ld_iter(pw, ps)
@@ -45,13 +46,15 @@ def _stream(pw, ps, px, n, e, DT: tl.constexpr, LOADS: tl.constexpr, WIDE: tl.co
         if LOADS == 2:
             nsv, n0t, n0b, n1t, n1b, n2t, n2b, n3t, n3b = _ld_iter(pw, ps)
         acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _iter4(
-            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b, sv, px, DT, WIDE)
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b, sv, px0, px1, DT,
+            NT, WIDE)
         if LOADS == 2:
             sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b = nsv, n0t, n0b, n1t, n1b, n2t, n2b, n3t, n3b
         else:
             sv, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b = _ld_iter(pw, ps)
-        px += 64 * adv
-    return acc0, acc1, acc2, acc3
+        px0 += 64 * adv
+        px1 += 64 * adv
+    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
 
 
 @triton.jit
@@ -87,7 +90,7 @@ def _moe_up_mma(x_ptr, idx_ptr, wg_ptr, sg_ptr, gg_ptr, wu_ptr, su_ptr, gu_ptr, 
     lane = (e % 32) * one
     pw, ps, i_at = _glu_words(pid, e, lane, ex, wg_ptr, sg_ptr, wu_ptr, su_ptr, I, KI, per, s_we, s_se, R, KS)
     px = x_ptr + (p // K_TOP) * s_xt + 4 * (16 * i_at + lane % 4)
-    acc0, _, acc2, _ = _stream(pw, ps, px, per, e, DT, LOADS, WIDE)
+    acc0, _, acc2, _, _, _, _, _ = _stream(pw, ps, px, px, per, e, DT, LOADS, WIDE)
     if USE_GDC and TRIGGER == 2:
         tl.extra.cuda.gdc_launch_dependents()
     g = tl.arange(0, 32)
@@ -131,7 +134,7 @@ def _moe_down_mma(h_ptr, idx_ptr, rw_ptr, wd_ptr, sd_ptr, gd_ptr, y_ptr, E, K_TO
     pw = wd_ptr + ex * s_we + ((blk * KI) * 128 + lane) * 2
     ps = sd_ptr + ex * s_se + (blk * KI) * 32 + lane
     px = h_ptr + pair.to(tl.int64) * s_ht + 4 * (lane % 4)
-    acc0, _, acc2, _ = _stream(pw, ps, px, KI, e, DT, LOADS, WIDE)
+    acc0, _, acc2, _, _, _, _, _ = _stream(pw, ps, px, px, KI, e, DT, LOADS, WIDE)
     if USE_GDC and TRIGGER == 2:
         tl.extra.cuda.gdc_launch_dependents()
     acc0 = tl.where(ok, acc0 * scale, 0.0)  # where, not a product: a dropped slot's h row is never written
@@ -145,22 +148,38 @@ def _moe_down_mma(h_ptr, idx_ptr, rw_ptr, wd_ptr, sd_ptr, gd_ptr, y_ptr, E, K_TO
 
 
 @triton.jit
-def _tile_cols(w, lane, order_ptr, pstart_ptr, tstart_ptr, E, LOG_E: tl.constexpr):
-    """Work tile w's expert (int64), its first pair's place q0 in order, the end of the expert's pairs, and each
-    lane's pair (token column lane // 4; a column past the tile's pairs repeats its last one, never stored)."""
+def _tile_cols(w, lane, order_ptr, pstart_ptr, tstart_ptr, E, LOG_E: tl.constexpr, NT: tl.constexpr):
+    """Work tile w's expert (int64), its first pair's place q0 in order (tiles of 8 NT pairs), the end of the
+    expert's pairs, and each lane's pairs in the NT groups of 8 token columns (column lane // 4 (+ 8); a column past
+    the tile's pairs repeats its last one, never stored)."""
     ex = _expert_of(w, tstart_ptr, E, LOG_E)
-    q0 = tl.load(pstart_ptr + ex) + (w - tl.load(tstart_ptr + ex)) * 8
+    q0 = tl.load(pstart_ptr + ex) + (w - tl.load(tstart_ptr + ex)) * (8 * NT)
     q_end = tl.load(pstart_ptr + ex + 1)
-    pair = tl.load(order_ptr + tl.minimum(q0 + lane // 4, q_end - 1)).to(tl.int64)
-    return ex.to(tl.int64), q0, q_end, pair
+    pair0 = tl.load(order_ptr + tl.minimum(q0 + lane // 4, q_end - 1)).to(tl.int64)
+    pair1 = pair0
+    if NT == 2:
+        pair1 = tl.load(order_ptr + tl.minimum(q0 + 8 + lane // 4, q_end - 1)).to(tl.int64)
+    return ex.to(tl.int64), q0, q_end, pair0, pair1
 
 
 @triton.jit
 def _col_pairs(order_ptr, q0, q_end, P):
-    """The pairs of the accumulators' token columns 2 (lane % 4) and + 1, as [1, 32]; P where a column is empty."""
+    """The pairs of the accumulators' token columns 2 (lane % 4) and + 1 from q0, as [1, 32]; P where a column is
+    empty."""
     c = q0 + (2 * (tl.arange(0, 32) % 4))[None, :]
     return (tl.load(order_ptr + c, mask=c < q_end, other=P).to(tl.int64),
             tl.load(order_ptr + c + 1, mask=c + 1 < q_end, other=P).to(tl.int64))
+
+
+@triton.jit
+def _store_glu_cols(acc0, acc1, acc2, acc3, row, order_ptr, q0, q_end, P, I, gg, gg_ptr, gu, gu_ptr, h_ptr, one,
+                    R: tl.constexpr, KS: tl.constexpr):
+    """h rows of one group of 8 token columns (from q0): silu(gate) * up per column's pair."""
+    p0, p1 = _col_pairs(order_ptr, q0, q_end, P)
+    _store_sum(acc0, row, p0, P, 2 * I, gg, gg_ptr, gu, gu_ptr, h_ptr, I, one, R, KS, False, True)
+    _store_sum(acc1, row, p1, P, 2 * I, gg, gg_ptr, gu, gu_ptr, h_ptr, I, one, R, KS, False, True)
+    _store_sum(acc2, row + 8, p0, P, 2 * I, gg, gg_ptr, gu, gu_ptr, h_ptr, I, one, R, KS, False, True)
+    _store_sum(acc3, row + 8, p1, P, 2 * I, gg, gg_ptr, gu, gu_ptr, h_ptr, I, one, R, KS, False, True)
 
 
 # The tiles' kernels take KI and per as runtime ints: specialised to 1 (a down K of 256, I = 256), the down kernel
@@ -169,10 +188,10 @@ def _col_pairs(order_ptr, q0, q_end, P):
 @triton.jit(do_not_specialize=["one", "KI", "per"])
 def _moe_up_tiles(x_ptr, order_ptr, pstart_ptr, tstart_ptr, wg_ptr, sg_ptr, gg_ptr, wu_ptr, su_ptr, gu_ptr, h_ptr,
                   E, K_TOP, I, KI, per, P, s_xt, s_we, s_se, one, R: tl.constexpr, KS: tl.constexpr,
-                  LOG_E: tl.constexpr, WIDE: tl.constexpr):
-    """Grid (groups of R blocks of 16 rows over gate and up, work tiles): a tile's up to 8 pairs of one expert
-    (moe_grouped.expert_tiles with BT 8) are the mma's 8 token columns, so the expert's weights are decoded once
-    for them: h[p] = silu(gate_e(x_t)) * up_e(x_t), t = p // K_TOP. Warps as _moe_up_mma's."""
+                  LOG_E: tl.constexpr, WIDE: tl.constexpr, NT: tl.constexpr = 1):
+    """Grid (groups of R blocks of 16 rows over gate and up, work tiles): a tile's up to 8 NT pairs of one expert
+    (moe_grouped.expert_tiles with BT 8 NT) are the mma's NT groups of 8 token columns, so the expert's weights are
+    decoded once for them: h[p] = silu(gate_e(x_t)) * up_e(x_t), t = p // K_TOP. Warps as _moe_up_mma's."""
     DT: tl.constexpr = h_ptr.dtype.element_ty
     W: tl.constexpr = R * KS
     pid = tl.program_id(0)
@@ -180,18 +199,20 @@ def _moe_up_tiles(x_ptr, order_ptr, pstart_ptr, tstart_ptr, wg_ptr, sg_ptr, gg_p
     if w < tl.load(tstart_ptr + E):  # tiles past the routing's own: nothing to do
         e = tl.arange(0, 32 * W)
         lane = (e % 32) * one
-        ex, q0, q_end, pair = _tile_cols(w, lane, order_ptr, pstart_ptr, tstart_ptr, E, LOG_E)
+        ex, q0, q_end, pair0, pair1 = _tile_cols(w, lane, order_ptr, pstart_ptr, tstart_ptr, E, LOG_E, NT)
         pw, ps, i_at = _glu_words(pid, e, lane, ex, wg_ptr, sg_ptr, wu_ptr, su_ptr, I, KI, per, s_we, s_se, R, KS)
-        px = x_ptr + (pair // K_TOP) * s_xt + 4 * (16 * i_at + lane % 4)
-        acc0, acc1, acc2, acc3 = _stream(pw, ps, px, per, e, DT, 1, WIDE)
-        p0, p1 = _col_pairs(order_ptr, q0, q_end, P)
+        k0 = 4 * (16 * i_at + lane % 4)
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _stream(
+            pw, ps, x_ptr + (pair0 // K_TOP) * s_xt + k0, x_ptr + (pair1 // K_TOP) * s_xt + k0, per, e, DT, 1, WIDE,
+            NT)
         g = tl.arange(0, 32)
         row = pid * (8 * R) + tl.arange(0, R // 2)[:, None] * 16 + (g // 4)[None, :]
         gg, gu = gg_ptr + ex, gu_ptr + ex
-        _store_sum(acc0, row, p0, P, 2 * I, gg, gg_ptr, gu, gu_ptr, h_ptr, I, one, R, KS, False, True)
-        _store_sum(acc1, row, p1, P, 2 * I, gg, gg_ptr, gu, gu_ptr, h_ptr, I, one, R, KS, False, True)
-        _store_sum(acc2, row + 8, p0, P, 2 * I, gg, gg_ptr, gu, gu_ptr, h_ptr, I, one, R, KS, False, True)
-        _store_sum(acc3, row + 8, p1, P, 2 * I, gg, gg_ptr, gu, gu_ptr, h_ptr, I, one, R, KS, False, True)
+        _store_glu_cols(acc0, acc1, acc2, acc3, row, order_ptr, q0, q_end, P, I, gg, gg_ptr, gu, gu_ptr, h_ptr, one,
+                        R, KS)
+        if NT == 2:
+            _store_glu_cols(acc4, acc5, acc6, acc7, row, order_ptr, q0 + 8, q_end, P, I, gg, gg_ptr, gu, gu_ptr,
+                            h_ptr, one, R, KS)
 
 
 @triton.jit
@@ -205,11 +226,25 @@ def _store_pairs(acc, row, p, scale, P, N, o_ptr, one, R: tl.constexpr, KS: tl.c
     tl.store(o_ptr + p * N + row * one, v * (128.0 * scale), mask=(row < N) & (p < P))
 
 
+@triton.jit
+def _store_down_cols(acc0, acc1, acc2, acc3, row, order_ptr, q0, q_end, P, H, rw_ptr, gd, o_ptr, one,
+                     R: tl.constexpr, KS: tl.constexpr):
+    """o rows of one group of 8 token columns (from q0): rw[p] gd down(h[p]) per column's pair."""
+    p0, p1 = _col_pairs(order_ptr, q0, q_end, P)
+    s0 = tl.load(rw_ptr + p0, mask=p0 < P, other=0.0).to(tl.float32) * gd
+    s1 = tl.load(rw_ptr + p1, mask=p1 < P, other=0.0).to(tl.float32) * gd
+    _store_pairs(acc0, row, p0, s0, P, H, o_ptr, one, R, KS)
+    _store_pairs(acc1, row, p1, s1, P, H, o_ptr, one, R, KS)
+    _store_pairs(acc2, row + 8, p0, s0, P, H, o_ptr, one, R, KS)
+    _store_pairs(acc3, row + 8, p1, s1, P, H, o_ptr, one, R, KS)
+
+
 @triton.jit(do_not_specialize=["one", "KI", "per"])  # KI, per: see _moe_up_tiles
 def _moe_down_tiles(h_ptr, order_ptr, pstart_ptr, tstart_ptr, rw_ptr, wd_ptr, sd_ptr, gd_ptr, o_ptr, dt_ptr, E, H, KI,
-                    per, P, s_ht, s_we, s_se, one, R: tl.constexpr, KS: tl.constexpr, LOG_E: tl.constexpr):
+                    per, P, s_ht, s_we, s_se, one, R: tl.constexpr, KS: tl.constexpr, LOG_E: tl.constexpr,
+                    NT: tl.constexpr = 1):
     """Grid (groups of R blocks of 16 rows of H, work tiles): o[p] = rw[p] gd[e] down_e(h[p]) in fp32 for a tile's
-    up to 8 pairs of one expert (the mma's token columns); KS warps split K (I) and sum in shared memory. The sum
+    up to 8 NT pairs of one expert (the mma's token columns); KS warps split K (I) and sum in shared memory. The sum
     over each token's slots is the caller's. dt_ptr: a tensor of h's dtype (h_ptr is its int64 words)."""
     DT: tl.constexpr = dt_ptr.dtype.element_ty
     W: tl.constexpr = R * KS
@@ -218,23 +253,21 @@ def _moe_down_tiles(h_ptr, order_ptr, pstart_ptr, tstart_ptr, rw_ptr, wd_ptr, sd
     if w < tl.load(tstart_ptr + E):
         e = tl.arange(0, 32 * W)
         lane = (e % 32) * one
-        ex, q0, q_end, pair = _tile_cols(w, lane, order_ptr, pstart_ptr, tstart_ptr, E, LOG_E)
+        ex, q0, q_end, pair0, pair1 = _tile_cols(w, lane, order_ptr, pstart_ptr, tstart_ptr, E, LOG_E, NT)
         blk = tl.minimum(pid * R + e // (32 * KS), H // 16 - 1).to(tl.int64)
         i_at = ((e // 32) % KS) * per
         pw = wd_ptr + ex * s_we + ((blk * KI + i_at) * 128 + lane) * 2
         ps = sd_ptr + ex * s_se + (blk * KI + i_at) * 32 + lane
-        px = h_ptr + pair * s_ht + 4 * (16 * i_at + lane % 4)
-        acc0, acc1, acc2, acc3 = _stream(pw, ps, px, per, e, DT, 1, True)
-        p0, p1 = _col_pairs(order_ptr, q0, q_end, P)
+        k0 = 4 * (16 * i_at + lane % 4)
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _stream(
+            pw, ps, h_ptr + pair0 * s_ht + k0, h_ptr + pair1 * s_ht + k0, per, e, DT, 1, True, NT)
         gd = tl.load(gd_ptr + ex)
-        s0 = tl.load(rw_ptr + p0, mask=p0 < P, other=0.0).to(tl.float32) * gd
-        s1 = tl.load(rw_ptr + p1, mask=p1 < P, other=0.0).to(tl.float32) * gd
         g = tl.arange(0, 32)
         row = pid * (16 * R) + tl.arange(0, R)[:, None] * 16 + (g // 4)[None, :]
-        _store_pairs(acc0, row, p0, s0, P, H, o_ptr, one, R, KS)
-        _store_pairs(acc1, row, p1, s1, P, H, o_ptr, one, R, KS)
-        _store_pairs(acc2, row + 8, p0, s0, P, H, o_ptr, one, R, KS)
-        _store_pairs(acc3, row + 8, p1, s1, P, H, o_ptr, one, R, KS)
+        _store_down_cols(acc0, acc1, acc2, acc3, row, order_ptr, q0, q_end, P, H, rw_ptr, gd, o_ptr, one, R, KS)
+        if NT == 2:
+            _store_down_cols(acc4, acc5, acc6, acc7, row, order_ptr, q0 + 8, q_end, P, H, rw_ptr, gd, o_ptr, one, R,
+                             KS)
 
 
 def _wide(x) -> bool:
@@ -283,26 +316,34 @@ def moe_tiled(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd, y, h, order=None):
     return y
 
 
-def moe_tiled_pairs(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd):
+# Tiles of 16 pairs (the mma's two groups of 8 token columns: an expert's weights decoded and read from L2 once per
+# 16 pairs) from this many pairs an expert on average, else 8 (a tile of fewer pairs would pay the second group's
+# mma for nothing). A guess from the 8-pair tiles' records (benchmarks/notes/nvfp4_moe.md), to be timed.
+PAIRS_FOR_16 = 16
+
+
+def moe_tiled_pairs(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd, bt=None):
     """nvfp4_moe's grouped path on sm_90 (moe_tiled_usable(x); past MOE_MAX_T tokens): the pairs sorted by expert in
-    tiles of 8, each tile's pairs the mma's token columns (an expert's weights decoded once a tile, not once a pair);
-    stacks as _moe takes them -> y [T, H] in x's dtype (the slots' fp32 outputs summed)."""
+    tiles of bt (8 or 16; None: 16 from PAIRS_FOR_16 pairs an expert), each tile's pairs the mma's token columns (an
+    expert's weights decoded once a tile, not once a pair); stacks as _moe takes them -> y [T, H] in x's dtype (the
+    slots' fp32 outputs summed)."""
     T, H = x.shape
     E, I = wg.shape[0], wg.shape[1]
     k = idx.shape[1]
     P = T * k
-    order, pstart, tstart, tiles, log_e = expert_tiles(idx, E, 8)
-    busy = min(tiles, P // 8 + min(E, P))  # tiles a routing fills, about (the grid covers the most any needs)
+    bt = bt or (16 if P >= PAIRS_FOR_16 * E else 8)
+    order, pstart, tstart, tiles, log_e = expert_tiles(idx, E, bt)
+    busy = min(tiles, P // bt + min(E, P))  # tiles a routing fills, about (the grid covers the most any needs)
     wide = _wide(x)
     h = torch.empty(P, I, dtype=x.dtype, device=x.device)  # rows of dropped slots: never written, never read
     r, ks, per = _mma_plan(busy, 2 * I, H // TILE_K, x.device)
     launch(_moe_up_tiles, (cdiv(2 * I // TILE_N, r), tiles), x.view(torch.int64), order, pstart, tstart,
            wg.view(torch.int64), sg.view(torch.int64), gg, wu.view(torch.int64), su.view(torch.int64), gu, h, E, k,
            I, H // TILE_K, per, P, x.stride(0) // 4, wg.stride(0) // 8, sg.stride(0) // 8, 1, R=r, KS=ks,
-           LOG_E=log_e, WIDE=wide, num_warps=r * ks)
+           LOG_E=log_e, WIDE=wide, NT=bt // 8, num_warps=r * ks)
     o = torch.zeros(P, H, dtype=torch.float32, device=x.device)  # dropped slots add 0
     r, ks, per = _mma_plan(busy, H, I // TILE_K, x.device)
     launch(_moe_down_tiles, (cdiv(H // TILE_N, r), tiles), h.view(torch.int64), order, pstart, tstart,
            rw.reshape(-1), wd.view(torch.int64), sd.view(torch.int64), gd, o, x, E, H, I // TILE_K, per, P, I // 4,
-           wd.stride(0) // 8, sd.stride(0) // 8, 1, R=r, KS=ks, LOG_E=log_e, num_warps=r * ks)
+           wd.stride(0) // 8, sd.stride(0) // 8, 1, R=r, KS=ks, LOG_E=log_e, NT=bt // 8, num_warps=r * ks)
     return o.view(T, k, H).sum(1).to(x.dtype)
