@@ -317,8 +317,9 @@ def moe_tiled(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd, y, h, order=None):
 
 
 # Tiles of 16 pairs (the mma's two groups of 8 token columns: an expert's weights decoded and read from L2 once per
-# 16 pairs) from this many pairs an expert on average, else 8 (a tile of fewer pairs would pay the second group's
-# mma for nothing). A guess from the 8-pair tiles' records (benchmarks/notes/nvfp4_moe.md), to be timed.
+# 16 pairs) from this many pairs an expert on average, else 8 (a tile of fewer pairs pays the second group's mma for
+# nothing). H200, 30B / 235B layers, 16 against 8, us: T 64 197 / 481 vs 181 / 427, T 128 215 / 524 vs 210 / 530,
+# T 256 274 / 713 vs 288 / 818, T 1024 689 / 2066 vs 817 / 2638 (benchmarks/notes/nvfp4_moe.md).
 PAIRS_FOR_16 = 16
 
 
