@@ -177,12 +177,25 @@ def test_path_rule(monkeypatch, mma_runs):
         assert took == ["plain"] * 4 + ["grouped"] * 2
 
 
-def test_expert_tiles():
-    """The device-side grouping both grouped paths share: pairs by expert (stable), dropped slots last with no tile,
-    tiles of up to BT pairs of one expert, the grid's bound E + P / BT."""
+@pytest.mark.parametrize("T, k, E, BT", [(4, 2, 4, 2), (37, 3, 6, 8), (700, 8, 128, 16), (1, 1, 1, 8)])
+def test_expert_tiles(device, T, k, E, BT):
+    """The device-side grouping both grouped paths share (one launch): each expert's pairs together (in any order
+    within it), dropped slots last with no tile, tiles of up to BT pairs of one expert, the grid's bound E + P / BT;
+    P of more than one block of the kernel's loop."""
     from llmkernels.ops.nvfp4.moe_grouped import expert_tiles
-    idx = torch.tensor([[2, 0], [2, 5], [-1, 2], [0, 2]])  # E = 4: 5 and -1 are dropped
-    order, pstart, tstart, tiles, log_e = expert_tiles(idx, 4, 2)
-    assert order.tolist()[:6] == [1, 6, 0, 2, 5, 7] and sorted(order.tolist()[6:]) == [3, 4]
-    assert pstart.tolist() == [0, 2, 2, 6, 6, 8] and tstart.tolist() == [0, 1, 1, 3, 3]
-    assert tiles == 4 + 4 and 2 ** log_e >= 5
+    g = torch.Generator().manual_seed(T)
+    idx = torch.randint(-1, E + 2, (T, k), generator=g)  # -1, E and E + 1: dropped
+    if T == 4:
+        idx = torch.tensor([[2, 0], [2, 5], [-1, 2], [0, 2]])
+    order, pstart, tstart, tiles, log_e = expert_tiles(idx.to(device), E, BT)
+    ids = idx.reshape(-1)
+    key = torch.where((ids >= 0) & (ids < E), ids, E)
+    counts = torch.bincount(key, minlength=E + 1)
+    assert pstart.tolist() == [0] + counts.cumsum(0).tolist()
+    assert tstart.tolist() == [0] + ((counts[:E] + BT - 1) // BT).cumsum(0).tolist()
+    assert sorted(order.tolist()) == list(range(T * k))
+    order, pstart = order.cpu().long(), pstart.tolist()
+    assert all(bool((key[order[pstart[e]:pstart[e + 1]]] == e).all()) for e in range(E + 1))
+    if T == 4:
+        assert pstart == [0, 2, 2, 6, 6, 8] and tstart.tolist() == [0, 1, 1, 3, 3]
+    assert tiles == E + (T * k + BT - 1) // BT and 2 ** log_e >= E + 1

@@ -98,20 +98,45 @@ def _grouped_down_kernel(h_ptr, order_ptr, pstart_ptr, tstart_ptr, rw_ptr, wd_pt
                  mask=(rows[:, None] < H) & ok[None, :])
 
 
+@triton.jit
+def _expert_tiles_kernel(idx_ptr, order_ptr, pstart_ptr, tstart_ptr, cursor_ptr, P, E, BT, BLOCK: tl.constexpr,
+                         EB: tl.constexpr):
+    """One program: the pairs' expert counts (bin E: slots outside [0, E); bin EB - 1: lanes past P), their
+    exclusive sums (pstart) and tile starts (tstart), then each pair placed at its expert's next free slot of order
+    (an atomic cursor a bin: the order within an expert is arbitrary, and no kernel's result depends on it)."""
+    bins = tl.arange(0, EB)
+    counts = tl.zeros([EB], tl.int32)
+    for p0 in range(0, P, BLOCK):
+        offs = p0 + tl.arange(0, BLOCK)
+        ids = tl.load(idx_ptr + offs, mask=offs < P, other=0)
+        key = tl.where((ids >= 0) & (ids < E), ids, E).to(tl.int32)
+        counts += tl.histogram(tl.where(offs < P, key, EB - 1), EB)
+    start = tl.cumsum(counts, 0) - counts  # exclusive: start[E + 1] = P (bins past E + 1 hold lanes past P only)
+    ntile = tl.where(bins < E, (counts + BT - 1) // BT, 0)
+    tl.store(pstart_ptr + bins, start, mask=bins < E + 2)
+    tl.store(tstart_ptr + bins, tl.cumsum(ntile, 0) - ntile, mask=bins < E + 1)
+    tl.store(cursor_ptr + bins, start)
+    tl.debug_barrier()  # the cursors' stores before any thread's atomics
+    for p0 in range(0, P, BLOCK):
+        offs = p0 + tl.arange(0, BLOCK)
+        ids = tl.load(idx_ptr + offs, mask=offs < P, other=0)
+        key = tl.where((ids >= 0) & (ids < E), ids, E).to(tl.int32)
+        at = tl.atomic_add(cursor_ptr + key, 1, mask=offs < P, sem="relaxed")  # unique slots, no ordering needed
+        tl.store(order_ptr + at, offs, mask=offs < P)
+
+
 def expert_tiles(idx, E: int, BT: int):
-    """The (token, slot) pairs of idx [T, k] grouped by expert on the device, in tiles of up to BT pairs of one
-    expert: (order int32 [P]: the pairs by expert, stable; pstart int32 [E + 2]: expert e's pairs are
-    order[pstart[e]:pstart[e + 1]]; tstart int32 [E + 1]: its tiles are tstart[e] .. tstart[e + 1] - 1, tstart[E]
-    in all; the grid's tile count E + P / BT, the most any routing needs; LOG_E for _expert_of). Slots outside
-    [0, E) sort last and get no tile."""
+    """The (token, slot) pairs of idx [T, k] (contiguous) grouped by expert on the device, in tiles of up to BT
+    pairs of one expert: (order int32 [P]: the pairs by expert, in any order within one; pstart int32 [E + 2]:
+    expert e's pairs are order[pstart[e]:pstart[e + 1]]; tstart int32 [E + 1]: its tiles are tstart[e] ..
+    tstart[e + 1] - 1, tstart[E] in all; the grid's tile count E + P / BT, the most any routing needs; LOG_E for
+    _expert_of). Slots outside [0, E) sort last and get no tile. One launch (torch's sort and sums took ~12)."""
     P, dev = idx.numel(), idx.device
-    ids = idx.reshape(-1).long()
-    key = torch.where((ids >= 0) & (ids < E), ids, E)
-    order = torch.argsort(key, stable=True).to(torch.int32)
-    counts = torch.zeros(E + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))
-    zero = torch.zeros(1, dtype=torch.int64, device=dev)
-    pstart = torch.cat([zero, counts.cumsum(0)]).to(torch.int32)
-    tstart = torch.cat([zero, ((counts[:E] + BT - 1) // BT).cumsum(0)]).to(torch.int32)
+    EB = triton.next_power_of_2(E + 2)
+    out = torch.empty(P + 3 * EB, dtype=torch.int32, device=dev)  # order, pstart, tstart, cursors: one allocation
+    order, pstart, tstart, cursor = out[:P], out[P:P + E + 2], out[P + EB:P + EB + E + 1], out[P + 2 * EB:]
+    launch(_expert_tiles_kernel, (1,), idx, order, pstart, tstart, cursor, P, E, BT, BLOCK=1024, EB=EB,
+           num_warps=4)
     return order, pstart, tstart, E + cdiv(P, BT), max(1, math.ceil(math.log2(E + 1)))
 
 
