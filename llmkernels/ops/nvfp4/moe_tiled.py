@@ -4,8 +4,9 @@ read from top_k_index on the device, warps as tiled's GLU kernel (blocks alterna
 h[p] = silu(gate) * up in the epilogue. Down: grid (block groups of H, tokens); the KS >= k warps of a row block
 take one slot each (all of its expert's K), scaled by routing weight x global scale, summed in shared memory: the
 sum over experts without atomics or a second pass. One token a pair: 1 of the mma's 8 token columns is used (the
-weights' bytes bound the time at decode sizes). Past nvfp4_moe's MOE_MAX_T tokens, moe_tiled_pairs: tiles of 8 pairs
-of one expert fill the 8 token columns, so an expert's weights are decoded once a tile."""
+weights' bytes bound the time at decode sizes). Past nvfp4_moe's MOE_MAX_T tokens, moe_tiled_pairs: tiles of 8 or 16
+pairs of one expert fill the mma's one or two groups of 8 token columns, so an expert's weights are decoded once a
+tile."""
 import torch
 import triton
 import triton.language as tl
