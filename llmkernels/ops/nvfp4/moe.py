@@ -24,8 +24,9 @@ from .tiled_layout import tiled_values
 
 # Tokens of a call the per-pair kernels take (one program group a (token, slot) pair) before the grouped ones (the
 # pairs sorted by expert): on sm_90 the mma pair, then tiles of 8 or 16 pairs of an expert as the mma's token
-# columns (moe_tiled_pairs); elsewhere the plain pair, then moe_grouped. H200 records (benchmarks/notes/nvfp4_moe.md), 30B /
-# 235B layers, us: T 16 pair 87 / 341 vs tiles 123 / 278; T 32 172 / 630 vs 165 / 371; T 256 700 / 2386 vs 289 / 865.
+# columns (moe_tiled_pairs); elsewhere the plain pair, then moe_grouped. H200 records (benchmarks/notes/
+# nvfp4_moe.md), 30B / 235B layers, us: T 16 pair 87 / 341 vs tiles 123 / 278; T 32 172 / 630 vs 165 / 371; T 256
+# 700 / 2386 vs 289 / 865.
 MOE_MAX_T = 16
 
 
