@@ -15,21 +15,8 @@ from ..._launch import launch
 from ..._pdl import pdl_enter, pdl_enabled
 from ..._runtime import capability, cdiv, interpreting, next_pow2, planned_sms
 from .moe_grouped import _expert_of, expert_tiles
-from .tiled import _ld_iter, _pow2, _store_sum, _tiled_step
+from .tiled import _ld_iter, _pow2, _store_sum, _tiled_iter
 from .tiled_layout import TILE_K, TILE_N
-
-
-@triton.jit
-def _iter4(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b, sv, px0, px1,
-           DT: tl.constexpr, NT: tl.constexpr, WIDE: tl.constexpr):
-    """One iteration (4 steps) of the mma over NT groups of 8 token columns (activations at px0, px1)."""
-    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
-        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, sv, 0, px0, px1, DT, NT, WIDE)
-    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
-        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w1t, w1b, sv, 1, px0, px1, DT, NT, WIDE)
-    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
-        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w2t, w2b, sv, 2, px0, px1, DT, NT, WIDE)
-    return _tiled_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w3t, w3b, sv, 3, px0, px1, DT, NT, WIDE)
 
 
 @triton.jit
@@ -46,7 +33,7 @@ def _stream(pw, ps, px0, px1, n, e, DT: tl.constexpr, LOADS: tl.constexpr, WIDE:
         ps += 32 * adv
         if LOADS == 2:
             nsv, n0t, n0b, n1t, n1b, n2t, n2b, n3t, n3b = _ld_iter(pw, ps)
-        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _iter4(
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_iter(
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b, sv, px0, px1, DT,
             NT, WIDE)
         if LOADS == 2:

@@ -139,6 +139,19 @@ def _tiled_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, wt, wb, sv, u: t
 
 
 @triton.jit
+def _tiled_iter(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b, sv, px0, px1,
+                DT: tl.constexpr, NT: tl.constexpr, WIDE: tl.constexpr):
+    """One iteration (4 steps, words loaded by _ld_iter) of the mma over NT groups of 8 token columns."""
+    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, sv, 0, px0, px1, DT, NT, WIDE)
+    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w1t, w1b, sv, 1, px0, px1, DT, NT, WIDE)
+    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w2t, w2b, sv, 2, px0, px1, DT, NT, WIDE)
+    return _tiled_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w3t, w3b, sv, 3, px0, px1, DT, NT, WIDE)
+
+
+@triton.jit
 def _tiled_keep(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, b0, b1, b2, b3, b4, b5, b6, b7, keep,
                 EVEN: tl.constexpr, NT: tl.constexpr):
     """The accumulators after an iteration, or before it (b*) where it lies past the warp's short range."""
@@ -251,14 +264,9 @@ def _tiled_mma_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, y_ptr, T, N, KI, pe
                 ps += 32 * adv
                 nsv, n0t, n0b, n1t, n1b, n2t, n2b, n3t, n3b = _ld_iter(pw, ps)
             b0, b1, b2, b3, b4, b5, b6, b7 = acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
-            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
-                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, sv, 0, px0, px1, DT, NT, WIDE)
-            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
-                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w1t, w1b, sv, 1, px0, px1, DT, NT, WIDE)
-            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
-                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w2t, w2b, sv, 2, px0, px1, DT, NT, WIDE)
-            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_step(
-                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w3t, w3b, sv, 3, px0, px1, DT, NT, WIDE)
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_iter(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, w0t, w0b, w1t, w1b, w2t, w2b, w3t, w3b, sv, px0, px1,
+                DT, NT, WIDE)
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _tiled_keep(
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, b0, b1, b2, b3, b4, b5, b6, b7, it < n_w, EVEN, NT)
             if LOADS == 2:
