@@ -60,11 +60,11 @@ def kept_plan(key, tensors):
     if key is None:
         return None
     plan = _PLANS.get(key)
-    return plan if plan is not None and _direct_ok(tensors) else None
+    return plan if plan is not None and direct_ok(tensors) else None
 
 
 def keep_plan(key, make, tensors):
-    if key is None or not _direct_ok(tensors):
+    if key is None or not direct_ok(tensors):
         return None
     return _PLANS.put(key, make())
 
@@ -124,13 +124,10 @@ def run_planned(token: int, fn, *args):
         _STATE.token = None
 
 
-def direct_ok(*tensors) -> bool:
-    """True where calling an op's implementation directly is what torch's dispatcher would do anyway. The first tensor
-    is the op's leading input: on CUDA, or the CPU under the interpreter (meta tensors go to the fake kernel)."""
-    return _direct_ok(tensors)
-
-
-def _direct_ok(tensors) -> bool:
+def direct_ok(tensors) -> bool:
+    """True where calling an op's implementation directly is what torch's dispatcher would do anyway (tensors: a
+    tuple, None for absent optional ones). The first tensor is the op's leading input: on CUDA, or the CPU under the
+    interpreter (meta tensors go to the fake kernel)."""
     if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
         return False
     t0 = tensors[0]

@@ -123,7 +123,7 @@ def test_keys_of_unusual_arguments():
     cache.put((1, [2]), "x")  # unhashable: not cached, no error
     assert cache.get((1, [2])) is None and len(cache) == 0
     meta = torch.empty(4, device="meta")
-    assert not _launch.direct_ok(meta)  # meta tensors go through the custom op's fake kernel
+    assert not _launch.direct_ok((meta,))  # meta tensors go through the custom op's fake kernel
 
 
 def test_kernel_configs_are_typed():

@@ -62,9 +62,9 @@ class Experts(torch.nn.ModuleList):
     outputs times their routing weights.
 
     Where every expert is NVFP4 in the tiled layout with the SiLU (`grouped_capable`), every call runs
-    llmkernels.nvfp4_moe: routing read on the device (CUDA-graph capturable); up to MMA_MAX_T tokens (MOE_MAX_T off
-    sm_90) one program group per (token, slot), more (prefill) grouped by expert so that each expert's weights are
-    read once per tile of its tokens. The experts' buffers then become views of one stack per projection (made on
+    llmkernels.nvfp4_moe: routing read on the device (CUDA-graph capturable); up to MOE_MAX_T tokens one program
+    group per (token, slot), more (prefill) grouped by expert so that each expert's weights are read once per tile of
+    its tokens. The experts' buffers then become views of one stack per projection (made on
     the first such call). Otherwise the experts no token chose are skipped and the others run one by one
     (`one_by_one`)."""
 

@@ -1,10 +1,10 @@
-"""nvfp4_moe for many tokens (prefill; batches past MMA_MAX_T, MOE_MAX_T off sm_90): the (token, slot) pairs grouped by
-expert on the device (a stable sort and counts: no host sync, CUDA-graph capturable), then a program per (block of BN
-rows, tile of up to BT pairs of one expert) decodes the expert's weight tile (tiled_layout's recipe, plain Triton:
-the interpreter runs it too) into a tl.dot against the pairs' rows, so an expert's weights are read once per tile of
-its tokens. Up: h[pair] = silu(gate) * up (gate / up rounded to x's dtype first); down: o[pair] = weight x
-down(h[pair]) in fp32, summed over each token's k slots after. The grid covers E + P / BT tiles, the most any routing
-needs (P pairs); programs past the routing's own tiles exit."""
+"""nvfp4_moe for many tokens (prefill; batches past MOE_MAX_T) off sm_90: the (token, slot) pairs grouped by expert
+on the device (expert_tiles, shared with moe_tiled_pairs: no host sync, CUDA-graph capturable), then a program per
+(block of BN rows, tile of up to BT pairs of one expert) decodes the expert's weight tile (tiled_layout's recipe,
+plain Triton: the interpreter runs it too) into a tl.dot against the pairs' rows, so an expert's weights are read
+once per tile of its tokens. Up: h[pair] = silu(gate) * up (gate / up rounded to x's dtype first); down: o[pair] =
+weight x down(h[pair]) in fp32, summed over each token's k slots after. The grid covers E + P / BT tiles, the most
+any routing needs (P pairs); programs past the routing's own tiles exit."""
 import math
 
 import torch
@@ -99,6 +99,14 @@ def _grouped_down_kernel(h_ptr, order_ptr, pstart_ptr, tstart_ptr, rw_ptr, wd_pt
 
 
 @triton.jit
+def _pair_keys(idx_ptr, p0, P, E, BLOCK: tl.constexpr):
+    """Pairs p0 .. p0 + BLOCK - 1 and their experts (E for a slot outside [0, E))."""
+    offs = p0 + tl.arange(0, BLOCK)
+    ids = tl.load(idx_ptr + offs, mask=offs < P, other=0)
+    return offs, tl.where((ids >= 0) & (ids < E), ids, E).to(tl.int32)
+
+
+@triton.jit
 def _expert_tiles_kernel(idx_ptr, order_ptr, pstart_ptr, tstart_ptr, cursor_ptr, P, E, BT, BLOCK: tl.constexpr,
                          EB: tl.constexpr):
     """One program: the pairs' expert counts (bin E: slots outside [0, E); bin EB - 1: lanes past P), their
@@ -107,9 +115,7 @@ def _expert_tiles_kernel(idx_ptr, order_ptr, pstart_ptr, tstart_ptr, cursor_ptr,
     bins = tl.arange(0, EB)
     counts = tl.zeros([EB], tl.int32)
     for p0 in range(0, P, BLOCK):
-        offs = p0 + tl.arange(0, BLOCK)
-        ids = tl.load(idx_ptr + offs, mask=offs < P, other=0)
-        key = tl.where((ids >= 0) & (ids < E), ids, E).to(tl.int32)
+        offs, key = _pair_keys(idx_ptr, p0, P, E, BLOCK)
         counts += tl.histogram(tl.where(offs < P, key, EB - 1), EB)
     start = tl.cumsum(counts, 0) - counts  # exclusive: start[E + 1] = P (bins past E + 1 hold lanes past P only)
     ntile = tl.where(bins < E, (counts + BT - 1) // BT, 0)
@@ -118,9 +124,7 @@ def _expert_tiles_kernel(idx_ptr, order_ptr, pstart_ptr, tstart_ptr, cursor_ptr,
     tl.store(cursor_ptr + bins, start)
     tl.debug_barrier()  # the cursors' stores before any thread's atomics
     for p0 in range(0, P, BLOCK):
-        offs = p0 + tl.arange(0, BLOCK)
-        ids = tl.load(idx_ptr + offs, mask=offs < P, other=0)
-        key = tl.where((ids >= 0) & (ids < E), ids, E).to(tl.int32)
+        offs, key = _pair_keys(idx_ptr, p0, P, E, BLOCK)
         at = tl.atomic_add(cursor_ptr + key, 1, mask=offs < P, sem="relaxed")  # unique slots, no ordering needed
         tl.store(order_ptr + at, offs, mask=offs < P)
 

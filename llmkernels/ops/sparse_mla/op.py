@@ -59,8 +59,7 @@ def _dist_plan(a: SparseArgs, lse):
 
 
 # a checked call's key -> its common.Checked, where that call ran directly
-_SITE_OF = {"fwd": "sparse_mla", "flash": "flash_mla_sparse_fwd",
-          "dist": "sparse_mla_attn_dist"}
+_SITE_OF = {"fwd": "sparse_mla", "flash": "flash_mla_sparse_fwd", "dist": "sparse_mla_attn_dist"}
 
 
 def _tensors(raw, extra_tensors):
