@@ -9,7 +9,8 @@ One prefill per (context, batch, ratio) under the press (kvpress's AdaKVPress ov
 from that cache, steps timed with CUDA events (median; --compile: the three PressDecoder impls again with
 compile=True, named "<impl>-compiled", the eager impls not repeated): `llmkernels` (PressDecoder: the press's kept
 tokens as
-masked_decode's kept lists, fixed buffers, one CUDA graph a step; on the CPU eager), `llmkernels-compact` (the same,
+masked_decode's kept lists, fixed buffers, one CUDA graph a step; on the CPU eager; the model's q / k / v and gate / up
+as one GEMM each, hf.fuse_projections, as for the other two decoders), `llmkernels-compact` (the same,
 each row's kept tokens moved to its front: buffers as wide as the longest row; `cache_gb` the decoder's buffers),
 `no-press` (the same decoder with nothing dropped), `llmkernels-eager` (masked_decode_attention's eager steps on
 a GrowingCache, the lists), `kvpress` (kvpress 0.5.5's fake keys, SDPA, transformers' DynamicCache, eager: its path
@@ -39,6 +40,7 @@ TINY = dict(vocab_size=256, hidden_size=128, intermediate_size=128, num_hidden_l
 def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=print, compile=False):
     import kvpress
     from transformers import DynamicCache
+    from .hf.fuse import fuse_projections, unfuse_projections
     from .kvpress import GrowingCache, PressDecoder, compacted, drop_mask, kept, masked_decode_attention
     from .ops.masked_decode.op import masked_decode
     attns = [la.self_attn for la in model.model.layers]
@@ -74,6 +76,7 @@ def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=pr
     decoders = [(i, False) for i in ("llmkernels", "llmkernels-compact", "no-press")]
     if compile:
         decoders += [(i, True) for i, _ in decoders]
+    fuse_projections(model)  # the decoders' q / k / v and gate / up as one GEMM each (8 tokens: ~0.5 ms a step)
     for impl, compiled in decoders:  # fixed buffers first: the eager impls' copy after
         for a, idx in zip(attns, indices):
             a.masked_key_indices = idx if impl != "no-press" else None
@@ -84,10 +87,12 @@ def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=pr
             dec.step()
         ms = median_ms(dec.step, steps, device, warm=0)
         gb = sum(t.numel() * t.element_size() for la in dec.cache.layers for t in (la.keys, la.values)) / 1e9
-        recs.append(dict(impl=impl, ms=ms, timing="graph" if dec.graph else "eager", cache_gb=gb))
+        recs.append(dict(impl=impl, ms=ms, timing="graph" if dec.graph else "eager", cache_gb=gb,
+                         projections="stacked"))
         del dec
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    unfuse_projections(model)  # (kvpress's and transformers' own paths as they run)
     grow = GrowingCache(config=model.config)  # the eager adapter's: the same rows, with headroom
     for mine, la in zip(grow.layers, cache.layers):
         mine.update(la.keys, la.values)

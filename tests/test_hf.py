@@ -297,6 +297,51 @@ def test_fused_projections(tmp_path, device, monkeypatch, arch, extra):
     assert torch.equal(_logits(loaded, ids), fused)
 
 
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen2ForCausalLM"])  # Qwen2: q / k / v biases
+def test_stacked_dense_projections(tmp_path, device, arch):
+    """fuse_projections on a dense model: q / k / v and gate / up as one GEMM over stacked weights (views: no memory
+    added, names and state_dict unchanged); same logits as each layer alone (a column's sum is the same product: close
+    within DTYPE's rounding), under torch.compile and StaticDecoder too; each layer alone under grad or once the model
+    is converted (the stack dropped); saving writes each tensor on its own."""
+    from llmkernels.hf.fuse import LinearStack, fuse_projections, unfuse_projections
+    model = _arch_model(device, arch, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)  # D 64
+    ids = torch.randint(0, TINY["vocab_size"], (2, 6), device=device)
+    alone = _logits(model, ids)
+    names = list(model.state_dict())
+    assert fuse_projections(model) == 2 * TINY["num_hidden_layers"]
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert isinstance(attn.q_proj.group, LinearStack) and attn.v_proj.group is attn.q_proj.group
+    assert attn.k_proj.weight.data_ptr() == attn.q_proj.weight.data_ptr() + attn.q_proj.weight.numel() * 2
+    assert list(model.state_dict()) == names and "forward" in vars(mlp)
+    _close(_logits(model, ids), alone)
+    compiled = torch.compile(lambda i: model(i).logits.float(), backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        _close(compiled(ids), alone)
+    out = StaticDecoder(model, batch=2, max_len=16, graph=False).generate(ids, 3)
+    _check_picks(model, out, 6, 3)
+    with pytest.raises(TypeError, match="nn.Linear"):
+        LinearStack([attn.o_proj])
+    with pytest.raises(ValueError, match="ungrouped"):
+        LinearStack([attn.q_proj, attn.k_proj])
+    model.model.layers[1].mlp.gate_proj.weight.requires_grad_(True)  # grad: each layer alone, gradients flow
+    y = model.model.layers[1].mlp(torch.randn(3, 128, device=device, dtype=DTYPE))
+    y.float().sum().backward()
+    assert model.model.layers[1].mlp.gate_proj.weight.grad is not None
+    model.float()  # converted: the parts are new tensors, the stack is dropped on the next call
+    _close(_logits(model, ids), alone)
+    assert attn.q_proj.group.weight is None
+    unfuse_projections(model)
+    assert "group" not in vars(attn.q_proj) and "forward" not in vars(mlp) and "forward" not in vars(attn.q_proj)
+    model = _arch_model(device, arch, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                        num_key_value_heads=1)  # stacked, then quantized (the tiled layout: K % 256)
+    fuse_projections(model)
+    quantize_(model, fuse=False)  # the MLPs' SiLU forward without a group: each layer alone
+    ref = _logits(model, ids)
+    fuse_projections(model)
+    _close(_logits(model, ids), ref)
+    save_nvfp4(model, tmp_path)
+
+
 def test_saved_compressed_tensors_reads_in_compressed_tensors(tmp_path):
     import_extra("compressed_tensors", "hf-test")
     model = quantize_(_tiny_model("cpu"))

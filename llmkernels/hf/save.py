@@ -222,7 +222,7 @@ def save_nvfp4(model: torch.nn.Module, path: Union[str, os.PathLike], format: st
     files = ["model.safetensors"] if len(shards) == 1 else [
         f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     for fn, names in zip(files, shards):
-        save_file({n: tensors[n].detach().contiguous().cpu() for n in names}, os.path.join(path, fn),
+        save_file({n: tensors[n].detach().contiguous().to("cpu", copy=True) for n in names}, os.path.join(path, fn),
                   metadata={"format": "pt"})
     if len(files) > 1:
         index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
