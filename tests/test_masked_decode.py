@@ -283,11 +283,14 @@ def test_kept_lists_match_the_mask(device, B, Hkv, G, L, D, L0):
         assert rel_err(o, mo) <= OUT_TOL[torch.float16] and rel_err(lse, ml) <= LSE_TOL
 
 
-@pytest.mark.parametrize("config", [None, {"list_ahead": False}, {"heavy_first": True}])
+@pytest.mark.parametrize("config", [None, {"list_ahead": False}, {"heavy_first": True},
+                                    {"balance": 1, "balance_waves": 3, "waves": 8},
+                                    {"balance": 2, "heavy_first": True, "block_n": 16, "waves": 8}])
 def test_kept_lists_garbage_entries_are_skipped(device, config):
     """Entries outside [0, min(dense_from, kv_len)), counts outside [0, M] and repeats follow the documented rules
     (the reference's), NaN-poisoned outputs fully written; an empty row gives out 0, lse -inf. Both ways of loading
-    a tile's entries (one iteration ahead, the default; in the iteration); rows launched longest first."""
+    a tile's entries (one iteration ahead, the default; in the iteration); rows launched longest first; splits
+    balanced by the rows' counts (garbage counts clamped as the rows read them)."""
     B, Hkv, G, L, D = 2, 2, 4, 90, 64
     x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device)
     M = 40
@@ -325,7 +328,9 @@ def test_kept_lists_nan_and_strided(device):
     assert rel_err(rest, torch.cat([ro[0, :G], ro[1]])) <= OUT_TOL[torch.float16]
 
 
-@pytest.mark.parametrize("config", [None, {"block_n": 32, "waves": 16}, {"heavy_first": True, "waves": 3}])
+@pytest.mark.parametrize("config", [None, {"block_n": 32, "waves": 16}, {"heavy_first": True, "waves": 3},
+                                    {"balance": 1, "block_n": 16, "waves": 16, "balance_waves": 5},
+                                    {"balance": 2, "block_n": 16, "waves": 16}])
 def test_kept_prefix_matches_lists(device, config):
     """kept_len without kept_idx (a compacted cache: each row's kept tokens at its front) = the lists 0 .. n - 1, and
     the reference; counts below 0 or past dense_from, kv_len below dense_from, NaN-poisoned outputs fully written,
@@ -350,6 +355,23 @@ def test_kept_prefix_matches_lists(device, config):
         assert rel_err(lse[rows], rl[rows]) <= LSE_TOL
     o, lse = masked_decode(x["q"], x["k"], x["v"], kv_len=50, kept_len=n, dense_from=W)  # (1, 0): nothing kept
     assert torch.all(o[1, :G] == 0) and torch.all(lse[1, :G] == -math.inf)
+
+
+@pytest.mark.parametrize("balance", [1, 2])
+def test_kept_balanced_splits(device, balance):
+    """balance: each row takes splits in proportion to its count (here 6 / 5, 1, 2 / 1 and 1 of 8), the others store
+    empty parts; lists and prefixes match the reference, new tokens past dense_from included."""
+    B, Hkv, G, L, D, W = 2, 2, 2, 1024, 64, 1000
+    x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device)
+    n = torch.tensor([[900, 50], [300, 0]], dtype=torch.int32, device=device)
+    idx = torch.stack([torch.randperm(W, device=device)[:W].int() for _ in range(B * Hkv)]).view(B, Hkv, W)
+    cfg = {"balance": balance, "block_n": 16, "waves": 16, "balance_waves": 2}
+    for kept in ((idx, n, W), (None, n, W)):
+        out = torch.full((B, Hkv * G, D), float("nan"), dtype=torch.float16, device=device)
+        lse = torch.full((B, Hkv * G), float("nan"), device=device)
+        masked_decode_fwd(x["q"], x["k"], x["v"], None, None, L, D ** -0.5, out, lse, config=cfg, kept=kept)
+        ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], None, None, None, *kept)
+        assert rel_err(out, ro) <= OUT_TOL[torch.float16] and rel_err(lse, rl) <= LSE_TOL
 
 
 def test_kept_lists_compile_and_opcheck(device):

@@ -97,6 +97,7 @@ def _masked_decode_split_kernel(
     FUSED: tl.constexpr = False, MB_S: tl.constexpr = 1, MB_D: tl.constexpr = 1, MB_ONE: tl.constexpr = True,
     TRIGGER: tl.constexpr = True, INDEXED: tl.constexpr = False, LIST_AHEAD: tl.constexpr = True,
     PREFIX: tl.constexpr = False, HEAVY_FIRST: tl.constexpr = False, BLOCK_R: tl.constexpr = 1,
+    BALANCE: tl.constexpr = 0, TARGET: tl.constexpr = 1,
 ):
     """Grid (splits, B * Hkv): program (s, b * Hkv + h) attends the G query heads of kv head h of sequence b to
     tiles s, s + S, ... of the row (INTERLEAVE; S splits) or to tokens [s * chunk, (s + 1) * chunk), and stores
@@ -105,13 +106,17 @@ def _masked_decode_split_kernel(
     INDEXED (interleaved): the row is its kept list (drop_ptr, klen_ptr[r] entries of at most `chunk`) followed by
     the positions dense_from .. length - 1; klen_ptr and dense_from are None otherwise. HEAVY_FIRST (INDEXED, rows
     <= BLOCK_R): grid row i takes the row of the i-th largest count (ties by index), so that the longest rows start
-    first and the short ones fill the tail (a press's per-head budgets differ)."""
+    first and the short ones fill the tail (a press's per-head budgets differ). BALANCE (INDEXED, rows <= BLOCK_R):
+    a row takes as many of the S splits as its share of all rows' listed tokens over TARGET programs (1: rounded
+    up, 2: down; at least 1), the others store empty parts: programs of about equal work whether the rows are
+    even (few splits each) or not (the long rows many)."""
     pdl_enter(USE_GDC, TRIGGER)
     split = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
-    if HEAVY_FIRST:
+    if HEAVY_FIRST or BALANCE:
         rr = tl.arange(0, BLOCK_R)
         n_all = tl.minimum(tl.maximum(tl.load(klen_ptr + rr, mask=rr < tl.num_programs(1), other=-1), -1), chunk)
+    if HEAVY_FIRST:
         ahead = (n_all[None, :] > n_all[:, None]) | ((n_all[None, :] == n_all[:, None]) & (rr[None, :] < rr[:, None]))
         rank = tl.sum(ahead.to(tl.int32), 1)
         r = tl.sum(tl.where(rank == r, rr, 0), 0).to(tl.int64)
@@ -127,6 +132,12 @@ def _masked_decode_split_kernel(
         lo = split * BLOCK_N
         hi = n_list + tl.maximum(length - dense_from, 0)
         step = tl.num_programs(0) * BLOCK_N
+        if BALANCE:
+            per = tl.maximum(tl.cdiv(tl.sum(tl.maximum(n_all, 0), 0), TARGET), BLOCK_N)  # tokens a program
+            mine = tl.cdiv(hi, per) if BALANCE == 1 else hi // per
+            mine = tl.minimum(tl.maximum(mine, 1), tl.num_programs(0))
+            hi = tl.where(split < mine, hi, 0)
+            step = mine * BLOCK_N
     elif INTERLEAVE:  # the splits of a row take its tiles in turn: they read neighbouring tiles at the same time
         lo = split * BLOCK_N
         hi = length
@@ -164,6 +175,8 @@ class DecodeConfig(KernelConfig):
     list_ahead: bool = True  # kept lists: a tile's entries loaded one iteration ahead (else left to the pipeliner)
     heavy_first: bool = False  # kept lists / prefixes: rows launched longest first (<= 256 rows)
     row_splits: int = 0  # > 0: aim at this many splits a row, `waves` (at least) to 16 waves, instead of `waves`
+    balance: int = 0  # lists / prefixes: each row's splits its share of ~balance_waves waves, 1 rounded up, 2 down
+    balance_waves: float = 2.0
 
 
 CONFIG = DecodeConfig()
@@ -229,8 +242,10 @@ class DecodePlan:
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                       **({"INDEXED": True, "LIST_AHEAD": cfg.list_ahead, "PREFIX": listed[0] is None}
                          if listed is not None else {}),
-                      **({"HEAVY_FIRST": True, "BLOCK_R": next_pow2(B * Hkv)}
-                         if listed is not None and cfg.heavy_first and B * Hkv <= 256 else {}),
+                      **({"HEAVY_FIRST": cfg.heavy_first and B * Hkv <= 256, "BLOCK_R": next_pow2(B * Hkv),
+                          "BALANCE": cfg.balance if B * Hkv <= 1024 else 0,
+                          "TARGET": max(1, int(cfg.balance_waves * num_sms(q.device)))}
+                         if listed is not None and (cfg.heavy_first and B * Hkv <= 256 or cfg.balance) else {}),
                       **({"launch_pdl": True} if pdl and cfg.pdl else {}))
         self.split, self.fused = self.parts.launches(_masked_decode_split_kernel, (splits, B * Hkv), consts)
 
