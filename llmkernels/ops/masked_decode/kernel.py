@@ -187,6 +187,11 @@ MASKED_CONFIG = DecodeConfig(block_n=64, num_stages=3)
 # (0.54-0.64 of dense at half kept uniform, 3 stages 0.67-0.75); prefixes stream contiguous tiles in 3.
 LISTED_CONFIG = DecodeConfig(block_n=64, num_stages=2, waves=4, row_splits=32)
 PREFIX_CONFIG = DecodeConfig(block_n=64, num_stages=3, waves=2, row_splits=32)
+# Few rows (B 1: 8 KV heads): each row's splits follow its count (H200, .dev/bal_sweep.py, 1 x 128K: budgets spread
+# 0.02-1 0.56 -> 0.51 of dense as prefixes, 0.62 -> 0.58 as lists; even ones 0.52 / 0.62 -> 0.52 / 0.61). At B 8
+# (64 rows) balancing lost to the row_splits rule in every case (prefixes 0.54-0.55 -> 0.56-0.61).
+BALANCED_ROWS = 16
+PREFIX_BALANCE, LISTED_BALANCE = dict(balance=1, balance_waves=1.5), dict(balance=1, balance_waves=3.0)
 
 
 MIN_CHUNK = 128  # tokens a split: 512 left short caches under-split (B=1, Hkv 8, L 554: 9.5 -> 5.6 us a call)
@@ -217,9 +222,11 @@ class DecodePlan:
     def __init__(self, q, k, v, drop_mask, kv_lens, kv_len: int, sm_scale: float, config=None, listed=None):
         base = (PREFIX_CONFIG if listed[0] is None else LISTED_CONFIG) if listed is not None else \
             CONFIG if drop_mask is None else MASKED_CONFIG
-        cfg = base.with_(config)
         B, Hq, D = q.shape
         Hkv, L = k.shape[1], k.shape[2]
+        if listed is not None and B * Hkv <= BALANCED_ROWS:
+            base = base.with_(PREFIX_BALANCE if listed[0] is None else LISTED_BALANCE)
+        cfg = base.with_(config)
         self.empty = B == 0 or Hq == 0
         block_n = cfg.block_n if D <= 128 else cfg.block_n // 2  # same tile bytes at D=256
         span = L if kv_lens is not None else kv_len
