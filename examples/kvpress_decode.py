@@ -13,6 +13,7 @@ import torch
 
 try:  # llmkernels first: on a CPU it sets up the Triton interpreter before anything imports triton
     from llmkernels.kvpress import GrowingCache, PressDecoder, masked_decode_attention
+    from llmkernels.hf.fuse import fuse_projections
     import kvpress
 except ImportError as e:
     print(f"this example needs kvpress ({e}): pip install -e \".[kvpress]\"")
@@ -41,6 +42,7 @@ def main():
     cache = transformers.DynamicCache(config=model.config)
     with torch.no_grad(), press(model):
         logits = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    fuse_projections(model)  # q / k / v and gate / up as one GEMM each for the decoder's steps
     graphed = PressDecoder(model, cache, logits[:, -1].argmax(-1), max_new_tokens=8).generate(8)
     print("kvpress (fake keys):   ", theirs[0, 64:].tolist())
     print("llmkernels (generate): ", ours[0, 64:].tolist())
