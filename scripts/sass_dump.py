@@ -9,9 +9,10 @@ the compiled code depends on dtypes, constexprs and the 16-divisibility of ints,
     python scripts/sass_dump.py [--list] [--only SUBSTR ...] [--out DIR [--ir]]
     python scripts/sass_dump.py --diff DIR_A DIR_B     # same SASS per configuration? (kernel names masked)
 
-A kernel edit meant to change nothing: dump before (`git stash`, or a worktree of the base commit) and after, then
---diff; identical SASS is identical behaviour. --out writes DIR/<config>.<n>.sass per launched kernel (n: launch
-order; the kernel's name on the first line), and with --ir its .ttgir and .ptx.
+A kernel edit meant to change nothing: dump before (`git stash`, or a worktree of the base commit: run the worktree's
+own scripts/sass_dump.py, which imports the tree it lies in whatever PYTHONPATH says) and after, then --diff;
+identical SASS is identical behaviour. --out writes DIR/<config>.<n>.sass per launched kernel (n: launch order; the
+kernel's name on the first line), and with --ir its .ttgir and .ptx.
 """
 import argparse
 import os
@@ -239,6 +240,9 @@ CONFIGS = {
                                                                    config={"heavy_first": True}),
     "masked_decode listed bf16 D128 G4 entries in the loop": masked_decode(8, 8, 32, 4096, 128, bf16, listed=True,
                                                                            config={"list_ahead": False}),
+    "masked_decode prefix bf16 D128 G4 B1 balanced": masked_decode(1, 8, 32, 4096, 128, bf16, listed="prefix"),
+    "masked_decode listed+lens bf16 D128 G4 B1 balanced": masked_decode(1, 8, 32, 4096, 128, bf16, lens=True,
+                                                                        listed=True),
     "combine fp32 parts S40 D128 bf16": combine(64, 40, 128, bf16),
     "combine fp32 parts S300 D512 fp16": combine(16, 300, 512, f16),
     "xl nhd fp16 D128 bs16 MHA": xl("nhd"),

@@ -374,20 +374,27 @@ def test_kept_prefix_matches_lists(device, config):
 
 
 @pytest.mark.parametrize("balance", [1, 2])
-def test_kept_balanced_splits(device, balance):
-    """balance: each row takes splits in proportion to its count (here 6 / 5, 1, 2 / 1 and 1 of 8), the others store
-    empty parts; lists and prefixes match the reference, new tokens past dense_from included."""
+@pytest.mark.parametrize("fuse", [0, 1 << 20])
+def test_kept_balanced_splits(device, balance, fuse):
+    """balance: each row takes splits in proportion to its tokens (here ~6 / 5, 1, 2 / 1 and 1 of 8), the reading
+    programs first, then one for each unused slot storing its empty part (the scratch's stale parts NaN: a slot left
+    unwritten shows); merged by a launch or in the kernel; lists and prefixes match the reference, new tokens past
+    dense_from included, per-sequence lengths read on the device."""
+    from llmkernels.ops.combine.kernel import _SCRATCH
     B, Hkv, G, L, D, W = 2, 2, 2, 1024, 64, 1000
     x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device)
     n = torch.tensor([[900, 50], [300, 0]], dtype=torch.int32, device=device)
     idx = torch.stack([torch.randperm(W, device=device)[:W].int() for _ in range(B * Hkv)]).view(B, Hkv, W)
-    cfg = {"balance": balance, "block_n": 16, "waves": 16, "balance_waves": 2}
+    cfg = {"balance": balance, "block_n": 16, "waves": 16, "balance_waves": 2, "fuse_merge": fuse}
     for kept in ((idx, n, W), (None, n, W)):
-        out = torch.full((B, Hkv * G, D), float("nan"), dtype=torch.float16, device=device)
-        lse = torch.full((B, Hkv * G), float("nan"), device=device)
-        masked_decode_fwd(x["q"], x["k"], x["v"], None, None, L, D ** -0.5, out, lse, config=cfg, kept=kept)
-        ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], None, None, None, *kept)
-        assert rel_err(out, ro) <= OUT_TOL[torch.float16] and rel_err(lse, rl) <= LSE_TOL
+        for lens in (None, torch.tensor([L, W - 7], dtype=torch.int32, device=device)):
+            for e in _SCRATCH.values():
+                e[0].fill_(float("nan"))
+            out = torch.full((B, Hkv * G, D), float("nan"), dtype=torch.float16, device=device)
+            lse = torch.full((B, Hkv * G), float("nan"), device=device)
+            masked_decode_fwd(x["q"], x["k"], x["v"], None, lens, L, D ** -0.5, out, lse, config=cfg, kept=kept)
+            ro, rl = masked_decode_ref(x["q"], x["k"], x["v"], None, None if lens is None else lens, None, *kept)
+            assert rel_err(out, ro) <= OUT_TOL[torch.float16] and rel_err(lse, rl) <= LSE_TOL
 
 
 def test_kept_lists_compile_and_opcheck(device):

@@ -88,6 +88,39 @@ def row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, 
 
 
 @triton.jit
+def _balanced_slot(klen_ptr, lens_ptr, Hkv, L, kv_len, chunk, dense_from, HAS_LENS: tl.constexpr,
+                   BALANCE: tl.constexpr, TARGET: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+    """BALANCE: this program's (row, split, the row's share of the S splits, whether it reads). A row's share: its
+    tokens (listed entries + positions past dense_from) over all rows' in TARGET programs, rounded up (1) or down
+    (2), between 1 and S. In launch order the programs of every row's share come first (so they start together and
+    the SMs hold them evenly), then one for each (row, split) past its row's share, storing that slot's empty part
+    (the merge reads S parts a row, and a merging kernel counts S arrivals)."""
+    S = tl.num_programs(0)
+    R = tl.num_programs(1)
+    p = tl.program_id(1) * S + tl.program_id(0)
+    rr = tl.arange(0, BLOCK_R)
+    valid = rr < R
+    n = tl.minimum(tl.maximum(tl.load(klen_ptr + rr, mask=valid, other=0), 0), chunk)
+    if HAS_LENS:
+        ln = tl.minimum(tl.maximum(tl.load(lens_ptr + rr // Hkv, mask=valid, other=0), 0), L).to(tl.int32)
+    else:
+        ln = kv_len
+    tok = tl.where(valid, n + tl.maximum(ln - dense_from, 0), 0)
+    per = tl.maximum(tl.cdiv(tl.sum(tok, 0), TARGET), BLOCK_N)  # tokens a program
+    mine = tl.cdiv(tok, per) if BALANCE == 1 else tok // per
+    mine = tl.where(valid, tl.minimum(tl.maximum(mine, 1), S), 0)
+    total = tl.sum(mine, 0)
+    active = p < total
+    count = tl.where(active, mine, tl.where(valid, S - mine, 0))  # the slots of the pass this program is in
+    at = tl.where(active, p, p - total)
+    cum = tl.cumsum(count, 0)
+    r = tl.sum((cum <= at).to(tl.int32), 0)
+    first = tl.sum(tl.where(rr == r, cum - count, 0), 0)
+    m_r = tl.sum(tl.where(rr == r, mine, 0), 0)
+    return r, tl.where(active, at - first, m_r + at - first), m_r, active
+
+
+@triton.jit
 def _masked_decode_split_kernel(
     q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr, cnt_ptr, out_ptr, lse_out_ptr,
     Hkv, L, kv_len, chunk, qk_scale,
@@ -106,17 +139,20 @@ def _masked_decode_split_kernel(
     INDEXED (interleaved): the row is its kept list (drop_ptr, klen_ptr[r] entries of at most `chunk`) followed by
     the positions dense_from .. length - 1; klen_ptr and dense_from are None otherwise. HEAVY_FIRST (INDEXED, rows
     <= BLOCK_R): grid row i takes the row of the i-th largest count (ties by index), so that the longest rows start
-    first and the short ones fill the tail (a press's per-head budgets differ). BALANCE (INDEXED, rows <= BLOCK_R):
-    a row takes as many of the S splits as its share of all rows' listed tokens over TARGET programs (1: rounded
-    up, 2: down; at least 1), the others store empty parts: programs of about equal work whether the rows are
-    even (few splits each) or not (the long rows many)."""
+    first and the short ones fill the tail (a press's per-head budgets differ). BALANCE (INDEXED, rows <= BLOCK_R;
+    HEAVY_FIRST then unused): a row takes as many of the S splits as its share of all rows' tokens over TARGET
+    programs (_balanced_slot), programs of about equal work whether the rows are even (few splits each) or not (the
+    long rows many)."""
     pdl_enter(USE_GDC, TRIGGER)
     split = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
-    if HEAVY_FIRST or BALANCE:
+    if BALANCE:
+        r, split, mine, active = _balanced_slot(klen_ptr, lens_ptr, Hkv, L, kv_len, chunk, dense_from, HAS_LENS,
+                                                BALANCE, TARGET, BLOCK_N, BLOCK_R)
+        r = r.to(tl.int64)
+    elif HEAVY_FIRST:
         rr = tl.arange(0, BLOCK_R)
         n_all = tl.minimum(tl.maximum(tl.load(klen_ptr + rr, mask=rr < tl.num_programs(1), other=-1), -1), chunk)
-    if HEAVY_FIRST:
         ahead = (n_all[None, :] > n_all[:, None]) | ((n_all[None, :] == n_all[:, None]) & (rr[None, :] < rr[:, None]))
         rank = tl.sum(ahead.to(tl.int32), 1)
         r = tl.sum(tl.where(rank == r, rr, 0), 0).to(tl.int64)
@@ -133,10 +169,7 @@ def _masked_decode_split_kernel(
         hi = n_list + tl.maximum(length - dense_from, 0)
         step = tl.num_programs(0) * BLOCK_N
         if BALANCE:
-            per = tl.maximum(tl.cdiv(tl.sum(tl.maximum(n_all, 0), 0), TARGET), BLOCK_N)  # tokens a program
-            mine = tl.cdiv(hi, per) if BALANCE == 1 else hi // per
-            mine = tl.minimum(tl.maximum(mine, 1), tl.num_programs(0))
-            hi = tl.where(split < mine, hi, 0)
+            hi = tl.where(active, hi, 0)
             step = mine * BLOCK_N
     elif INTERLEAVE:  # the splits of a row take its tiles in turn: they read neighbouring tiles at the same time
         lo = split * BLOCK_N
