@@ -267,6 +267,10 @@ class DecodePlan:
             M = listed[0].shape[2] if listed[0] is not None else listed[1]  # a prefix list: at most dense_from
             span = M + max(span - listed[1], 0)
         splits, chunk = _plan(B, Hkv, span, q.device, cfg.waves, cfg.row_splits if listed is not None else 0)
+        balance = cfg.balance if listed is not None and B * Hkv <= 1024 else 0
+        target = max(1, int(cfg.balance_waves * num_sms(q.device)))
+        if balance:  # room for a row 4x the mean share; the merge reads no more empty parts than that
+            splits = max(1, min(splits, cdiv(4 * target, B * Hkv)))
         ms = drop_mask.stride() if drop_mask is not None else \
             listed[0].stride() if listed is not None and listed[0] is not None else (0, 0, 0)
         if listed is not None:
@@ -283,9 +287,8 @@ class DecodePlan:
                       **({"INDEXED": True, "LIST_AHEAD": cfg.list_ahead, "PREFIX": listed[0] is None}
                          if listed is not None else {}),
                       **({"HEAVY_FIRST": cfg.heavy_first and B * Hkv <= 256, "BLOCK_R": next_pow2(B * Hkv),
-                          "BALANCE": cfg.balance if B * Hkv <= 1024 else 0,
-                          "TARGET": max(1, int(cfg.balance_waves * num_sms(q.device)))}
-                         if listed is not None and (cfg.heavy_first and B * Hkv <= 256 or cfg.balance) else {}),
+                          "BALANCE": balance, "TARGET": target}
+                         if listed is not None and (cfg.heavy_first and B * Hkv <= 256 or balance) else {}),
                       **({"launch_pdl": True} if pdl and cfg.pdl else {}))
         self.split, self.fused = self.parts.launches(_masked_decode_split_kernel, (splits, B * Hkv), consts)
 
