@@ -63,16 +63,16 @@ class LinearStack:
         return self.weight is not None
 
     def forward(self, part, x):
-        if not self._usable():
-            self.stash = None
-            return F.linear(x, part.weight, part.bias)
         i = part.group_index
         st, ver = self.stash, 0 if tracing() else x._version
-        if st is not None and st[0] is x and st[1] == ver:
+        if st is not None and st[0] is x and st[1] == ver:  # (the call that stashed it checked _usable)
             y = st[2]
-        else:
+        elif self._usable():
             y = F.linear(x, self.weight, self.bias)
             self.stash = (x, ver, y)
+        else:
+            self.stash = None
+            return F.linear(x, part.weight, part.bias)
         if i == len(self.parts) - 1:
             self.stash = None
         return y[..., self.cols[i]:self.cols[i + 1]]
