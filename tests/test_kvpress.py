@@ -153,6 +153,17 @@ def test_press_decoder(device, padded, compact):
     seq = dec.generate(NEW)
     _same_tokens(torch.cat([ids, seq], 1), ref_seq, ref)
     assert dec.length == width + NEW - 1
+    if padded == compact:  # q / k / v and gate / up stacked (hf.fuse_projections): generate's tokens again
+        from llmkernels.hf.fuse import fuse_projections, unfuse_projections
+        assert fuse_projections(model) == 2 * model.config.num_hidden_layers
+        cache2 = transformers.DynamicCache(config=model.config)
+        with torch.no_grad(), press()(model):
+            logits2 = model(ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                            past_key_values=cache2, use_cache=True, logits_to_keep=1).logits
+        seq2 = PressDecoder(model, cache2, logits2[:, -1].argmax(-1), max_new_tokens=NEW, attention_mask=mask,
+                            compact=compact).generate(NEW)
+        unfuse_projections(model)
+        _same_tokens(torch.cat([ids, seq2], 1), ref_seq, ref)
     with pytest.raises(RuntimeError, match="cache is full"):
         for _ in range(2):
             dec.step()
