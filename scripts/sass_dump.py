@@ -123,7 +123,7 @@ def _run_topk(logits, k, renormalize, *rest):
     _run(logits, k, renormalize, *rest)
 
 
-def moe(T, E, H, inter, k, dtype=torch.bfloat16, mma=True, sort=False, tiles=False):
+def moe(T, E, H, inter, k, dtype=torch.bfloat16, mma=True, tiles=False):
     """nvfp4_moe: the grouped NVFP4 experts (two launches): the mma kernels (sm_90; tiles: 8 pairs of an expert an
     mma), or the plain Triton ones."""
     from llmkernels.ops.nvfp4.moe import _moe
@@ -139,8 +139,7 @@ def moe(T, E, H, inter, k, dtype=torch.bfloat16, mma=True, sort=False, tiles=Fal
         if tiles:
             moe_tiled_pairs(x, idx, w, *ws)
         elif mma:
-            moe_tiled(x, idx, w, *ws, e(T, H, dtype=dtype), e(T * k, inter, dtype=dtype),
-                      torch.zeros(T * k, dtype=torch.int64) if sort else None)
+            moe_tiled(x, idx, w, *ws, e(T, H, dtype=dtype), e(T * k, inter, dtype=dtype))
         else:
             _moe(x, idx, w, *ws, mma=False)
     return go
@@ -260,7 +259,6 @@ CONFIGS = {
     "inkling dense fp16 D64 MHA": inkling("dense", dtype=f16, D=64, H=4, Hkv=4, E=7),
     "inkling nhd fp32 D256 G2 window": inkling("nhd", dtype=f32, D=256, H=4, Hkv=2, window=300),
     "moe bf16 T1 E128 H2048 I768 k8": moe(1, 128, 2048, 768, 8),
-    "moe bf16 T64 E128 H2048 I768 k8 sorted pairs": moe(64, 128, 2048, 768, 8, sort=True),
     "moe fp16 T16 E8 H4096 I1536 k2": moe(16, 8, 4096, 1536, 2, torch.float16),
     "moe bf16 T4 E64 H7168 I2048 k6": moe(4, 64, 7168, 2048, 6),  # slots padded to 8 warps
     "moe triton bf16 T1 E128 H2048 I768 k8": moe(1, 128, 2048, 768, 8, mma=False),

@@ -79,8 +79,7 @@ def benches():
     return [OpBench("nvfp4_moe", _cases, [
         Impl("llmkernels", _ours),
         Impl("llmkernels-plain-triton", _variant(mma=False, grouped=False)),
-        Impl("llmkernels-mma", _variant(mma=True, grouped=False, sort=False)),  # one program group a pair, any T
-        Impl("llmkernels-mma-sorted", _variant(mma=True, grouped=False, sort=True)),  # pairs in expert order
+        Impl("llmkernels-mma", _variant(mma=True, grouped=False)),  # one program group a pair, any T
         Impl("llmkernels-grouped", _variant(grouped=True, tiles=False)),  # sorted by expert, tl.dot tiles, any T
         Impl("llmkernels-mma-tiles", _variant(grouped=True, mma=True, tiles=8)),  # 8 pairs of an expert an mma
         Impl("llmkernels-mma-tiles16", _variant(grouped=True, mma=True, tiles=16)),  # 16: its two token groups

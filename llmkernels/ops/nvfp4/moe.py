@@ -103,14 +103,12 @@ def _nvfp4_moe_op(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: tor
 MMA = os.environ.get("LLMKERNELS_MOE_MMA", "1") != "0"
 
 
-def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=None, grouped=None, sort=False,
-         tiles=True):
+def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=None, grouped=None, tiles=True):
     """Scales as their bytes (uint8): the kernels decode them. grouped (None: past MOE_MAX_T tokens): the pairs
     sorted by expert, an expert's weights read once a tile (mma and tiles: moe_tiled_pairs, else moe_grouped), else
     one program group a pair: mma (None: MMA) the mma-fed kernels where they run (moe_tiled_usable), else the plain
-    ones (the interpreter's). Every path takes any T (benchmarks and tests force them). sort (forced only): the mma
-    pair's up kernel takes the pairs in order of their experts. tiles (False: moe_grouped on sm_90 too; 8 or 16:
-    that many pairs a tile; for the benchmarks and tests)."""
+    ones (the interpreter's). Every path takes any T (benchmarks and tests force them). tiles (False: moe_grouped on
+    sm_90 too; 8 or 16: that many pairs a tile; for the benchmarks and tests)."""
     T, H = x.shape
     E, I = wg.shape[0], wg.shape[1]
     K_TOP = top_k_index.shape[1]
@@ -126,8 +124,7 @@ def _moe(x, top_k_index, top_k_weights, wg, sg, gg, wu, su, gu, wd, sd, gd, mma=
     y = torch.empty_like(x)
     h = torch.empty(T * K_TOP, I, dtype=x.dtype, device=x.device)  # a dropped slot's row is never read
     if mma:
-        order = torch.argsort(idx.view(-1), stable=True) if sort else None
-        return moe_tiled(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd, y, h, order)
+        return moe_tiled(x, idx, top_k_weights.contiguous(), wg, sg, gg, wu, su, gu, wd, sd, gd, y, h)
     BN, BKW, fix = 16, 4, interpreting()
     s_we, s_se = wg.stride(0) // 8, sg.stride(0)  # the kernels address the packed bytes as int64 words
     launch(_moe_up_kernel, (T * K_TOP, cdiv(I, BN)), x, idx, wg.view(torch.int64), sg, gg, wu.view(torch.int64), su,

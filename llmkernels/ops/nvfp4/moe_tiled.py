@@ -60,8 +60,8 @@ def _glu_words(pid, e, lane, ex, wg_ptr, sg_ptr, wu_ptr, su_ptr, I, KI, per, s_w
 
 @triton.jit(do_not_specialize=["one"])
 def _moe_up_mma(x_ptr, idx_ptr, wg_ptr, sg_ptr, gg_ptr, wu_ptr, su_ptr, gu_ptr, h_ptr, E, K_TOP, I, KI, per,
-                s_xt, s_we, s_se, one, order_ptr, R: tl.constexpr, KS: tl.constexpr, LOADS: tl.constexpr,
-                WIDE: tl.constexpr, USE_GDC: tl.constexpr, TRIGGER: tl.constexpr, ORDERED: tl.constexpr = False):
+                s_xt, s_we, s_se, one, R: tl.constexpr, KS: tl.constexpr, LOADS: tl.constexpr, WIDE: tl.constexpr,
+                USE_GDC: tl.constexpr, TRIGGER: tl.constexpr):
     """Grid (groups of R blocks of 16 rows over gate and up, pairs p = t K_TOP + j): h[p] = silu(gate_e(x_t)) *
     up_e(x_t) for e = idx[p], nothing stored where e lies outside [0, E). x_ptr, w*, s* int64 words; KS divides KI."""
     DT: tl.constexpr = h_ptr.dtype.element_ty
@@ -69,8 +69,6 @@ def _moe_up_mma(x_ptr, idx_ptr, wg_ptr, sg_ptr, gg_ptr, wu_ptr, su_ptr, gu_ptr, 
     pdl_enter(USE_GDC, TRIGGER == 1)  # the routing comes from the previous kernels
     pid = tl.program_id(0)
     p = tl.program_id(1)
-    if ORDERED:  # the pairs in order of their experts: a pair's weights are in L2 from the one before
-        p = tl.load(order_ptr + p).to(tl.int32)
     ex = tl.load(idx_ptr + p).to(tl.int64)
     ok = (ex >= 0) & (ex < E)
     ex = tl.where(ok, ex, 0)
@@ -281,10 +279,9 @@ def _mma_plan(units: int, rows: int, KI: int, device):
     return max(2, 4 // ks), ks, KI // ks
 
 
-def moe_tiled(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd, y, h, order=None):
+def moe_tiled(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd, y, h):
     """nvfp4_moe's two launches on the mma kernels (moe_tiled_usable(x)); stacks as _moe takes them (uint8 scales);
-    h [T k, I] the intermediate, y [T, H] the output; order: int [T k] the pairs in the order the up kernel's
-    programs take them (sorted by expert: L2 serves a shared expert's weights), None for their own."""
+    h [T k, I] the intermediate, y [T, H] the output."""
     T, H = x.shape
     E, I = wg.shape[0], wg.shape[1]
     k = idx.shape[1]
@@ -294,8 +291,8 @@ def moe_tiled(x, idx, rw, wg, sg, gg, wu, su, gu, wd, sd, gd, y, h, order=None):
     r, ks, per = _mma_plan(T * k, 2 * I, H // TILE_K, x.device)
     launch(_moe_up_mma, (cdiv(2 * I // TILE_N, r), T * k), x.view(torch.int64), idx, wg.view(torch.int64),
            sg.view(torch.int64), gg, wu.view(torch.int64), su.view(torch.int64), gu, h, E, k, I, H // TILE_K, per,
-           x.stride(0) // 4, wg.stride(0) // 8, sg.stride(0) // 8, 1, order if order is not None else idx, R=r,
-           KS=ks, LOADS=1, WIDE=wide, num_warps=r * ks, **opts, **({"ORDERED": True} if order is not None else {}))
+           x.stride(0) // 4, wg.stride(0) // 8, sg.stride(0) // 8, 1, R=r, KS=ks, LOADS=1, WIDE=wide,
+           num_warps=r * ks, **opts)
     ks = next_pow2(k)  # one warp a slot, padded slots add 0
     r = max(1, 4 // ks)
     launch(_moe_down_mma, (cdiv(H // TILE_N, r), T), h.view(torch.int64), idx, rw, wd.view(torch.int64),
