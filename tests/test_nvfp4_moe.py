@@ -159,7 +159,7 @@ def test_path_rule(monkeypatch, mma_runs):
     from llmkernels.ops.nvfp4 import moe
     took = []
     monkeypatch.setattr(moe, "moe_tiled_usable", lambda x, k: mma_runs)
-    monkeypatch.setattr(moe, "moe_tiled", lambda *a: took.append("sorted" if a[-1] is not None else "mma") or a[12])
+    monkeypatch.setattr(moe, "moe_tiled", lambda *a: took.append("mma") or a[12])
     monkeypatch.setattr(moe, "moe_tiled_pairs", lambda x, *a: took.append("tiles") or x)
     monkeypatch.setattr(moe, "moe_grouped", lambda x, *a: took.append("grouped") or x)
     monkeypatch.setattr(moe, "launch", lambda *a, **k: took.append("plain"))
