@@ -33,8 +33,7 @@ class LinearStack:
         m0 = parts[0]
         if not 2 <= len(parts) <= 3 or not all(type(m) is torch.nn.Linear for m in parts):
             raise TypeError("parts must be 2 or 3 nn.Linear modules")
-        if len({(m.in_features, m.bias is None, m.weight.dtype, m.weight.device) for m in parts}) != 1 or \
-                any("group" in vars(m) for m in parts):
+        if not _stackable(parts):
             raise ValueError("parts must be ungrouped nn.Linear modules of one in_features, dtype and device, with "
                              "a bias in all or none")
         self.cols = [0]

@@ -198,13 +198,19 @@ GRAPH_COUNTERS = 1 << 20  # 4 MB a device: ~500 captured 32-layer steps of 64 ro
 GRAPH_FUSE = False  # captured calls merge in the split kernel too: on once the GPU tests and timings have run it
 
 
+def _arena_with_room(device: torch.device, n: int):
+    """The device's counters' arena where GRAPH_FUSE is on and n counters are left in it, else None."""
+    e = _GRAPH_COUNTERS.get(device.index) if GRAPH_FUSE else None
+    return e if e is not None and e[1] + n <= e[0].numel() else None
+
+
 def graph_counters(device: torch.device, n: int):
     """n arrival counters of their own (0, re-armed by merge_if_last) for a merging split kernel captured in a CUDA
     graph, or None where the arena is missing (never created outside a capture) or used up: that call then merges in
     a launch of its own. Each captured call keeps its counters for good, so graphs replayed side by side on other
     streams never share one."""
-    e = _GRAPH_COUNTERS.get(device.index)
-    if e is None or e[1] + n > e[0].numel():
+    e = _arena_with_room(device, n)
+    if e is None:
         return None
     e[1] += n
     return e[0][e[1] - n:e[1]]
@@ -230,7 +236,7 @@ class SplitParts:
     def __init__(self, R: int, S: int, D: int, groups: int, fuse: bool, device: torch.device):
         self.direct_write, self.groups = S == 1, groups if fuse and S > 1 else 0
         if self.groups:
-            _graph_arena(torch.device(device))
+            _graph_arena(device)
         self.numel, self.lse_numel = R * S * D, R * S
         self.merge = CombinePlan(R, S, D, (D, S * D, 1, S, D), True, device) if S > 1 else None
         self.blocks = combine_blocks(S, D)
@@ -241,8 +247,7 @@ class SplitParts:
         """This call's split kernel merges its parts (see the class)."""
         if self.groups == 0 or not capturing(device):
             return self.groups > 0
-        e = _GRAPH_COUNTERS.get(device.index) if GRAPH_FUSE else None
-        return e is not None and e[1] + self.groups <= e[0].numel()
+        return _arena_with_room(device, self.groups) is not None
 
     def launches(self, kernel, grid: tuple, consts: dict) -> tuple:
         """(split, fused): the split kernel's launch, and its merging variant (None where it never merges). A kernel
