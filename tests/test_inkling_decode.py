@@ -184,26 +184,14 @@ def test_gpu_matrix(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("graph_fuse", [False, True])
-def test_gpu_cuda_graph_and_inductor(monkeypatch, graph_fuse):
-    """Captured and replayed with new lengths and queries (GRAPH_FUSE: the split kernel merges under capture too,
-    every split count allowed to), and under inductor."""
-    from llmkernels.ops.combine import kernel as ck
-    from llmkernels.ops.xl_paged_decode import kernel as xk
-    over = xk.rel_overrides
-    monkeypatch.setattr(xk, "rel_overrides", lambda *a: dict(over(*a), fuse_merge=1 << 20))
-    monkeypatch.setattr(ck, "GRAPH_FUSE", graph_fuse)
-    ck._graph_arena(torch.device("cuda", torch.cuda.current_device()))
+def test_gpu_cuda_graph_and_inductor():
     x = make_inputs(2, 8, 1, 128, [3000, 40], 1024, "dense", torch.bfloat16, "cuda", window=None, L=4096)
     for _ in range(2):
         run(x, scale=1 / 128)
     torch.cuda.synchronize()
-    taken = ck._GRAPH_COUNTERS[torch.cuda.current_device()][1] if graph_fuse else 0
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         o = run(x, scale=1 / 128)
-    if graph_fuse:
-        assert ck._GRAPH_COUNTERS[torch.cuda.current_device()][1] == taken + 2  # S x Hkv counters
     x["lengths"].copy_(torch.tensor([4000, 1], dtype=torch.int32))
     x["q"].normal_()
     g.replay()

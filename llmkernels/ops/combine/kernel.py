@@ -193,50 +193,15 @@ def empty_cache() -> None:
     _SCRATCH.clear()
 
 
-_GRAPH_COUNTERS = {}  # device index -> [int32 counters (0 between kernels), the next unused]: see graph_counters
-GRAPH_COUNTERS = 1 << 20  # 4 MB a device: ~500 captured 32-layer steps of 64 rows each
-GRAPH_FUSE = False  # captured calls merge in the split kernel too: on once the GPU tests and timings have run it
-
-
-def _arena_with_room(device: torch.device, n: int):
-    """The device's counters' arena where GRAPH_FUSE is on and n counters are left in it, else None."""
-    e = _GRAPH_COUNTERS.get(device.index) if GRAPH_FUSE else None
-    return e if e is not None and e[1] + n <= e[0].numel() else None
-
-
-def graph_counters(device: torch.device, n: int):
-    """n arrival counters of their own (0, re-armed by merge_if_last) for a merging split kernel captured in a CUDA
-    graph, or None where the arena is missing (never created outside a capture) or used up: that call then merges in
-    a launch of its own. Each captured call keeps its counters for good, so graphs replayed side by side on other
-    streams never share one."""
-    e = _arena_with_room(device, n)
-    if e is None:
-        return None
-    e[1] += n
-    return e[0][e[1] - n:e[1]]
-
-
-def _graph_arena(device: torch.device) -> None:
-    """The counters' arena, created (zeroed, and synchronized so that a replay on any stream reads zeros) at a plan's
-    creation outside a capture."""
-    if GRAPH_FUSE and device.type == "cuda" and device.index not in _GRAPH_COUNTERS and not capturing(device):
-        cnt = torch.zeros(GRAPH_COUNTERS, dtype=torch.int32, device=device)
-        torch.cuda.current_stream(device).synchronize()
-        _GRAPH_COUNTERS[device.index] = [cnt, 0]
-
-
 class SplitParts:
     """Where a split kernel's R rows x S parts of width D go and how they are merged. S == 1: nowhere, the split
-    kernel writes out and lse itself (direct_write). With fuse: the split kernel merges them itself (merge_if_last,
-    one arrival counter per group of rows), eager calls' parts in split_scratch, captured calls' in a fresh buffer
-    with counters of their own (graph_counters: a replay saves the merge's launch, ~2 us of a batch-1 call).
-    Otherwise (fuse False, or no counters left) a CombinePlan launch merges them: parts in split_scratch when eager,
-    a fresh buffer under capture."""
+    kernel writes out and lse itself (direct_write). Eager calls with fuse: the split kernel merges them itself
+    (merge_if_last, one arrival counter per group of rows), parts in split_scratch. Otherwise (fuse False, or
+    CUDA-graph capture, whose graph may be replayed beside other work on another stream) a CombinePlan launch merges
+    them: parts in split_scratch when eager, a fresh buffer under capture."""
 
     def __init__(self, R: int, S: int, D: int, groups: int, fuse: bool, device: torch.device):
         self.direct_write, self.groups = S == 1, groups if fuse and S > 1 else 0
-        if self.groups:
-            _graph_arena(device)
         self.numel, self.lse_numel = R * S * D, R * S
         self.merge = CombinePlan(R, S, D, (D, S * D, 1, S, D), True, device) if S > 1 else None
         self.blocks = combine_blocks(S, D)
@@ -245,9 +210,7 @@ class SplitParts:
 
     def fused(self, device: torch.device) -> bool:
         """This call's split kernel merges its parts (see the class)."""
-        if self.groups == 0 or not capturing(device):
-            return self.groups > 0
-        return _arena_with_room(device, self.groups) is not None
+        return self.groups > 0 and not capturing(device)
 
     def launches(self, kernel, grid: tuple, consts: dict) -> tuple:
         """(split, fused): the split kernel's launch, and its merging variant (None where it never merges). A kernel
@@ -279,9 +242,9 @@ class SplitParts:
         """(o_part, lse_part, counters (fused only, else None)): addresses for kept kernels (which read only those),
         else typed views."""
         n = self.numel + self.lse_numel
-        if capturing(device):  # the graph's own memory (and counters: fused asks only where they are left)
+        if not fused and capturing(device):
             parts = torch.empty(n, dtype=torch.float32, device=device)
-            return parts[:self.numel], parts[self.numel:], graph_counters(device, self.groups) if fused else None
+            return parts[:self.numel], parts[self.numel:], None
         parts, cnt, pa, ca = split_scratch(device, n, self.groups if fused else 0)
         if addresses:
             return pa, pa + 4 * self.numel, ca if fused else None

@@ -220,11 +220,12 @@ MASKED_CONFIG = DecodeConfig(block_n=64, num_stages=3)
 # (0.54-0.64 of dense at half kept uniform, 3 stages 0.67-0.75); prefixes stream contiguous tiles in 3.
 LISTED_CONFIG = DecodeConfig(block_n=64, num_stages=2, waves=4, row_splits=32)
 PREFIX_CONFIG = DecodeConfig(block_n=64, num_stages=3, waves=2, row_splits=32)
-# Few rows (B 1: 8 KV heads): each row's splits follow its count (H200, .dev/bal_sweep.py, 1 x 128K: budgets spread
-# 0.02-1 0.56 -> 0.51 of dense as prefixes, 0.62 -> 0.58 as lists; even ones 0.52 / 0.62 -> 0.52 / 0.61). At B 8
-# (64 rows) balancing lost to the row_splits rule in every case (prefixes 0.54-0.55 -> 0.56-0.61).
+# Few rows (B 1: 8 KV heads): each row's splits follow its count (H200, .dev/bal_sweep.py, 1 x 128K at ~half kept,
+# budgets even / spread 0.02-1, of dense: prefixes 0.59 / 0.57 (rule) -> 0.53 / 0.56 in 2 waves rounded up; lists
+# 0.87 / 0.60 -> 0.62 / 0.60 in 3 waves rounded down: 3 waves' shares rounded up overflow into a fourth at even
+# rows). At B 8 (64 rows) balancing lost to the row_splits rule in every case (prefixes 0.54-0.55 -> 0.56-0.61).
 BALANCED_ROWS = 16
-PREFIX_BALANCE, LISTED_BALANCE = dict(balance=1, balance_waves=1.5), dict(balance=1, balance_waves=3.0)
+PREFIX_BALANCE, LISTED_BALANCE = dict(balance=1, balance_waves=2.0), dict(balance=2, balance_waves=3.0)
 
 
 MIN_CHUNK = 128  # tokens a split: 512 left short caches under-split (B=1, Hkv 8, L 554: 9.5 -> 5.6 us a call)
