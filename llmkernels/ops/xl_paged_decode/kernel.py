@@ -320,8 +320,7 @@ def rel_overrides(rows: int, span: int, window: int, block_n: int) -> dict:
     as long, 3 stages, ~2 programs an SM (the default's finer splits read 53 % of the floor at B 1, Hkv 8, 64K,
     these 85 %); many long rows keep the default (90-96 %)."""
     if rows <= 2:
-        return dict(block_n=2 * block_n, num_stages=3 if span >= 32768 else 2,
-                    min_tiles=4 if span >= 32768 else 2 if span >= 8192 else 1)
+        return dict(block_n=2 * block_n, num_stages=3 if span >= 32768 else 2, min_tiles=4 if span >= 32768 else 1)
     if rows * span >= 65536 and (window or rows < 128):
         return dict(block_n=max(16, block_n // 2), num_stages=3, programs_per_sm=2)
     if rows * span < 65536:
