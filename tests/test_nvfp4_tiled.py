@@ -290,9 +290,11 @@ def test_tiled_config():
     def plan(T, N, K, **c):
         return tiled_config(T, N, K, torch.device("cpu"), {"NSM": 132, **c})
 
-    assert plan(1, 28672, 4096) == (2, 2, 8, 1)
+    assert plan(1, 28672, 4096) == (2, 1, 8, 1)  # one token: R 1 ...
+    assert plan(1, 8192, 28672) == (8, 2, 14, 1)  # ... or 2 where KS >= 8 warps run >= 8 iterations each
+    assert plan(1, 10240, 8192) == (8, 1, 4, 1)
     assert plan(16, 28672, 4096) == (2, 4, 8, 0)  # R doubled above 8 tokens: 224 programs of 8 warps, one wave
-    assert plan(1, 57344, 8192) == (1, 4, 32, 1)  # 3584 blocks: ~1 warp a block fills the SMs
+    assert plan(1, 57344, 8192) == (1, 1, 32, 1)  # 3584 blocks: ~1 warp a block fills the SMs
     assert plan(16, 10240, 8192) == (8, 1, 4, 0)  # R 2 would need 5120 warps: more than one wave
     assert plan(16, 4096, 14336) == (8, 2, 7, 0)
     assert plan(4, 4096, 14336) == (16, 1, 4, 0)  # 56 iterations in 16 ranges of 4: the last two empty

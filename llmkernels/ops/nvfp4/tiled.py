@@ -332,8 +332,8 @@ def tiled_config(T: int, N: int, K: int, device, cfg=None):
     least 2 iterations a warp; <= 8 and dividing K/256 where one does above 8 tokens); loads 1 for one token and
     for KS <= 4 up to 8 tokens, else 0. R: 4 / KS warps, doubled above 8 tokens where all the programs still fit
     in one wave of 32 warps an SM (the R warps of one K range share x's loads in L1: at 16 tokens each block
-    would read 4x its weight bytes of x from L2). From H100 sweeps of KS x loads (notes, linear round 15) and of
-    KS x R (round 23)."""
+    would read 4x its weight bytes of x from L2); at one token 1, or 2 at KS >= 8 with >= 8 iterations a warp. From
+    H100 sweeps of KS x loads (notes, linear round 15) and of KS x R (round 23), an H200 one at T 1 (round 24)."""
     c = TiledConfig.of(cfg)
     KI, blocks, sms = K // TILE_K, N // TILE_N, planned_sms(c.NSM, device)
     ks = c.KS
@@ -355,6 +355,8 @@ def tiled_config(T: int, N: int, K: int, device, cfg=None):
     r = c.R
     if not r:
         r = max(1, 4 // ks)
+        if T == 1:  # H200: +4 points of floor at 28672 x 4096 and 57344 x 8192, +10 at 8192 x 28672 (round 24)
+            r = 2 if ks >= 8 and cdiv(KI, ks) >= 8 else 1
         if T > 8 and 2 * r * ks <= 16 and cdiv(blocks, 2 * r) * 2 * r * ks <= 32 * sms:
             r *= 2
     return ks, r, cdiv(KI, ks), loads
