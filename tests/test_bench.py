@@ -128,3 +128,12 @@ def test_eager_benches_build_on_cpu():
     assert {"masked_decode", "inkling_decode", "sparse_mla_fwd", "xl_paged_decode"} <= {b.op for b in benches}
     assert all(callable(i.build) and callable(i.available) for b in benches for i in b.impls)
     assert [b.op for b in eager.benches(["inkling_decode"])] == ["inkling_decode"]
+
+
+def test_merge_records_replaces_in_place(tmp_path):
+    from llmkernels.bench.harness import merge_records
+    rec = lambda op, ms: {"op": op, "impl": "llmkernels", "shape": {"n": 1}, "ms": ms}  # noqa: E731
+    path = tmp_path / "dev.json"
+    merge_records(path, [rec("a", 1.0), rec("b", 2.0)])
+    merged = merge_records(path, [rec("c", 3.0), rec("a", 0.5)])
+    assert [(r["op"], r["ms"]) for r in merged] == [("a", 0.5), ("b", 2.0), ("c", 3.0)]

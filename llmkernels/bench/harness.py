@@ -319,15 +319,16 @@ def run_op_bench(bench: OpBench, quick: bool = False, log=print, progress: Optio
 
 
 def merge_records(path, new: List[dict]) -> List[dict]:
-    """Replace records of the same (op, impl, shape) in the JSON file at path and write it back."""
+    """Replace records of the same (op, impl, shape) in the JSON file at path (in place; others appended) and write
+    it back."""
     key = lambda r: (r["op"], r["impl"], json.dumps(r["shape"], sort_keys=True))  # noqa: E731
     try:
         with open(path) as f:
             old = json.load(f).get("records", [])
     except FileNotFoundError:
         old = []
-    fresh = {key(r) for r in new}
-    merged = [r for r in old if key(r) not in fresh] + new
+    fresh = {key(r): r for r in new}  # a replaced record keeps its place (the report's tables follow the file)
+    merged = [fresh.pop(key(r), r) for r in old] + list(fresh.values())
     with open(path, "w") as f:
         json.dump({"records": merged}, f, indent=1)
     return merged
