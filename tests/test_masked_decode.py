@@ -197,9 +197,15 @@ def test_merge_plus_inf_parts_contribute_nothing(device):
     assert rel_err(mo, ro) <= 1e-5 and rel_err(ml, rl) <= 1e-6  # fp32 in and out: rounding only
 
 
-@pytest.mark.parametrize("S,D", [(3, 64), (70, 128), (40, 256)])
-def test_merge_one_shot_and_looped(device, S, D):
-    # S * D <= 8192 merges all parts at once, larger merges loop over parts: both paths, empty parts holding NaN
+@pytest.mark.parametrize("S,D", [(3, 64), (70, 128), (40, 256), (129, 72)])
+@pytest.mark.parametrize("slices", [0, 256])
+def test_merge_one_shot_and_looped(device, monkeypatch, S, D, slices):
+    # S * D <= 8192 merges all parts at once, larger merges loop over parts, or (SLICE_PARTS) take all parts at once
+    # in slices of D (the last one partial at D 72): every path, empty parts holding NaN
+    from llmkernels import _launch
+    from llmkernels.ops.combine import kernel as ck
+    monkeypatch.setattr(ck, "SLICE_PARTS", slices)
+    monkeypatch.setattr(_launch, "_PLANS", _launch.PlanCache())
     outs = torch.randn(S, 2, 3, D, device=device)
     lses = torch.randn(S, 2, 3, device=device) * 3
     lses[1] = -math.inf

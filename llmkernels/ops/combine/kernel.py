@@ -36,13 +36,15 @@ def _lse2(ptr, mask):
 def merge_row(
     o_ptr, lse_ptr, out_ptr, lse_out_ptr, row, S, D,
     stride_os, stride_or, stride_ls, stride_lr, stride_out_r,
-    HAS_LSE_OUT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ONE_SHOT: tl.constexpr,
+    HAS_LSE_OUT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ONE_SHOT: tl.constexpr, d0=0,
 ):
     """Merge the S partial (out, lse) of one row; rows whose parts are all -inf get out 0, lse -inf; a NaN lse
-    makes the row NaN (out and lse)."""
+    makes the row NaN (out and lse). ONE_SHOT with d0: only columns d0 .. d0 + BLOCK_D - 1 (a slice of a wide row;
+    the slice at d0 = 0 stores the lse)."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    if ONE_SHOT:  # S <= BLOCK_S and D <= BLOCK_D: lse and out of every part in one round trip to memory
+    if ONE_SHOT:  # S <= BLOCK_S and D <= d0 + BLOCK_D: lse and out of every part in one round trip to memory
+        offs_d += d0
         smask = offs_s < S
         dmask = offs_d < D
         ls = _lse2(lse_ptr + row * stride_lr + offs_s * stride_ls, smask)
@@ -82,7 +84,7 @@ def merge_row(
                      mask=dmask)
     if HAS_LSE_OUT:
         lse = tl.where(total == 0, float("-inf"), (m_safe + tl.log2(total)) / LOG2E_C)
-        tl.store(lse_out_ptr + row, lse)
+        tl.store(lse_out_ptr + row, lse, mask=d0 == 0)
 
 
 @triton.jit
@@ -110,7 +112,8 @@ def _combine_kernel(
 ):
     pdl_enter(USE_GDC)  # launched early: wait until the split kernel's writes land, then release the next kernel
     merge_row(o_ptr, lse_ptr, out_ptr, lse_out_ptr, tl.program_id(0).to(tl.int64), S, D,
-              stride_os, stride_or, stride_ls, stride_lr, stride_out_r, HAS_LSE_OUT, BLOCK_S, BLOCK_D, ONE_SHOT)
+              stride_os, stride_or, stride_ls, stride_lr, stride_out_r, HAS_LSE_OUT, BLOCK_S, BLOCK_D, ONE_SHOT,
+              tl.program_id(1) * BLOCK_D)  # (one program a row unless ONE_SHOT slices D: combine_blocks)
 
 
 @triton.jit
@@ -147,12 +150,19 @@ class Merge2Plan:
             self.launch(oa, ob, la, lb, out, lse_out, self.D)
 
 
-def combine_blocks(S: int, D: int):
+MERGE_TILE = 8192  # fp32 elements of a merge program's [parts, D] tile: 64 registers a thread at 4 warps
+SLICE_PARTS = 0  # > 0: up to this many parts merge at once in slices of D (programs (row, slice)); to be timed
+
+
+def combine_blocks(S: int, D: int, slices: bool = True):
     """(BLOCK_S, BLOCK_D, ONE_SHOT) for merging S parts of width D: all parts at once while the [S, D] fp32 tile
-    stays within 64 registers a thread (4 warps), else 16 parts at a time."""
+    stays within MERGE_TILE; with slices (a merge launch, not a split kernel's own merge) and S <= SLICE_PARTS, all
+    parts at once over D slices of MERGE_TILE / S (>= 16) columns, a program each; else 16 parts at a time."""
     s_all, d_all = next_pow2(max(S, 1)), next_pow2(D)
-    if s_all * d_all <= 8192:
+    if s_all * d_all <= MERGE_TILE:
         return s_all, d_all, True
+    if slices and S <= SLICE_PARTS and MERGE_TILE // s_all >= 16:
+        return s_all, MERGE_TILE // s_all, True
     return min(s_all, 16), min(d_all, 256), False
 
 
@@ -162,7 +172,7 @@ class CombinePlan:
 
     def __init__(self, R: int, S: int, D: int, strides: tuple, has_lse_out: bool, device: torch.device):
         self.empty, self.ints = R == 0, (S, D, *strides)
-        self.launch = Launch(_combine_kernel, (R,), **_consts(S, D, has_lse_out, device))
+        self.launch = Launch(_combine_kernel, _grid(R, S, D), **_consts(S, D, has_lse_out, device))
 
     def __call__(self, o_part, lse_part, out, lse_out) -> None:
         if not self.empty:
@@ -204,7 +214,7 @@ class SplitParts:
         self.direct_write, self.groups = S == 1, groups if fuse and S > 1 else 0
         self.numel, self.lse_numel = R * S * D, R * S
         self.merge = CombinePlan(R, S, D, (D, S * D, 1, S, D), True, device) if S > 1 else None
-        self.blocks = combine_blocks(S, D)
+        self.blocks = combine_blocks(S, D, slices=False)  # (a split kernel's own merge takes whole rows)
         # the split kernel's part strides (row of o_part, split of o_part, row of lse_part); with one split, out's
         self.strides = (D, D, 1) if S == 1 else (S * D, D, S)
 
@@ -262,9 +272,15 @@ def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse
     """
     R, S, D = o_part.shape
     if R:  # keyed launch (_launch.launch): repeated calls with like arguments skip Triton's binding
-        launch(_combine_kernel, (R,), o_part, lse_part, out, lse_out if lse_out is not None else lse_part, S, D,
-               o_part.stride(1), o_part.stride(0), lse_part.stride(1), lse_part.stride(0), out.stride(0),
+        launch(_combine_kernel, _grid(R, S, D), o_part, lse_part, out, lse_out if lse_out is not None else lse_part,
+               S, D, o_part.stride(1), o_part.stride(0), lse_part.stride(1), lse_part.stride(0), out.stride(0),
                **_consts(S, D, lse_out is not None, o_part.device))
+
+
+def _grid(R: int, S: int, D: int) -> tuple:
+    """A row a program, or (row, D slice) where the merge takes all parts at once in slices of D."""
+    BLOCK_S, BLOCK_D, one_shot = combine_blocks(S, D)
+    return (R, triton.cdiv(D, BLOCK_D) if one_shot else 1)
 
 
 def _consts(S: int, D: int, has_lse_out: bool, device: torch.device) -> dict:
