@@ -336,7 +336,8 @@ def test_kept_lists_nan_and_strided(device):
 
 @pytest.mark.parametrize("config", [None, {"block_n": 32, "waves": 16}, {"heavy_first": True, "waves": 3},
                                     {"balance": 1, "block_n": 16, "waves": 16, "balance_waves": 5},
-                                    {"balance": 2, "block_n": 16, "waves": 16}])
+                                    {"balance": 2, "block_n": 16, "waves": 16},
+                                    {"balance": 1, "block_n": 16, "waves": 16, "balance_cap": 1.0}])
 def test_kept_prefix_matches_lists(device, config):
     """kept_len without kept_idx (a compacted cache: each row's kept tokens at its front) = the lists 0 .. n - 1, and
     the reference; counts below 0 or past dense_from, kv_len below dense_from, NaN-poisoned outputs fully written,

@@ -210,6 +210,7 @@ class DecodeConfig(KernelConfig):
     row_splits: int = 0  # > 0: aim at this many splits a row, `waves` (at least) to 16 waves, instead of `waves`
     balance: int = 0  # lists / prefixes: each row's splits its share of ~balance_waves waves, 1 rounded up, 2 down
     balance_waves: float = 2.0
+    balance_cap: float = 4.0  # a row's splits at most this many times the mean share (the rest store empty parts)
 
 
 CONFIG = DecodeConfig()
@@ -270,8 +271,8 @@ class DecodePlan:
         splits, chunk = _plan(B, Hkv, span, q.device, cfg.waves, cfg.row_splits if listed is not None else 0)
         balance = cfg.balance if listed is not None and B * Hkv <= 1024 else 0
         target = max(1, int(cfg.balance_waves * num_sms(q.device)))
-        if balance:  # room for a row 4x the mean share; the merge reads no more empty parts than that
-            splits = max(1, min(splits, cdiv(4 * target, B * Hkv)))
+        if balance:  # room for a row balance_cap x the mean share; the merge reads no more empty parts than that
+            splits = max(1, min(splits, cdiv(int(cfg.balance_cap * target), B * Hkv)))
         ms = drop_mask.stride() if drop_mask is not None else \
             listed[0].stride() if listed is not None and listed[0] is not None else (0, 0, 0)
         if listed is not None:
