@@ -367,10 +367,10 @@ def test_kept_prefix_matches_lists(device, config):
 @pytest.mark.parametrize("balance", [1, 2])
 @pytest.mark.parametrize("fuse", [0, 1 << 20])
 def test_kept_balanced_splits(device, balance, fuse):
-    """balance: each row takes splits in proportion to its tokens (here ~6 / 5, 1, 2 / 1 and 1 of 8), the reading
-    programs first, then one for each unused slot storing its empty part (the scratch's stale parts NaN: a slot left
-    unwritten shows); merged by a launch or in the kernel; lists and prefixes match the reference, new tokens past
-    dense_from included, per-sequence lengths read on the device."""
+    """balance: each row takes splits in proportion to its tokens (here ~6 / 5, 1, 2 / 1 and 1 of 8), its readers
+    marking its unused slots empty (the scratch's stale parts NaN: a slot left unmarked shows); merged by a launch or
+    in the kernel; lists and prefixes match the reference, new tokens past dense_from included, per-sequence lengths
+    read on the device."""
     from llmkernels.ops.combine.kernel import _SCRATCH
     B, Hkv, G, L, D, W = 2, 2, 2, 1024, 64, 1000
     x = make_inputs(B, Hkv, Hkv * G, L, D, torch.float16, device)

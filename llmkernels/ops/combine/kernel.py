@@ -89,13 +89,16 @@ def merge_row(
 
 @triton.jit
 def merge_if_last(cnt_ptr, grp, o_ptr, lse_ptr, out_ptr, lse_out_ptr, row0, S, D, stride_os, stride_or, stride_lr,
-                  ROWS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ONE_SHOT: tl.constexpr):
+                  ROWS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ONE_SHOT: tl.constexpr,
+                  arrivals=None):
     """Epilogue of a split program that stored its part of rows row0 .. row0 + ROWS - 1 (o_part [R, S, D] fp32 with
-    unit last stride, lse_part [R, S] with unit split stride, out rows of D): the last of the rows' S programs to
-    arrive at counter grp merges them (merge_row, lse out too) and re-arms the counter (0) for the next launch.
-    Saves the merge's launch; the counters start at 0 (SplitParts)."""
+    unit last stride, lse_part [R, S] with unit split stride, out rows of D): the last of the rows' `arrivals`
+    programs (S unless given) to arrive at counter grp merges their S parts (merge_row, lse out too) and re-arms the
+    counter (0) for the next launch. Saves the merge's launch; the counters start at 0 (SplitParts)."""
+    if arrivals is None:
+        arrivals = S
     tl.debug_barrier()  # every thread's part stores precede the release below
-    if tl.atomic_add(cnt_ptr + grp, 1, sem="acq_rel") == S - 1:  # acquire: the other programs' parts are visible
+    if tl.atomic_add(cnt_ptr + grp, 1, sem="acq_rel") == arrivals - 1:  # acquire: the others' parts are visible
         for g in tl.static_range(ROWS):
             merge_row(o_ptr, lse_ptr, out_ptr, lse_out_ptr, row0 + g, S, D, stride_os, stride_or, 1, stride_lr, D,
                       True, BLOCK_S, BLOCK_D, ONE_SHOT)

@@ -88,16 +88,13 @@ def row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, 
 
 
 @triton.jit
-def _balanced_slot(klen_ptr, lens_ptr, Hkv, L, kv_len, chunk, dense_from, HAS_LENS: tl.constexpr,
+def _balanced_slot(klen_ptr, lens_ptr, Hkv, L, kv_len, chunk, dense_from, S, R, HAS_LENS: tl.constexpr,
                    BALANCE: tl.constexpr, TARGET: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
-    """BALANCE: this program's (row, split, the row's share of the S splits, whether it reads). A row's share: its
+    """BALANCE: this program's (row, split, the row's share of its S slots, whether it reads). A row's share: its
     tokens (listed entries + positions past dense_from) over all rows' in TARGET programs, rounded up (1) or down
-    (2), between 1 and S. In launch order the programs of every row's share come first (so they start together and
-    the SMs hold them evenly), then one for each (row, split) past its row's share, storing that slot's empty part
-    (the merge reads S parts a row, and a merging kernel counts S arrivals)."""
-    S = tl.num_programs(0)
-    R = tl.num_programs(1)
-    p = tl.program_id(1) * S + tl.program_id(0)
+    (2), between 1 and S; the 1-D grid holds every row's share in turn (at most TARGET + R programs: those past the
+    sum read nothing). The slots past a row's share are marked empty by its readers (empty_slots)."""
+    p = tl.program_id(0)
     rr = tl.arange(0, BLOCK_R)
     valid = rr < R
     n = tl.minimum(tl.maximum(tl.load(klen_ptr + rr, mask=valid, other=0), 0), chunk)
@@ -109,15 +106,21 @@ def _balanced_slot(klen_ptr, lens_ptr, Hkv, L, kv_len, chunk, dense_from, HAS_LE
     per = tl.maximum(tl.cdiv(tl.sum(tok, 0), TARGET), BLOCK_N)  # tokens a program
     mine = tl.cdiv(tok, per) if BALANCE == 1 else tok // per
     mine = tl.where(valid, tl.minimum(tl.maximum(mine, 1), S), 0)
-    total = tl.sum(mine, 0)
-    active = p < total
-    count = tl.where(active, mine, tl.where(valid, S - mine, 0))  # the slots of the pass this program is in
-    at = tl.where(active, p, p - total)
-    cum = tl.cumsum(count, 0)
-    r = tl.sum((cum <= at).to(tl.int32), 0)
-    first = tl.sum(tl.where(rr == r, cum - count, 0), 0)
+    cum = tl.cumsum(mine, 0)
+    r = tl.sum((cum <= p).to(tl.int32), 0)
+    first = tl.sum(tl.where(rr == r, cum - mine, 0), 0)
     m_r = tl.sum(tl.where(rr == r, mine, 0), 0)
-    return r, tl.where(active, at - first, m_r + at - first), m_r, active
+    return r, p - first, m_r, p < tl.sum(mine, 0)
+
+
+@triton.jit
+def empty_slots(lse_ptr, r, split, mine, S, s_lr, G: tl.constexpr, BLOCK_G: tl.constexpr):
+    """A balanced reader's share of marking its row's slots past `mine` empty (lse -inf: the merge gives a part of
+    zero weight nothing, whatever its out holds): slots split + mine, split + 2 mine, ... below S."""
+    offs_g = tl.arange(0, BLOCK_G)
+    rows = r * G + offs_g
+    for e in range(split + mine, S, mine):
+        tl.store(lse_ptr + rows * s_lr + e, float("-inf"), mask=offs_g < G)
 
 
 @triton.jit
@@ -125,7 +128,7 @@ def _masked_decode_split_kernel(
     q_ptr, k_ptr, v_ptr, drop_ptr, lens_ptr, o_ptr, lse_ptr, cnt_ptr, out_ptr, lse_out_ptr,
     Hkv, L, kv_len, chunk, qk_scale,
     s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr, klen_ptr, dense_from,
-    G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+    n_parts, n_rows, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_DROP: tl.constexpr, HAS_LENS: tl.constexpr, USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr,
     FUSED: tl.constexpr = False, MB_S: tl.constexpr = 1, MB_D: tl.constexpr = 1, MB_ONE: tl.constexpr = True,
     TRIGGER: tl.constexpr = True, INDEXED: tl.constexpr = False, LIST_AHEAD: tl.constexpr = True,
@@ -140,16 +143,20 @@ def _masked_decode_split_kernel(
     the positions dense_from .. length - 1; klen_ptr and dense_from are None otherwise. HEAVY_FIRST (INDEXED, rows
     <= BLOCK_R): grid row i takes the row of the i-th largest count (ties by index), so that the longest rows start
     first and the short ones fill the tail (a press's per-head budgets differ). BALANCE (INDEXED, rows <= BLOCK_R;
-    HEAVY_FIRST then unused): a row takes as many of the S splits as its share of all rows' tokens over TARGET
-    programs (_balanced_slot), programs of about equal work whether the rows are even (few splits each) or not (the
-    long rows many)."""
+    HEAVY_FIRST then unused; a 1-D grid, n_parts slots a row of n_rows): a row takes as many of its slots as its share
+    of all rows' tokens over TARGET programs (_balanced_slot), programs of about equal work whether the rows are
+    even (few splits each) or not (the long rows many); its readers mark the other slots empty."""
     pdl_enter(USE_GDC, TRIGGER)
     split = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
+    arrivals = tl.num_programs(0)
     if BALANCE:
-        r, split, mine, active = _balanced_slot(klen_ptr, lens_ptr, Hkv, L, kv_len, chunk, dense_from, HAS_LENS,
-                                                BALANCE, TARGET, BLOCK_N, BLOCK_R)
+        r, split, mine, active = _balanced_slot(klen_ptr, lens_ptr, Hkv, L, kv_len, chunk, dense_from, n_parts,
+                                                n_rows, HAS_LENS, BALANCE, TARGET, BLOCK_N, BLOCK_R)
+        if not active:
+            return
         r = r.to(tl.int64)
+        arrivals = mine
     elif HEAVY_FIRST:
         rr = tl.arange(0, BLOCK_R)
         n_all = tl.minimum(tl.maximum(tl.load(klen_ptr + rr, mask=rr < tl.num_programs(1), other=-1), -1), chunk)
@@ -169,7 +176,6 @@ def _masked_decode_split_kernel(
         hi = n_list + tl.maximum(length - dense_from, 0)
         step = tl.num_programs(0) * BLOCK_N
         if BALANCE:
-            hi = tl.where(active, hi, 0)
             step = mine * BLOCK_N
     elif INTERLEAVE:  # the splits of a row take its tiles in turn: they read neighbouring tiles at the same time
         lo = split * BLOCK_N
@@ -182,9 +188,11 @@ def _masked_decode_split_kernel(
     row_part(q_ptr, k_ptr, v_ptr, drop_ptr, o_ptr, lse_ptr, b, h, r, split, lo, hi, step, qk_scale,
              s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_mh, s_ml, s_or, s_os, s_lr,
              G, BLOCK_G, D, BLOCK_N, HAS_DROP, n_list, dense_from, length, INDEXED, LIST_AHEAD, PREFIX)
-    if FUSED:
-        merge_if_last(cnt_ptr, r, o_ptr, lse_ptr, out_ptr, lse_out_ptr, r * G, tl.num_programs(0), D, s_os, s_or,
-                      s_lr, G, MB_S, MB_D, MB_ONE)
+    if BALANCE:
+        empty_slots(lse_ptr, r, split, mine, n_parts, s_lr, G, BLOCK_G)
+    if FUSED:  # (balanced: the row's readers arrive; the merge reads its n_parts slots)
+        merge_if_last(cnt_ptr, r, o_ptr, lse_ptr, out_ptr, lse_out_ptr, r * G, n_parts, D, s_os, s_or, s_lr, G,
+                      MB_S, MB_D, MB_ONE, arrivals)
 
 
 # Launch configuration (benchmarks/notes/masked_decode.md, sweep rounds 1-3 and 8 on the H100): B * Hkv * splits ~
@@ -292,7 +300,9 @@ class DecodePlan:
                           "BALANCE": balance, "TARGET": target}
                          if listed is not None and (cfg.heavy_first and B * Hkv <= 256 or balance) else {}),
                       **({"launch_pdl": True} if pdl and cfg.pdl else {}))
-        self.split, self.fused = self.parts.launches(_masked_decode_split_kernel, (splits, B * Hkv), consts)
+        grid = (min(splits * B * Hkv, target + B * Hkv),) if balance else (splits, B * Hkv)  # (_balanced_slot)
+        self.split, self.fused = self.parts.launches(_masked_decode_split_kernel, grid, consts)
+        self.counts = (splits, B * Hkv)
 
     def __call__(self, q, k, v, drop_mask, kv_lens, out, lse, kept_idx=None, kept_len=None) -> None:
         if self.empty:
@@ -302,7 +312,7 @@ class DecodePlan:
         if drop_mask is not None and not go.direct():  # a kept kernel reads the bools as their bytes; Triton's
             mask = mask.view(torch.uint8)  # path types them as uint8
         self.parts.launch(go, fused, (q, k, v, mask if mask is not None else q, kv_lens if kv_lens is not None else q),
-                          self.ints, out, lse, q, (kept_len, self.dense_from))
+                          self.ints, out, lse, q, (kept_len, self.dense_from, *self.counts))
 
 
 _PLANS = "masked_decode.plan"
