@@ -218,7 +218,7 @@ class DecodeConfig(KernelConfig):
     row_splits: int = 0  # > 0: aim at this many splits a row, `waves` (at least) to 16 waves, instead of `waves`
     balance: int = 0  # lists / prefixes: each row's splits its share of ~balance_waves waves, 1 rounded up, 2 down
     balance_waves: float = 2.0
-    balance_cap: float = 4.0  # a row's splits at most this many times the mean share (the rest store empty parts)
+    balance_cap: float = 4.0  # a row's slots: at most this many times the mean share (its readers mark unused ones)
 
 
 CONFIG = DecodeConfig()
