@@ -245,6 +245,8 @@ CONFIGS = {
     "masked_decode prefix bf16 D128 G4 B1 balanced": masked_decode(1, 8, 32, 4096, 128, bf16, listed="prefix"),
     "masked_decode listed+lens bf16 D128 G4 B1 balanced": masked_decode(1, 8, 32, 4096, 128, bf16, lens=True,
                                                                         listed=True),
+    "masked_decode prefix bf16 D128 G4 B1 balanced merging": masked_decode(1, 8, 32, 4096, 128, bf16, listed="prefix",
+                                                                           config={"fuse_merge": 1 << 20}),
     "combine fp32 parts S40 D128 bf16": combine(64, 40, 128, bf16),
     "combine fp32 parts S300 D512 fp16": combine(16, 300, 512, f16),
     "xl nhd fp16 D128 bs16 MHA": xl("nhd"),
