@@ -3,6 +3,7 @@ patch_attention against transformers' own eager and SDPA paths, in prefill, deco
 
     python -m llmkernels.hf.dsa_bench --out DIR            # the V3.2 sizes (an H200: about 3 minutes)
     python -m llmkernels.hf.dsa_bench --quick --out DIR    # a tiny block (CPU works)
+    python -m llmkernels.hf.dsa_bench --phases decode --profile   # + our decode step's kernels by time (CUDA)
 
 Records (op "dsa_attention", merged into DIR/<device>.json; impl llmkernels / transformers-eager / transformers-sdpa;
 shape phase, S or L, B): ms (median of CUDA-event-timed calls; decode also replayed from one CUDA graph per call),
@@ -15,6 +16,7 @@ written on its eager attention weights and index scores, as a user of its eager 
 import argparse
 import contextlib
 import datetime
+import functools
 import gc
 import inspect
 import os
@@ -143,7 +145,27 @@ def _static_cache(cfg, L, device):
     return StaticCache(config=cfg, max_cache_len=L + 1)
 
 
-def decode(attn, rope, L, impl, device, dtype, reps):
+def kernel_breakdown(call, device, calls: int = 5, top: int = 14) -> list:
+    """[(kernel name, us a call, launches a call)] of `calls` eager calls under torch.profiler (CUDA kernels only),
+    the heaviest first and the rest summed as "(others)" (issue 49: where the decode step's time goes)."""
+    from torch.profiler import ProfilerActivity, profile
+    call()
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize(device)
+    tot = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            us, n = tot.get(ev.name, (0.0, 0))
+            tot[ev.name] = (us + ev.device_time / calls, n + 1 / calls)
+    rows = sorted(((k, us, n) for k, (us, n) in tot.items()), key=lambda r: -r[1])
+    rest = rows[top:]
+    return rows[:top] + ([("(others)", sum(r[1] for r in rest), sum(r[2] for r in rest))] if rest else [])
+
+
+def decode(attn, rope, L, impl, device, dtype, reps, profile=False):
     """One new token against L cached ones (random cache contents: the time does not depend on them), transformers'
     StaticCache for both (its rows updated in place; each path's own rows, as a one-token probe finds them: the
     per-head keys and values in transformers 5.17, the latent in 5.2x and ours); the lengths reset to L before each
@@ -185,6 +207,9 @@ def decode(attn, rope, L, impl, device, dtype, reps):
             rec["ms"], rec["timing"] = rec["ms_eager"], "eager"
         nbytes = sum(t.numel() * t.element_size() for t in (layer.keys, layer.values, layer.indexer_keys))
         rec["cache_bytes_per_token"] = nbytes / (L + 1)
+        if profile and device.type == "cuda" and impl.startswith("llmkernels"):
+            rec["kernels"] = [dict(name=k[:80], us=round(us, 2), launches=round(n, 2))
+                              for k, us, n in kernel_breakdown(call, device)]
     return rec
 
 
@@ -301,6 +326,8 @@ def main(argv=None) -> int:
     ap.add_argument("--phases", default="prefill,decode,train,model")
     ap.add_argument("--reps", type=int, default=None, help="timed calls per case (default 5; 20 for decode)")
     ap.add_argument("--out", default=None, help="merge records into OUT/<device>.json")
+    ap.add_argument("--profile", action="store_true", help="decode: our step's kernels by time (CUDA; printed and "
+                    "kept in the records as `kernels`)")
     args = ap.parse_args(argv)
     from ..bench.harness import _git_commit, merge_records
     from ..bench.report import device_slug, dsa_table
@@ -326,12 +353,14 @@ def main(argv=None) -> int:
                 continue
             for n in sizes[phase] if impl.startswith("llmkernels") or phase == "decode" else sizes["theirs_" + phase]:
                 reps = args.reps or (20 if phase == "decode" else 5)
-                rec = dict(prefill=prefill, decode=decode, train=train)[phase](attn, rope, n, impl, device, dtype,
-                                                                           reps)
+                rec = dict(prefill=prefill, decode=functools.partial(decode, profile=args.profile),
+                           train=train)[phase](attn, rope, n, impl, device, dtype, reps)
                 rec["op"] = "dsa_attention"
                 recs.append(rec)
                 log(f"[dsa] {phase} {n} {impl}: " + (f"{rec['ms']:.3f} ms" if rec.get("ms") else rec.get("error"))
                     + (f", peak {rec['peak_mem_gb']:.1f} GB" if rec.get("peak_mem_gb") else ""))
+                for k in rec.get("kernels", ()):
+                    log(f"[dsa]     {k['us']:8.2f} us  x{k['launches']:<5g} {k['name']}")
     ceil = {}
     if device.type == "cuda":
         from ..bench.ceilings import copy_bandwidth, gemm_rate, read_bandwidth
