@@ -184,6 +184,9 @@ def indexer_topk(indexer, hidden_states, q_resid, position_embeddings, valid, ca
                                   None if pos is None else pos[:, s0:s1], t0, t1)
             if valid.mask is not None:
                 sc = sc.masked_fill_(~valid.chunk(s0, s1, t0, t1), float("-inf"))
+            if best_v is None and t0 == 0:  # the first chunk (a decode row's only one): its picks are the positions
+                best_v, best_i = sc.topk(min(topk, sc.shape[-1]), dim=-1, sorted=False)
+                continue
             idx = torch.arange(t0, t1, device=sc.device).expand_as(sc)
             if best_v is not None:
                 sc, idx = torch.cat([best_v, sc], -1), torch.cat([best_i, idx], -1)
@@ -228,8 +231,11 @@ def _forward(self, hidden_states, position_embeddings, attention_mask=None, past
     q_lat = torch.einsum("bhsd,hdc->bshc", q_nope, w_uk)
     q_abs = torch.cat([q_lat, q_rot.transpose(1, 2)], dim=-1).reshape(B * S, H, LATENT + rope)
     kv = kv.reshape(B * T, 1, LATENT + rope)
-    offset = (torch.arange(B, device=topk.device, dtype=torch.int32) * T).view(B, 1, 1)
-    indices = torch.where(topk >= 0, topk + offset, -1).reshape(B * S, -1)
+    if B == 1:  # (the rows of one sequence are kv's rows: no offset, no kernels for it)
+        indices = topk.reshape(S, -1)
+    else:
+        offset = (torch.arange(B, device=topk.device, dtype=torch.int32) * T).view(B, 1, 1)
+        indices = torch.where(topk >= 0, topk + offset, -1).reshape(B * S, -1)
     o_lat, _, lse = sparse_mla(q_abs, kv, indices, self.scaling)
     if getattr(self, "llmk_indexer_loss", False) and torch.is_grad_enabled() and \
             getattr(self, "indexer", None) is not None:
