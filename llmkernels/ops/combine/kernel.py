@@ -175,7 +175,8 @@ class CombinePlan:
 
     def __init__(self, R: int, S: int, D: int, strides: tuple, has_lse_out: bool, device: torch.device):
         self.empty, self.ints = R == 0, (S, D, *strides)
-        self.launch = Launch(_combine_kernel, _grid(R, S, D), **_consts(S, D, has_lse_out, device))
+        grid, consts = _launch_shape(R, S, D, has_lse_out, device)
+        self.launch = Launch(_combine_kernel, grid, **consts)
 
     def __call__(self, o_part, lse_part, out, lse_out) -> None:
         if not self.empty:
@@ -275,19 +276,17 @@ def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse
     """
     R, S, D = o_part.shape
     if R:  # keyed launch (_launch.launch): repeated calls with like arguments skip Triton's binding
-        launch(_combine_kernel, _grid(R, S, D), o_part, lse_part, out, lse_out if lse_out is not None else lse_part,
+        grid, consts = _launch_shape(R, S, D, lse_out is not None, o_part.device)
+        launch(_combine_kernel, grid, o_part, lse_part, out, lse_out if lse_out is not None else lse_part,
                S, D, o_part.stride(1), o_part.stride(0), lse_part.stride(1), lse_part.stride(0), out.stride(0),
-               **_consts(S, D, lse_out is not None, o_part.device))
+               **consts)
 
 
-def _grid(R: int, S: int, D: int) -> tuple:
-    """A row a program, or (row, D slice) where the merge takes all parts at once in slices of D."""
-    BLOCK_S, BLOCK_D, one_shot = combine_blocks(S, D)
-    return (R, triton.cdiv(D, BLOCK_D) if one_shot else 1)
-
-
-def _consts(S: int, D: int, has_lse_out: bool, device: torch.device) -> dict:
+def _launch_shape(R: int, S: int, D: int, has_lse_out: bool, device: torch.device) -> tuple:
+    """(grid, constexprs) of the merge launch: a row a program, or (row, D slice) where the merge takes all parts
+    at once in slices of D (combine_blocks)."""
     BLOCK_S, BLOCK_D, one_shot = combine_blocks(S, D)
     pdl = pdl_enabled(device)
-    return dict(HAS_LSE_OUT=has_lse_out, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D, ONE_SHOT=one_shot, USE_GDC=pdl, num_warps=4,
-                **({"launch_pdl": True} if pdl else {}))
+    return (R, triton.cdiv(D, BLOCK_D) if one_shot else 1), dict(
+        HAS_LSE_OUT=has_lse_out, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D, ONE_SHOT=one_shot, USE_GDC=pdl, num_warps=4,
+        **({"launch_pdl": True} if pdl else {}))
