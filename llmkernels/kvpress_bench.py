@@ -118,8 +118,6 @@ def run(model, press_cls, ratio, context, batch, device, steps=5, warm=2, log=pr
         recs.append(dict(impl=impl, ms=ms, timing="eager"))
         if ours:  # the adapter's copy of the cache (as large as the cache) is not needed by the peers
             kv = grow = None
-            for a in attns:
-                a.__dict__.pop("_llmk_kept", None)
         _freed(device, log, impl)
     for a in attns:
         a.masked_key_indices = None
