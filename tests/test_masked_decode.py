@@ -198,7 +198,7 @@ def test_merge_plus_inf_parts_contribute_nothing(device):
 
 
 @pytest.mark.parametrize("S,D", [(3, 64), (70, 128), (40, 256), (129, 72)])
-@pytest.mark.parametrize("slices", [0, 256])
+@pytest.mark.parametrize("slices", [0, 512])
 def test_merge_one_shot_and_looped(device, monkeypatch, S, D, slices):
     # S * D <= 8192 merges all parts at once, larger merges loop over parts, or (SLICE_PARTS) take all parts at once
     # in slices of D (the last one partial at D 72): every path, empty parts holding NaN
