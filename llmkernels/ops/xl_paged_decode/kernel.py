@@ -307,9 +307,11 @@ def default_config(D: int, esize: int, legacy: bool = False, G: int = 1) -> XLCo
 # Overrides of default_config per (layout, "mha" (G == 1) / "gqa" (G > 1)), from the device sweeps of
 # xl_legacy_sweep.py (benchmarks/notes/xl_paged_decode.md, "v4 measured"): legacy MHA reads K and V in memory order
 # with the reduce path, one 16-token tile per iteration, 2 warps, 32 programs per SM (occupancy hides the latency
-# that the missing cp.async pipeline leaves): 92.0 / 92.2 % of the floor against v2's 74 / 76 %.
+# that the missing cp.async pipeline leaves): 92.0 / 92.2 % of the floor against v2's 74 / 76 %. Eager calls merge
+# at most 32 parts in the split kernel: its 2 warps hold a 64-part [64, 128] fp32 tile at 128 registers a thread, and
+# the last program's merge made an eager 4 x 32K call 386 us against 269 us with the merge launch (H200).
 LAYOUT_DEFAULTS = {("legacy", "mha"): {"mha_path": "reduce", "prefetch_table": True, "programs_per_sm": 32,
-                                        "block_n": 16, "num_warps": 2}}
+                                        "block_n": 16, "num_warps": 2, "fuse_merge": 32}}
 
 
 def rel_overrides(rows: int, span: int, window: int, block_n: int) -> dict:
