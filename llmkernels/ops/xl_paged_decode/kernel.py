@@ -310,6 +310,7 @@ def default_config(D: int, esize: int, legacy: bool = False, G: int = 1) -> XLCo
 # that the missing cp.async pipeline leaves): 92.0 / 92.2 % of the floor against v2's 74 / 76 %. Eager calls merge
 # at most 32 parts in the split kernel: its 2 warps hold a 64-part [64, 128] fp32 tile at 128 registers a thread, and
 # the last program's merge made an eager 4 x 32K call 386 us against 269 us with the merge launch (H200).
+FUSE_MAX_BYTES = 1 << 30  # eager calls reading this much K and V leave the merge to a merge launch (XLPlan)
 LAYOUT_DEFAULTS = {("legacy", "mha"): {"mha_path": "reduce", "prefetch_table": True, "programs_per_sm": 32,
                                         "block_n": 16, "num_warps": 2, "fuse_merge": 32}}
 
@@ -385,7 +386,9 @@ class XLPlan:
         else:  # [S, Hkv, L, D]: the sequence stride in the block's place
             ks, vs = k_cache.stride()[:3], v_cache.stride()[:3]
         tbs = block_tables.stride() if paged else (0, 0)
-        self.parts = SplitParts(S * H, splits, D, S * Hkv, G * splits <= cfg.fuse_merge, q.device)
+        # past ~1 GiB of K and V a merge launch costs < 1 % and the merging variant ran 2.5-7 % slower (H200, nhd)
+        fuse = G * splits <= cfg.fuse_merge and 2 * S * Hkv * span * D * q.element_size() < FUSE_MAX_BYTES
+        self.parts = SplitParts(S * H, splits, D, S * Hkv, fuse, q.device)
         self.ints = (Hkv, k_cache.shape[0], max_len, chunk, scale * LOG2E, q.stride(0), q.stride(1),
                      *us, *bds, *ks, *vs, *tbs, *self.parts.strides, window, bd.shape[-1] if rel else 0)
         consts = dict(
