@@ -279,7 +279,8 @@ class XLConfig(KernelConfig):
         reductions on K and V tiles in memory order, no padded dot); ignored when G > 1.
       prefetch_table: reduce path only: load the next tile's block ids one iteration ahead (Triton does not
         cp.async-pipeline loads that feed no dot, so the table -> K/V latency chain is otherwise exposed).
-    fuse_merge: eager calls merge the parts in the split kernel while G x splits <= this (masked_decode's knob)."""
+    fuse_merge: eager calls merge the parts in the split kernel while G x splits <= this (masked_decode's knob) and
+      the call reads < FUSE_MAX_BYTES of K and V."""
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
