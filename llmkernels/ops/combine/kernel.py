@@ -154,7 +154,8 @@ class Merge2Plan:
 
 
 MERGE_TILE = 8192  # fp32 elements of a merge program's [parts, D] tile: 64 registers a thread at 4 warps
-SLICE_PARTS = 512  # up to this many parts merge at once in slices of D, a program each (row, slice): 3-6x faster than looping (H200)
+# up to this many parts merge at once in slices of D, a program each (row, slice): 3-6x faster than looping (H200)
+SLICE_PARTS = 512
 
 
 def combine_blocks(S: int, D: int, slices: bool = True):
