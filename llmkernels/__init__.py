@@ -13,6 +13,7 @@ from .ops.dsa_indexer import dsa_index_scores, dsa_topk_logits  # noqa: E402
 from .ops.inkling_decode import inkling_decode  # noqa: E402
 from .ops.masked_decode import kept_lists, masked_decode  # noqa: E402
 from .ops.moe_topk import moe_topk  # noqa: E402
+from .ops.row_topk import row_topk  # noqa: E402
 from .ops.nvfp4 import (NVFP4Linear, from_blocked, nvfp4_dequantize, nvfp4_gemv, nvfp4_linear,  # noqa: E402
                              nvfp4_quantize, to_blocked)
 from .ops.sparse_mla import (flash_mla_sparse_fwd, indexer_kl_loss, sparse_mla, sparse_mla_attn_dist,  # noqa: E402
@@ -22,5 +23,5 @@ from .ops.xl_paged_decode import xl_paged_decode  # noqa: E402
 __all__ = ["masked_decode", "kept_lists", "merge_attention_states", "xl_paged_decode", "nvfp4_quantize",
            "nvfp4_dequantize", "to_blocked", "from_blocked", "nvfp4_gemv", "nvfp4_linear", "NVFP4Linear", "sparse_mla",
            "flash_mla_sparse_fwd", "sparse_mla_attn_dist", "indexer_kl_loss", "sparse_mla_bwd", "dsa_index_scores",
-           "dsa_topk_logits", "inkling_decode", "moe_topk", "empty_cache"]
+           "dsa_topk_logits", "inkling_decode", "moe_topk", "row_topk", "empty_cache"]
 __version__ = "0.1.0"

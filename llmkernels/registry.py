@@ -9,6 +9,7 @@ _MODULES = {
     "nvfp4_linear": ("ops.nvfp4.spec", "bench.specs.nvfp4_gemv"),
     "nvfp4_moe": ("ops.nvfp4.spec", "bench.specs.nvfp4_moe"),
     "moe_topk": ("ops.moe_topk.spec", "bench.specs.moe_topk"),
+    "row_topk": ("ops.row_topk.spec", "bench.specs.row_topk"),
     "sparse_mla_fwd": ("ops.sparse_mla.spec", "bench.specs.sparse_mla"),
     "sparse_mla_attn_dist": ("ops.sparse_mla.spec", "bench.specs.sparse_mla"),
     "xl_paged_decode": ("ops.xl_paged_decode.spec", "bench.specs.xl_paged_decode"),

@@ -16,6 +16,7 @@ import torch
 from ..ops.dsa_indexer import dsa_index_scores, dsa_topk_logits
 from ..ops.nvfp4.format import nvfp4_dequantize
 from ..ops.nvfp4.op import NVFP4Linear
+from ..ops.row_topk import row_topk
 from ..ops.sparse_mla.op import indexer_kl_loss, sparse_mla
 
 KNOWN = ("DeepseekV32Attention", "GlmMoeDsaAttention")  # transformers' DSA attention classes
@@ -23,6 +24,7 @@ KNOWN = ("DeepseekV32Attention", "GlmMoeDsaAttention")  # transformers' DSA atte
 INDEXER_ROPE = {"DeepseekV32Indexer": "apply_rotary_pos_emb", "GlmMoeDsaIndexer": "apply_rotary_pos_emb_interleave"}
 LATENT, ROPE = 512, 64  # sparse_mla's 576-wide kv row: the normalised latent, then the rope key
 CHUNK_BYTES = 256 << 20  # the indexer's fp32 scores of one (query tile, key chunk): [B, rows, keys]
+ROW_TOPK_ROWS = 64  # up to this many score rows take row_topk (five launches); more (prefill) torch.topk
 
 
 def patch_module(name: str, mod, indexer_loss: bool = False) -> None:
@@ -184,7 +186,11 @@ def indexer_topk(indexer, hidden_states, q_resid, position_embeddings, valid, ca
                                   None if pos is None else pos[:, s0:s1], t0, t1)
             if valid.mask is not None:
                 sc = sc.masked_fill_(~valid.chunk(s0, s1, t0, t1), float("-inf"))
-            if best_v is None and t0 == 0:  # the first chunk (a decode row's only one): its picks are the positions
+            if t0 == 0 and t1 == end and B * (s1 - s0) <= ROW_TOPK_ROWS:  # the only chunk of a few rows (decode)
+                n = min(topk, t1)
+                out[:, s0:s1, :n] = row_topk(sc.view(-1, t1), n).view(B, s1 - s0, n)
+                continue
+            if best_v is None and t0 == 0:  # the first chunk: its picks are the positions
                 best_v, best_i = sc.topk(min(topk, sc.shape[-1]), dim=-1, sorted=False)
                 continue
             idx = torch.arange(t0, t1, device=sc.device).expand_as(sc)

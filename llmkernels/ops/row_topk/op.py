@@ -1,0 +1,72 @@
+"""row_topk: the positions of each row's k largest fp32 values, in five launches (the DSA indexer's top
+2048 of a decode row's 64K+ scores: torch.topk takes five kernels and ~35 us on the H200)."""
+import torch
+
+from ..._launch import current_device, keep_plan, kept_plan, launch, skey, tkey, tracing
+from ..._runtime import capturing, sm_count
+from ..._validate import check_int, check_same_device, check_tensor
+from .kernel import SCR, plan, run
+
+_SCRATCH = {}  # (device index, raw stream) -> (int32 zeros (each call leaves them zero), int32 counts): eager calls
+
+
+def _scratch(device: torch.device, n: int, m: int) -> tuple:
+    """(>= n int32 zeros, >= m int32) for a call on this device and stream: kept per (device, stream) for eager calls
+    (a stream's calls run in order, and each leaves the zeros zero), fresh under CUDA-graph capture (a graph may be
+    replayed beside other work)."""
+    if device.type == "cuda" and capturing(device):
+        return torch.zeros(n, dtype=torch.int32, device=device), torch.empty(m, dtype=torch.int32, device=device)
+    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index)) if device.type == "cuda" else None
+    z, c = _SCRATCH.get(key, (None, None))
+    if z is None or z.numel() < n:
+        z = torch.zeros(n, dtype=torch.int32, device=device)
+    if c is None or c.numel() < m:
+        c = torch.empty(m, dtype=torch.int32, device=device)
+    _SCRATCH[key] = z, c
+    return z, c
+
+
+def _run(x: torch.Tensor, k: int) -> torch.Tensor:
+    R, N = x.shape
+    out = torch.empty(R, k, dtype=torch.int32, device=x.device)
+    if R:
+        P, chunk = plan(R, N, sm_count(x.device.index or 0) if x.device.type == "cuda" else 1)
+        run(launch, x, out, *_scratch(x.device, R * SCR.value, 2 * R * P), k, P, chunk)
+    return out
+
+
+@torch.library.custom_op("llmkernels::row_topk", mutates_args=())
+def _op(x: torch.Tensor, k: int) -> torch.Tensor:
+    return _run(x, k)
+
+
+@_op.register_fake
+def _(x, k):
+    return x.new_empty(x.shape[0], k, dtype=torch.int32)
+
+
+_SITE = "row_topk"
+
+
+def row_topk(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The positions of the k largest values of each row of x [R, N] (fp32, unit last stride, any row stride), as
+    int32 [R, k]: those above the k-th largest value in ascending order, then the lowest positions holding a value
+    equal to it; 1 <= k <= N. NaN ranks above every number (as in torch.topk); -inf values are never chosen: a row
+    with fewer than k values above -inf gets all of them, then -1. The same result every call (torch.topk may
+    choose other positions among equal values, and orders them by value). Not differentiable (positions). Made for
+    the DSA indexer's top-k of a decode row; torch.topk is the tool for sorted values."""
+    key = None if tracing() else (_SITE, current_device(), tkey(x), skey(k))
+    if kept_plan(key, (x,)):
+        return _run(x, k)
+    check_tensor("x", x, dtypes=(torch.float32,), ndim=2)
+    if x.shape[1] and x.stride(1) != 1:
+        raise ValueError(f"x must have unit stride in its last dim, got strides {tuple(x.stride())}")
+    if not x.shape[1]:
+        raise ValueError(f"x has no columns to choose from (shape {tuple(x.shape)})")
+    check_int("k", k, lo=1, hi=x.shape[1])
+    if x.shape[1] >= 2 ** 31 - 1 or x.shape[0] * SCR.value >= 2 ** 31:
+        raise ValueError(f"x of shape {tuple(x.shape)} is too large (int32 positions and scratch offsets)")
+    check_same_device(x=x)
+    if keep_plan(key, lambda: True, (x,)):
+        return _run(x, k)
+    return _op(x, k)
