@@ -123,6 +123,14 @@ def _run_topk(logits, k, renormalize, *rest):
     _run(logits, k, renormalize, *rest)
 
 
+def _run_row_topk(R, N, k):
+    from llmkernels._launch import launch
+    from llmkernels.ops.row_topk.kernel import SCR, plan, run
+    P, chunk = plan(R, N, 132)
+    run(launch, e(R, N, dtype=torch.float32), e(R, k, dtype=torch.int32), e(R * SCR.value, dtype=torch.int32),
+        e(2 * R * P, dtype=torch.int32), k, P, chunk)
+
+
 def moe(T, E, H, inter, k, dtype=torch.bfloat16, mma=True, tiles=False):
     """nvfp4_moe: the grouped NVFP4 experts (two launches): the mma kernels (sm_90; tiles: 8 pairs of an expert an
     mma), or the plain Triton ones."""
@@ -270,6 +278,7 @@ CONFIGS = {
     "moe mma tiles bf16 T8 E4 H4096 I1536 k2": moe(8, 4, 4096, 1536, 2, tiles=True),  # K split over 2 warps
     "moe triton fp16 T16 E8 H4096 I1536 k2": moe(16, 8, 4096, 1536, 2, torch.float16, mma=False),
     "moe_topk bf16 T1 E128 k8": lambda: _run_topk(e(1, 128, dtype=torch.bfloat16), 8, True),
+    "row_topk R1 N65537 k2048": lambda: _run_row_topk(1, 65537, 2048),
     "moe_topk fp32 T16 E1024 k32": lambda: _run_topk(e(16, 1024, dtype=torch.float32), 32, False),
     "moe_topk sigmoid fp32 T1 E256 k8 groups 8/4": lambda: _run_topk(e(1, 256, dtype=torch.float32), 8, True,
                                                                      "sigmoid", e(256, dtype=torch.float32), 8, 4, 2.5),
