@@ -9,7 +9,8 @@ Groups (all by default): sparse_mla (every public sparse MLA entry point), spars
 launchers on the split-tail and row-pair paths; skipped elsewhere), sparse_mla_bwd (both modes, Gluon and Triton
 second passes), xl_paged_decode (both cache layouts, GQA and MHA paths, checked against the reference),
 inkling_decode (lengths, starts, windows and tables out of range), nvfp4_moe (expert indices out of range, both
-kernels), masked_decode (kept lists with garbage entries and counts). Exits 1 when
+kernels), masked_decode (kept lists with garbage entries and counts), row_topk (odd rows, -inf / NaN / ties).
+Exits 1 when
 a result is wrong (NaN where none may be, or off the reference); memcheck's own errors set its --error-exitcode.
 """
 import argparse
@@ -251,9 +252,33 @@ def masked_decode(dev) -> int:
     return bad
 
 
+def row_topk(dev) -> int:
+    """Rows of odd lengths (a last block partly past the row), -inf / NaN / tied rows, k = N, and shapes whose plans
+    differ call to call (the per-stream scratch's rows and counts move): nothing out of bounds, torch.topk's
+    values."""
+    from llmkernels import row_topk as rt
+    from llmkernels.ops.row_topk.reference import row_topk_ref
+    from llmkernels.ops.row_topk.spec import chosen
+    torch.manual_seed(0)
+    bad = 0
+    for R, N, k in ((1, 65537, 2048), (3, 1025, 1025), (7, 3001, 5), (1, 1, 1), (2, 20000, 4096)):
+        x = torch.randn(R, N, device=dev)
+        x[0, ::7] = float("-inf")
+        if R > 1:
+            x[1] = 0.0
+            x[-1, :N // 2] = float("nan")
+        sync(dev)
+        p = rt(x, k)
+        sync(dev)
+        good = torch.equal(chosen(x, p).nan_to_num(3e38), chosen(x, row_topk_ref(x, k)).nan_to_num(3e38))
+        bad += not good
+        print(f"row_topk R={R} N={N} k={k}: {'ok' if good else 'MISMATCH'}", flush=True)
+    return bad
+
+
 GROUPS = {"sparse_mla": sparse_mla, "sparse_mla_gluon": sparse_mla_gluon, "sparse_mla_bwd": sparse_mla_bwd,
           "xl_paged_decode": xl_paged_decode, "inkling_decode": inkling_decode, "nvfp4_moe": nvfp4_moe,
-          "masked_decode": masked_decode}
+          "masked_decode": masked_decode, "row_topk": row_topk}
 
 
 def main():
