@@ -10,8 +10,8 @@ launchers on the split-tail and row-pair paths; skipped elsewhere), sparse_mla_b
 second passes), xl_paged_decode (both cache layouts, GQA and MHA paths, checked against the reference),
 inkling_decode (lengths, starts, windows and tables out of range), nvfp4_moe (expert indices out of range, both
 kernels), masked_decode (kept lists with garbage entries and counts), row_topk (odd rows, -inf / NaN / ties).
-Exits 1 when
-a result is wrong (NaN where none may be, or off the reference); memcheck's own errors set its --error-exitcode.
+Exits 1 when a result is wrong (NaN where none may be, or off the reference); memcheck's own errors set its
+--error-exitcode.
 """
 import argparse
 import os
