@@ -116,16 +116,19 @@ def _index_scores(indexer, x, q_resid, emb, valid):
 
 
 @pytest.mark.parametrize("arch", ["DeepseekV32", "GlmMoeDsa"])
-def test_indexer_matches_transformers(device, arch):
-    """The running top-k picks keys whose scores are transformers' top-k scores, from the same inputs (a small
-    chunk_bytes: one query row at a time against 10-key chunks, so the running top-k merges). Equal scores (several
-    keys at 0, the ReLU's) may be broken differently: the selected scores are compared, and keys above the k-th."""
+@pytest.mark.parametrize("chunks", ["merged", "one"])
+def test_indexer_matches_transformers(device, arch, chunks):
+    """The running top-k picks keys whose scores are transformers' top-k scores, from the same inputs (merged: a small
+    chunk_bytes, one query row at a time against 10-key chunks, so the running top-k merges; one: every row's keys
+    in one chunk, taken by row_topk as decode rows are). Equal scores (several keys at 0, the ReLU's) may be broken
+    differently: the selected scores are compared, and keys above the k-th."""
     B, S = 2, 19
     attn, x, pos, emb, q_resid = _indexer_inputs(device, arch, B, S)
     valid = torch.ones(S, S, dtype=torch.bool, device=device).tril()[None].expand(B, S, S).clone()
     valid[1, :, :3] = False  # the second sequence left-padded by 3
     theirs = attn.indexer(x, q_resid, emb, valid, pos)
-    ours = dsa.indexer_topk(attn.indexer, x, q_resid, emb, valid, chunk_bytes=4 * B * 10)
+    ours = dsa.indexer_topk(attn.indexer, x, q_resid, emb, valid,
+                            chunk_bytes=4 * B * 10 if chunks == "merged" else dsa.CHUNK_BYTES)
     scores = _index_scores(attn.indexer, x, q_resid, emb, valid)
     for b in range(B):
         for s in range(S):
