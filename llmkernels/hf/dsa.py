@@ -174,7 +174,7 @@ def indexer_topk(indexer, hidden_states, q_resid, position_embeddings, valid, ca
     topk = min(indexer.index_topk, T)
     rows = max(1, min(S, chunk_bytes // max(1, 4 * B * min(T, 1 << 16))))  # scores [B, rows, cols] fp32
     cols = max(topk, min(T, chunk_bytes // max(1, 4 * B * rows)))
-    out = torch.full((B, S, topk), -1, dtype=torch.int32, device=hidden_states.device)
+    out = None  # [B, S, topk] int32, -1 where nothing is picked (made where a result is not one row_topk's)
     for s0 in range(0, S, rows):
         s1 = min(S, s0 + rows)
         last = valid.last(s1)
@@ -188,7 +188,11 @@ def indexer_topk(indexer, hidden_states, q_resid, position_embeddings, valid, ca
                 sc = sc.masked_fill_(~valid.chunk(s0, s1, t0, t1), float("-inf"))
             if t0 == 0 and t1 == end and B * (s1 - s0) <= ROW_TOPK_ROWS:  # the only chunk of a few rows (decode)
                 n = min(topk, t1)
-                out[:, s0:s1, :n] = row_topk(sc.view(-1, t1), n).view(B, s1 - s0, n)
+                picked = row_topk(sc.view(-1, t1), n).view(B, s1 - s0, n)
+                if s1 - s0 == S and n == topk:  # the whole result (a decode step's): no fill, no copy
+                    return picked
+                out = _filled(out, B, S, topk, sc.device)
+                out[:, s0:s1, :n] = picked
                 continue
             if best_v is None and t0 == 0:  # the first chunk: its picks are the positions
                 best_v, best_i = sc.topk(min(topk, sc.shape[-1]), dim=-1, sorted=False)
@@ -198,10 +202,16 @@ def indexer_topk(indexer, hidden_states, q_resid, position_embeddings, valid, ca
                 sc, idx = torch.cat([best_v, sc], -1), torch.cat([best_i, idx], -1)
             best_v, pick = sc.topk(min(topk, sc.shape[-1]), dim=-1, sorted=False)
             best_i = idx.gather(-1, pick)
+        out = _filled(out, B, S, topk, hidden_states.device)
         if best_v is not None:  # fewer than topk columns where the tile sees fewer keys: the rest stay -1
             n = best_v.shape[-1]
             out[:, s0:s1, :n] = torch.where(best_v == float("-inf"), -1, best_i).to(torch.int32)
-    return out
+    return _filled(out, B, S, topk, hidden_states.device)
+
+
+def _filled(out, B, S, topk, device):
+    """out, or a new [B, S, topk] int32 of -1."""
+    return out if out is not None else torch.full((B, S, topk), -1, dtype=torch.int32, device=device)
 
 
 def _forward(self, hidden_states, position_embeddings, attention_mask=None, past_key_values=None, position_ids=None,
