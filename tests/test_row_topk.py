@@ -100,3 +100,16 @@ def test_cuda_graph_replay_decode_row():
         g.replay()
         _same_choice(x, p, 2048)
         assert torch.equal(p, row_topk(x, 2048))
+
+
+def test_shares_the_split_scratch_and_leaves_it_zero(device):
+    # eager calls take the decode kernels' per-stream scratch: its counters are all zero again after each call (the
+    # split kernels' merges rely on it), whatever rows / plan the calls had; empty_cache frees it
+    from llmkernels import empty_cache
+    from llmkernels.ops.combine.kernel import split_scratch
+    empty_cache()
+    for R, N, k in ((3, 5000, 64), (1, 9000, 700), (6, 1500, 1500)):
+        x = make_inputs(R, N, device, ties=R == 6)["x"]
+        _same_choice(x, row_topk(x, k), k)
+        assert int(split_scratch(device, 0, 0)[1].abs().sum()) == 0
+    empty_cache()

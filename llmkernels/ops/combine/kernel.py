@@ -190,8 +190,9 @@ _SCRATCH = {}  # (device index, raw stream) -> (parts fp32, counters int32, thei
 def split_scratch(device: torch.device, numel: int, counters: int) -> tuple:
     """(parts, counters, parts' address, counters' address): fp32 scratch of >= numel elements and >= `counters`
     int32 arrival counters, all 0, for the split kernels of eager calls (merge_if_last re-arms each counter it uses,
-    so they are 0 again when a kernel ends). One pair per (device, stream), shared by every plan: the calls on a
-    stream run in order, and no allocation or zeroing is left per call. Not for CUDA-graph capture (see SplitParts)."""
+    so they are 0 again when a kernel ends; row_topk's counts leave them 0 too). One pair per (device, stream),
+    shared by every plan: the calls on a stream run in order, and no allocation or zeroing is left per call. Not for
+    CUDA-graph capture (see SplitParts)."""
     key = (device.index, torch._C._cuda_getCurrentRawStream(device.index)) if device.type == "cuda" else None
     e = _SCRATCH.get(key)
     if e is None or e[0].numel() < numel or e[1].numel() < counters:
@@ -203,8 +204,8 @@ def split_scratch(device: torch.device, numel: int, counters: int) -> tuple:
 
 def empty_cache() -> None:
     """Free the scratch that eager calls keep per (device, stream) for split parts (masked_decode, xl_paged_decode,
-    the sparse MLA forward; it grows to the largest call's parts, a few MB at typical shapes). The next eager call
-    allocates it again; torch.cuda.empty_cache() then returns the memory to the driver."""
+    the sparse MLA forward) and row_topk's counts; it grows to the largest call's parts, a few MB at typical shapes.
+    The next eager call allocates it again; torch.cuda.empty_cache() then returns the memory to the driver."""
     _SCRATCH.clear()
 
 

@@ -5,25 +5,19 @@ import torch
 from ..._launch import current_device, keep_plan, kept_plan, launch, skey, tkey, tracing
 from ..._runtime import capturing, sm_count
 from ..._validate import check_int, check_same_device, check_tensor
+from ..combine.kernel import split_scratch
 from .kernel import SCR, plan, run
-
-_SCRATCH = {}  # (device index, raw stream) -> (int32 zeros (each call leaves them zero), int32 counts): eager calls
 
 
 def _scratch(device: torch.device, n: int, m: int) -> tuple:
-    """(>= n int32 zeros, >= m int32) for a call on this device and stream: kept per (device, stream) for eager calls
-    (a stream's calls run in order, and each leaves the zeros zero), fresh under CUDA-graph capture (a graph may be
-    replayed beside other work)."""
-    if device.type == "cuda" and capturing(device):
+    """(>= n int32 zeros, >= m int32) for a call: eager calls take the per-stream split scratch the decode kernels
+    share (combine.split_scratch: its counters are zero between calls, and row_topk leaves them so; its fp32 parts
+    hold the programs' counts), freed by llmkernels.empty_cache(); fresh ones under CUDA-graph capture (a graph may
+    be replayed beside other work)."""
+    if capturing(device):
         return torch.zeros(n, dtype=torch.int32, device=device), torch.empty(m, dtype=torch.int32, device=device)
-    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index)) if device.type == "cuda" else None
-    z, c = _SCRATCH.get(key, (None, None))
-    if z is None or z.numel() < n:
-        z = torch.zeros(n, dtype=torch.int32, device=device)
-    if c is None or c.numel() < m:
-        c = torch.empty(m, dtype=torch.int32, device=device)
-    _SCRATCH[key] = z, c
-    return z, c
+    parts, counters = split_scratch(device, m, n)[:2]
+    return counters, parts.view(torch.int32)
 
 
 def _run(x: torch.Tensor, k: int) -> torch.Tensor:
