@@ -8,7 +8,7 @@ from ...ops.row_topk.op import row_topk
 from ...ops.row_topk.reference import row_topk_ref
 from ...ops.row_topk.spec import make_inputs
 
-SHAPES = [(1, 65537, 2048), (1, 131073, 2048), (4, 65537, 2048), (32, 16384, 2048)]
+SHAPES = [(1, 65537, 2048), (1, 131073, 2048), (4, 65537, 2048), (32, 16384, 2048), (1, 4097, 2048), (8, 8193, 2048)]
 
 
 def _cases(quick):
