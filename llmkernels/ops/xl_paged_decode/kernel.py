@@ -290,6 +290,7 @@ class XLConfig(KernelConfig):
     pdl: bool = True
     fuse_merge: int = 64
     min_tiles: int = 4  # a split's chunk holds at least this many tiles
+    maxnreg: int = 0  # > 0: the split kernel's register cap (more programs resident an SM; sweeps)
 
     def __post_init__(self):
         if self.mha_path not in ("dot", "reduce"):
@@ -399,6 +400,7 @@ class XLPlan:
             HAS_U=u is not None, HAS_BD=bd is not None, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
             MHA_REDUCE=G == 1 and cfg.mha_path == "reduce",
             PREFETCH_TBL=bool(cfg.prefetch_table) and paged, USE_GDC=pdl, num_warps=cfg.num_warps,
+            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
             num_stages=cfg.num_stages, PAGED=paged, REL=rel, HAS_WINDOW=window > 0, HAS_STARTS=starts,
             **({"launch_pdl": True} if pdl and cfg.pdl else {}))
         self.split, self.fused = self.parts.launches(_xl_decode_split_kernel, (splits, S * Hkv), consts)
