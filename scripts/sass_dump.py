@@ -124,11 +124,10 @@ def _run_topk(logits, k, renormalize, *rest):
 
 
 def _run_row_topk(R, N, k):
-    from llmkernels._launch import launch
-    from llmkernels.ops.row_topk.kernel import SCR, plan, run
-    P, chunk = plan(R, N, 132)
-    run(launch, e(R, N, dtype=torch.float32), e(R, k, dtype=torch.int32), e(R * SCR.value, dtype=torch.int32),
-        e(2 * R * P, dtype=torch.int32), k, P, chunk)
+    from llmkernels.ops.row_topk.kernel import RowTopkPlan
+    p = RowTopkPlan(R, N, k, N, 132)
+    p(e(R, N, dtype=torch.float32), e(R, k, dtype=torch.int32), e(p.n_scratch, dtype=torch.int32),
+      e(p.n_counts, dtype=torch.int32))
 
 
 def moe(T, E, H, inter, k, dtype=torch.bfloat16, mma=True, tiles=False):

@@ -10,6 +10,8 @@ call."""
 import triton
 import triton.language as tl
 
+from ..._launch import Launch
+
 NB1, NB2, NB3 = tl.constexpr(2048), tl.constexpr(2048), tl.constexpr(1024)  # digits: key bits 31..21, 20..10, 9..0
 SCR = tl.constexpr(2048 + 2048 + 1024 + 1)  # int32 a row: the three digits' counts, arrivals (zero between calls)
 
@@ -113,10 +115,18 @@ def plan(R: int, N: int, sms: int, block: int = 1024) -> tuple:
     return triton.cdiv(N, chunk), chunk
 
 
-def run(launch, x, out, scratch, counts, k: int, P: int, chunk: int, block: int = 1024) -> None:
-    """out [R, k] int32 <- the positions of each row's k largest values, over P programs a row of `chunk` columns
-    (plan). scratch: >= R * SCR int32 zeros (zero again when the last pass ends); counts: >= 2 * R * P int32."""
-    R, N = x.shape
-    for ps, nbin in ((1, NB1.value), (2, NB2.value), (3, NB3.value), (4, 16), (5, 16)):
-        launch(_row_topk_kernel, (P, R), x, out, scratch, counts, N, k, chunk, x.stride(0), out.stride(0),
-               PASS=ps, NBIN=nbin, PP=triton.next_power_of_2(P), BLOCK=block, num_warps=4)
+class RowTopkPlan:
+    """The five launches of one call shape (R rows of N, x's row stride, k): P programs a row of `chunk` columns
+    (plan). Called with x, out [R, k] int32 (contiguous), scratch (>= R * SCR int32 zeros, zero again when the last
+    pass ends) and counts (>= 2 * R * P int32); n_scratch / n_counts say how many."""
+
+    def __init__(self, R: int, N: int, k: int, sx: int, sms: int, block: int = 1024):
+        P, chunk = plan(R, N, sms, block)
+        self.n_scratch, self.n_counts, self.ints = R * SCR.value, 2 * R * P, (N, k, chunk, sx, k)
+        self.launches = [Launch(_row_topk_kernel, (P, R), PASS=ps, NBIN=nbin, PP=triton.next_power_of_2(P),
+                                BLOCK=block, num_warps=4)
+                         for ps, nbin in ((1, NB1.value), (2, NB2.value), (3, NB3.value), (4, 16), (5, 16))]
+
+    def __call__(self, x, out, scratch, counts) -> None:
+        for go in self.launches:
+            go(x, out, scratch, counts, *self.ints)

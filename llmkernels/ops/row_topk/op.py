@@ -2,11 +2,11 @@
 2048 of a decode row's 64K+ scores: torch.topk takes five kernels and ~35 us on the H200)."""
 import torch
 
-from ..._launch import current_device, keep_plan, kept_plan, launch, skey, tkey, tracing
+from ..._launch import cached_plan, current_device, keep_plan, kept_plan, skey, tkey, tracing
 from ..._runtime import capturing, sm_count
 from ..._validate import check_int, check_same_device, check_tensor
 from ..combine.kernel import split_scratch
-from .kernel import SCR, plan, run
+from .kernel import SCR, RowTopkPlan
 
 
 def _scratch(device: torch.device, n: int, m: int) -> tuple:
@@ -20,12 +20,18 @@ def _scratch(device: torch.device, n: int, m: int) -> tuple:
     return counters, parts.view(torch.int32)
 
 
-def _run(x: torch.Tensor, k: int) -> torch.Tensor:
+def _plan(x: torch.Tensor, k: int) -> RowTopkPlan:
+    """The cached launches for x's shape, strides and alignment (what the kept kernels specialise on) and k."""
     R, N = x.shape
-    out = torch.empty(R, k, dtype=torch.int32, device=x.device)
-    if R:
-        P, chunk = plan(R, N, sm_count(x.device.index or 0) if x.device.type == "cuda" else 1)
-        run(launch, x, out, *_scratch(x.device, R * SCR.value, 2 * R * P), k, P, chunk)
+    sms = sm_count(x.device.index or 0) if x.device.type == "cuda" else 1
+    return cached_plan((_PLANS, current_device(), tkey(x), k), lambda: RowTopkPlan(R, N, k, x.stride(0), sms))
+
+
+def _run(x: torch.Tensor, k: int, plan=None) -> torch.Tensor:
+    out = torch.empty(x.shape[0], k, dtype=torch.int32, device=x.device)
+    if x.shape[0]:
+        plan = plan or _plan(x, k)
+        plan(x, out, *_scratch(x.device, plan.n_scratch, plan.n_counts))
     return out
 
 
@@ -39,7 +45,7 @@ def _(x, k):
     return x.new_empty(x.shape[0], k, dtype=torch.int32)
 
 
-_SITE = "row_topk"
+_SITE, _PLANS = "row_topk", "row_topk.plan"
 
 
 def row_topk(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -50,8 +56,9 @@ def row_topk(x: torch.Tensor, k: int) -> torch.Tensor:
     choose other positions among equal values, and orders them by value). Not differentiable (positions). Made for
     the DSA indexer's top-k of a decode row; torch.topk is the tool for sorted values."""
     key = None if tracing() else (_SITE, current_device(), tkey(x), skey(k))
-    if kept_plan(key, (x,)):
-        return _run(x, k)
+    plan = kept_plan(key, (x,))
+    if plan is not None:
+        return _run(x, k, plan)
     check_tensor("x", x, dtypes=(torch.float32,), ndim=2)
     if x.shape[1] and x.stride(1) != 1:
         raise ValueError(f"x must have unit stride in its last dim, got strides {tuple(x.stride())}")
@@ -61,6 +68,7 @@ def row_topk(x: torch.Tensor, k: int) -> torch.Tensor:
     if x.shape[1] >= 2 ** 31 - 1 or x.shape[0] * SCR.value >= 2 ** 31:
         raise ValueError(f"x of shape {tuple(x.shape)} is too large (int32 positions and scratch offsets)")
     check_same_device(x=x)
-    if keep_plan(key, lambda: True, (x,)):
-        return _run(x, k)
+    plan = keep_plan(key, lambda: _plan(x, k), (x,))
+    if plan is not None:
+        return _run(x, k, plan)
     return _op(x, k)
