@@ -56,6 +56,24 @@ def test_many_splits_nan_poisoned(device, fuse):
         assert all(int(e[1].count_nonzero()) == 0 for e in _SCRATCH.values())
 
 
+def test_split_plan_rounds_down_and_large_calls_merge_apart(monkeypatch):
+    # splits round down to the program target (rows x splits <= target where the rows fit: a partial second wave
+    # cost 5 points of floor at 64 x 4K on the H200) and cover the span; eager calls reading >= FUSE_MAX_BYTES of K
+    # and V leave the merge to a merge launch, as legacy MHA does past 32 parts
+    dev = torch.device("cpu")  # (num_sms' stand-in: 4 SMs)
+    for rows in (1, 3, 8, 63, 64, 65, 200):
+        for span in (16, 1000, 65536):
+            splits, chunk = K._plan(rows, 1, span, dev, 64, 16)
+            assert splits >= 1 and (splits - 1) * chunk < span <= splits * chunk
+            assert rows * splits <= 16 * 4 or splits == 1
+    x = make_inputs(2, 4, 2, 64, 8, [190, 77], "nhd", torch.float16, dev)
+    args = (x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["u"], x["bd"], 0.125)
+    cfg = {"block_n": 16, "programs_per_sm": 16}
+    assert K.XLPlan(*args, config=cfg).parts.groups > 0
+    monkeypatch.setattr(K, "FUSE_MAX_BYTES", 1024)
+    assert K.XLPlan(*args, config=cfg).parts.groups == 0
+
+
 def test_context_zero_and_empty_table(device):
     x = make_inputs(2, 4, 2, 64, 16, [0, 0], "nhd", torch.float16, device, table_pad=0)
     assert x["block_tables"].shape[1] == 0
