@@ -3,8 +3,8 @@
 import torch
 
 from ..._launch import cached_plan, current_device, keep_plan, kept_plan, skey, tkey, tracing
-from ..._runtime import capturing, sm_count
-from ..._validate import check_int, check_same_device, check_tensor
+from ..._runtime import capturing, num_sms
+from ..._validate import check_int, check_same_device, check_tensor, check_unit_last_stride
 from ..combine.kernel import split_scratch
 from .kernel import SCR, RowTopkPlan
 
@@ -23,8 +23,8 @@ def _scratch(device: torch.device, n: int, m: int) -> tuple:
 def _plan(x: torch.Tensor, k: int) -> RowTopkPlan:
     """The cached launches for x's shape, strides and alignment (what the kept kernels specialise on) and k."""
     R, N = x.shape
-    sms = sm_count(x.device.index or 0) if x.device.type == "cuda" else 1
-    return cached_plan((_PLANS, current_device(), tkey(x), k), lambda: RowTopkPlan(R, N, k, x.stride(0), sms))
+    return cached_plan((_PLANS, current_device(), tkey(x), k), lambda: RowTopkPlan(R, N, k, x.stride(0),
+                                                                                 num_sms(x.device)))
 
 
 def _run(x: torch.Tensor, k: int, plan=None) -> torch.Tensor:
@@ -60,8 +60,7 @@ def row_topk(x: torch.Tensor, k: int) -> torch.Tensor:
     if plan is not None:
         return _run(x, k, plan)
     check_tensor("x", x, dtypes=(torch.float32,), ndim=2)
-    if x.shape[1] and x.stride(1) != 1:
-        raise ValueError(f"x must have unit stride in its last dim, got strides {tuple(x.stride())}")
+    check_unit_last_stride("x", x)
     if not x.shape[1]:
         raise ValueError(f"x has no columns to choose from (shape {tuple(x.shape)})")
     check_int("k", k, lo=1, hi=x.shape[1])
