@@ -258,7 +258,7 @@ class SplitParts:
         """(o_part, lse_part, counters (fused only, else None)): addresses for kept kernels (which read only those),
         else typed views."""
         n = self.numel + self.lse_numel
-        if not fused and capturing(device):
+        if capturing(device):  # (never fused there: see fused)
             parts = torch.empty(n, dtype=torch.float32, device=device)
             return parts[:self.numel], parts[self.numel:], None
         parts, cnt, pa, ca = split_scratch(device, n, self.groups if fused else 0)
